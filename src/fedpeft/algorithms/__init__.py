@@ -1,0 +1,40 @@
+"""Federated algorithms: each one a server half and a client half, registered by name."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from fedpeft.algorithms.base import (
+    ClientAlgorithm,
+    ClientContext,
+    ServerAlgorithm,
+    UpdateRejected,
+    check_update,
+    random_selection,
+)
+from fedpeft.algorithms.fedavg import FedAdamServer, FedAvgClient, FedAvgMServer, FedAvgServer, FedYogiServer
+from fedpeft.algorithms.fedprox import FedProxClient, FedProxServer
+
+# name -> (server class, client factory taking the algorithm options)
+REGISTRY: dict[str, tuple[type[ServerAlgorithm], Callable[[Any], ClientAlgorithm]]] = {
+    "fedavg": (FedAvgServer, lambda o: FedAvgClient()),
+    "fedavgm": (FedAvgMServer, lambda o: FedAvgClient()),
+    "fedadam": (FedAdamServer, lambda o: FedAvgClient()),
+    "fedyogi": (FedYogiServer, lambda o: FedAvgClient()),
+    "fedprox": (FedProxServer, lambda o: FedProxClient(o.mu)),
+}
+
+
+def make_server(options: Any, initial_state, *, num_clients: int, clients_per_round: int, seed: int) -> ServerAlgorithm:
+    server_cls, _ = REGISTRY[options.name]
+    return server_cls(options, initial_state, num_clients=num_clients, clients_per_round=clients_per_round, seed=seed)
+
+
+def make_client(options: Any) -> ClientAlgorithm:
+    return REGISTRY[options.name][1](options)
+
+
+__all__ = [
+    "REGISTRY", "ClientAlgorithm", "ClientContext", "ServerAlgorithm", "UpdateRejected", "check_update",
+    "make_client", "make_server", "random_selection",
+]

@@ -1,0 +1,118 @@
+"""The two halves of a federated algorithm, over plain named arrays.
+
+A server half selects clients, builds one payload per selected client, checks every returned update
+and aggregates the accepted ones. A client half turns a received payload into an update payload,
+using a :class:`ClientContext` that the runtime provides (the model with the PEFT method applied, a
+local trainer bound to the client's data, and the per-client state the algorithm asked to keep).
+Neither half knows about sockets, processes or Flower: the same objects run in every runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from fedpeft.wire import Payload
+
+log = logging.getLogger("fedpeft")
+Arrays = dict[str, np.ndarray]
+
+
+def random_selection(num_clients: int, k: int, seed: int, rnd: int) -> list[int]:
+    """K distinct clients, uniformly at random; a pure function of (seed, round)."""
+    rng = np.random.default_rng([seed, rnd, 0x5E1EC7])
+    return sorted(int(c) for c in rng.choice(num_clients, size=k, replace=False))
+
+
+class UpdateRejected(ValueError):
+    """An update that must not be aggregated; the message is the logged reason."""
+
+
+def check_update(
+    payload: Payload, expected: Mapping[str, tuple[tuple[int, ...], str]], rnd: int, *, partial: bool = False
+) -> None:
+    """Raise UpdateRejected unless the update fits ``expected`` (name -> (shape, dtype)) for round rnd."""
+    meta = payload.meta
+    if meta.get("round") != rnd:
+        raise UpdateRejected(f"stale or missing round number {meta.get('round')!r} (current round {rnd})")
+    n = meta.get("num_examples")
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        raise UpdateRejected(f"num_examples must be a positive integer, got {n!r}")
+    unknown = sorted(set(payload.arrays) - set(expected))
+    if unknown:
+        raise UpdateRejected(f"unknown parameter {unknown[0]!r} ({len(unknown)} unknown)")
+    if not partial:
+        missing = sorted(set(expected) - set(payload.arrays))
+        if missing:
+            raise UpdateRejected(f"missing parameter {missing[0]!r} ({len(missing)} missing)")
+    for name, arr in payload.arrays.items():
+        shape, dtype = expected[name]
+        if tuple(arr.shape) != tuple(shape):
+            raise UpdateRejected(f"{name}: shape {tuple(arr.shape)} != expected {tuple(shape)}")
+        if str(arr.dtype) != dtype:
+            raise UpdateRejected(f"{name}: dtype {arr.dtype} != expected {dtype}")
+        if not np.all(np.isfinite(arr)):
+            raise UpdateRejected(f"{name}: contains NaN or Inf")
+
+
+@dataclass
+class ClientContext:
+    """What the runtime hands a client half for one round."""
+
+    client_id: int
+    round: int
+    tuned: Any  # fedpeft.tuners.TunedModel
+    train: Callable[..., Any]  # train(extra_loss=None) -> fedpeft.training.TrainResult
+    num_examples: int
+    state: dict[str, Any] = field(default_factory=dict)  # per-client state kept between rounds
+
+
+class ServerAlgorithm(ABC):
+    """Holds the global trainable state; subclasses define how updates are combined."""
+
+    def __init__(self, options: Any, initial_state: Arrays, *, num_clients: int, clients_per_round: int, seed: int):
+        self.options = options
+        self.global_state: Arrays = {k: v.astype(np.float32).copy() for k, v in initial_state.items()}
+        self.num_clients = num_clients
+        self.clients_per_round = clients_per_round
+        self.seed = seed
+        self.expected = {k: (tuple(v.shape), "float32") for k, v in self.global_state.items()}
+
+    def select(self, rnd: int) -> list[int]:
+        return random_selection(self.num_clients, self.clients_per_round, self.seed, rnd)
+
+    def configure(self, rnd: int, clients: list[int]) -> dict[int, Payload]:
+        """One payload per selected client; by default everyone gets the global state."""
+        return {c: Payload(self.global_state, {"round": rnd, "client": c}) for c in clients}
+
+    def validate(self, rnd: int, payload: Payload) -> None:
+        check_update(payload, self.expected, rnd)
+
+    def accept(self, rnd: int, updates: dict[int, Payload]) -> tuple[dict[int, Payload], dict[int, str]]:
+        """Split updates into accepted and rejected (client -> reason); rejections are logged."""
+        ok, rejected = {}, {}
+        for cid, p in updates.items():
+            try:
+                self.validate(rnd, p)
+                ok[cid] = p
+            except UpdateRejected as exc:
+                rejected[cid] = str(exc)
+                log.warning("round %d: update of client %d rejected: %s", rnd, cid, exc)
+        return ok, rejected
+
+    @abstractmethod
+    def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
+        """Combine accepted updates into self.global_state; returns aggregation metrics."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"global_state": self.global_state}
+
+
+class ClientAlgorithm(ABC):
+    @abstractmethod
+    def fit(self, payload: Payload, ctx: ClientContext) -> Payload:
+        """Local work on one client; returns the update payload (arrays + meta incl. num_examples)."""

@@ -1,0 +1,213 @@
+"""Command line: ``fedpeft run | report | data | partition | model | config``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from fedpeft.config import ConfigError, dump_config, load_config
+
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ConfigError, FileNotFoundError, FileExistsError)
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    from fedpeft.data.partition import PartitionError
+    from fedpeft.data.sources import DataError
+    from fedpeft.models.registry import ModelError
+    from fedpeft.tuners import StateError
+
+    return EXPECTED_ERRORS + (DataError, PartitionError, ModelError, StateError)
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="peft")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set)
+    if args.no_progress:
+        cfg.runtime.progress = False
+    _quiet_libraries()
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+
+    runtime = EmbeddedRuntime(cfg, args.run_dir)
+    print(f"run directory: {runtime.run_dir}", file=sys.stderr)
+    summary = runtime.run()
+    metric = summary["primary_metric"]
+    print(
+        f"{cfg.name}: {metric} {summary.get('initial')} -> {summary.get('final')} (best {summary.get('best')}) "
+        f"in {summary.get('rounds')} rounds; {summary.get('total_bytes', 0) / 2**20:.2f} MiB exchanged; "
+        f"rounds to target: {summary.get('rounds_to_target')}; {summary.get('wall_s', 0):.1f} s"
+    )
+    print(f"results: {runtime.run_dir}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedpeft.report.table import report
+
+    print(report(args.run_dirs, args.out, args.metric))
+    if args.out:
+        print(f"\nwritten: {Path(args.out) / 'report.md'} and plots in {args.out}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set)
+    print(dump_config(cfg), end="")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from fedpeft.data.sources import describe_splits, load_rows
+
+    info = describe_splits(args.dataset, args.data_dir)
+    print(f"dataset: {args.dataset}  source: {info['source']}")
+    splits = [args.split] if args.split else info["splits"]
+    for split in splits:
+        rows = load_rows(args.dataset, split, data_dir=args.data_dir)
+        fields = sorted({k for r in rows[:100] for k in r})
+        line = f"  {split}: {len(rows)} rows; fields: {', '.join(fields)}"
+        if rows and "label" in rows[0]:
+            counts = Counter(r["label"] for r in rows)
+            names = {r["label"]: r.get("label_text") for r in rows if r.get("label_text")}
+            hist = ", ".join(f"{k}{'=' + str(names[k]) if k in names else ''}: {v}" for k, v in sorted(counts.items(), key=lambda kv: str(kv[0])))
+            line += f"\n    labels: {hist}"
+        text_field = next((f for f in ("text", "input", "question") if rows and f in rows[0]), None)
+        if text_field:
+            lengths = sorted(len(str(r[text_field])) for r in rows)
+            line += f"\n    {text_field} characters: median {lengths[len(lengths) // 2]}, max {lengths[-1]}"
+        print(line)
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from fedpeft.data.partition import format_stats
+
+    target = Path(args.source)
+    if target.is_dir():
+        path = target / "partition.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{str(target)!r} has no partition.json")
+        stats = json.loads(path.read_text())
+    else:
+        cfg = load_config(target, args.set)
+        _quiet_libraries()
+        from fedpeft.data.partition import partition_stats
+        from fedpeft.data.prepare import prepare_task
+        from fedpeft.models import registry
+        from fedpeft.runtime.setup import build_partition
+
+        tok = registry.load_tokenizer(cfg.model.name)
+        encdec = bool(getattr(registry.load_config(cfg.model.name), "is_encoder_decoder", False))
+        data = prepare_task(cfg.task, tok, encoder_decoder=encdec, seed=cfg.seed, eval_max_examples=cfg.eval.max_examples)
+        stats = partition_stats(build_partition(cfg, data), data.train_labels)
+    print(format_stats(stats, args.rows))
+    return 0
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    _quiet_libraries()
+    from fedpeft import wire
+    from fedpeft.config.schema import TaskConfig
+    from fedpeft.models import registry
+    from fedpeft.models.layout import model_shape
+    from fedpeft.tuners import apply_tuner, method_options
+
+    config = registry.load_config(args.name)
+    shape = model_shape(config)
+    print(
+        f"{args.name}: {config.model_type}, {shape.num_layers} layers, {shape.num_heads} heads "
+        f"({shape.num_kv_heads} key/value), hidden {shape.hidden}, feed-forward {shape.intermediate}, "
+        f"encoder-decoder: {shape.encoder_decoder}"
+    )
+    task = args.task or ("classification" if config.model_type in ("bert", "roberta", "distilbert") else "generation")
+    kind = registry.model_kind(TaskConfig(type=task).type, config)
+    methods = args.methods.split(",") if args.methods else [
+        "full", "lora", "ia3", "prompt_tuning", "p_tuning", "prefix_tuning", "houlsby", "pfeiffer", "bitfit"]
+    tok = registry.load_tokenizer(args.name)
+    print(f"task head: {kind}" + (f" ({args.num_labels} labels)" if kind == "classification" else ""))
+    print(f"{'method':<15}{'trainable params':>18}{'% of model':>12}{'payload bytes':>16}")
+    for m in methods:
+        model = registry.load_model(args.name, kind, num_labels=args.num_labels, tokenizer=tok)
+        try:
+            tuned = apply_tuner(model, method_options(m), kind)
+        except ValueError as exc:
+            print(f"{m:<15}  not available: {exc}")
+            continue
+        size = len(wire.encode(wire.Payload(tuned.state(), {})))
+        print(f"{m:<15}{tuned.num_trainable():>18,}{100 * tuned.num_trainable() / tuned.num_total():>11.3f}%{size:>16,}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedpeft", description="Federated parameter-efficient fine-tuning.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a federated fine-tuning from a YAML config")
+    r.add_argument("config", help="YAML config file (see configs/)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. train.lr=1e-3")
+    r.add_argument("--run-dir", help="directory for the results (default: OUTPUT_DIR/NAME-TIMESTAMP)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_run)
+
+    rep = sub.add_parser("report", help="markdown table (and plots) comparing run directories")
+    rep.add_argument("run_dirs", nargs="+")
+    rep.add_argument("--out", help="also write report.md and comparison plots here")
+    rep.add_argument("--metric", help="metric to plot (default: the runs' primary metric)")
+    rep.set_defaults(func=cmd_report)
+
+    c = sub.add_parser("config", help="validate a config and print it with every default filled in")
+    c.add_argument("config")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    c.set_defaults(func=cmd_config)
+
+    d = sub.add_parser("data", help="show a dataset's splits, sizes, fields and labels")
+    d.add_argument("dataset", help="catalog name, local path or Hub id")
+    d.add_argument("--split")
+    d.add_argument("--data-dir")
+    d.set_defaults(func=cmd_data)
+
+    pa = sub.add_parser("partition", help="print partition statistics of a config or a run directory")
+    pa.add_argument("source", help="config YAML or run directory")
+    pa.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pa.add_argument("--rows", type=int, default=20, help="clients to list")
+    pa.set_defaults(func=cmd_partition)
+
+    m = sub.add_parser("model", help="show a backbone's layout and the trainable size of each PEFT method")
+    m.add_argument("name", help="bundled alias, local directory or Hub id")
+    m.add_argument("--task", choices=["classification", "generation", "multiple_choice"])
+    m.add_argument("--methods", help="comma-separated PEFT methods (default: all)")
+    m.add_argument("--num-labels", type=int, default=2)
+    m.set_defaults(func=cmd_model)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except _expected_errors() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Reading a run configuration: YAML file + ``--set key=value`` overrides -> validated RunConfig."""
+
+from __future__ import annotations
+
+import copy
+import typing
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from fedpeft.config.schema import RunConfig
+
+
+class ConfigError(ValueError):
+    """A configuration problem, one line per problem, each naming the key and the fix."""
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``'train.lr=1e-3'`` -> (['train', 'lr'], 0.001). Values are parsed as YAML scalars/lists."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set train.lr=1e-3")
+    key, raw = item.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set {item!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() != "" else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {item!r}: value is not valid YAML ({exc.__class__.__name__})") from None
+    # YAML 1.1 reads '1e-3' as a string; numbers are what users mean.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            pass
+    return parts, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = out
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {item!r}: {p!r} is a value, not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def _section_model(annotation: Any, raw_value: Any) -> type[BaseModel] | None:
+    """The pydantic model behind a field annotation; resolves discriminated unions by the raw tag."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _section_model(typing.get_args(annotation)[0], raw_value)
+    if origin is typing.Union or origin is getattr(__import__("types"), "UnionType", None):
+        candidates = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        for cand in candidates:
+            for tag_field in ("method", "name"):
+                field = cand.model_fields.get(tag_field)
+                if field is not None and isinstance(raw_value, dict) and raw_value.get(tag_field) == field.default:
+                    return cand
+        return candidates[0] if candidates else None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _valid_keys(raw: dict[str, Any], loc: tuple) -> list[str]:
+    """Valid keys of the section that holds ``loc[-1]`` (loc as pydantic reports it)."""
+    model: type[BaseModel] | None = RunConfig
+    node: Any = raw
+    for part in loc[:-1]:
+        if model is None:
+            return []
+        if part not in model.model_fields:
+            continue  # a discriminator tag inserted by pydantic, e.g. ('peft', 'lora', 'rr')
+        node = node.get(part, {}) if isinstance(node, dict) else {}
+        model = _section_model(model.model_fields[part].annotation, node)
+    return sorted(model.model_fields) if model is not None else []
+
+
+def _format(err: dict[str, Any], raw: dict[str, Any]) -> str:
+    loc = tuple(str(p) for p in err.get("loc", ()))
+    key = ".".join(loc) or "(config)"
+    if err["type"] == "extra_forbidden":
+        valid = _valid_keys(raw, loc)
+        return f"{key}: unknown key; valid keys here: {', '.join(valid)}"
+    if err["type"] == "union_tag_invalid":
+        ctx = err.get("ctx", {})
+        tag = str(ctx.get("discriminator", "")).strip("'")
+        return f"{key}.{tag}: unknown choice {ctx.get('tag')!r}; valid choices: {ctx.get('expected_tags')}"
+    if err["type"] == "union_tag_not_found":
+        return f"{key}: missing {err.get('ctx', {}).get('discriminator', 'tag')}"
+    msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+    got = err.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    return f"{key}: {msg}{shown}"
+
+
+def validate_config(raw: dict[str, Any]) -> RunConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError("config: the top level must be a mapping of sections (task:, model:, ...)")
+    raw = dict(raw)
+    # A section given without its tag means the default method/algorithm with those options.
+    for section, tag, default in (("peft", "method", "lora"), ("algorithm", "name", "fedavg")):
+        if isinstance(raw.get(section), dict) and tag not in raw[section]:
+            raw[section] = {tag: default, **raw[section]}
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [_format(e, raw) for e in exc.errors()]
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
+    """Read ``path`` (YAML; None = all defaults), apply overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file such as configs/quickstart.yaml")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    raw = apply_overrides(raw, overrides)
+    return validate_config(raw)
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

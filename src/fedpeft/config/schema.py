@@ -1,0 +1,292 @@
+"""Every option of a fedpeft run: its name, default, valid range and help text.
+
+This module knows nothing about torch or files: it only describes and validates. Unknown keys are
+rejected (``extra="forbid"``) and choices are ``Literal`` types, so a typo fails before any work
+starts with a message naming the valid choices (see :mod:`fedpeft.config.load`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+TaskType = Literal["classification", "generation", "multiple_choice"]
+
+
+class TaskConfig(Section):
+    """What to learn and from which data."""
+
+    type: TaskType = Field("classification", description="classification | generation | multiple_choice")
+    dataset: str = Field(
+        "sst2",
+        description="A catalog name (sst2, mnli, 20newsgroups, e2e_nlg, arc_easy, ...), a local "
+        "directory or file (jsonl, jsonl.gz, csv, parquet) or a Hugging Face Hub dataset id.",
+    )
+    dataset_config: str | None = Field(None, description="Hub dataset configuration name, if any.")
+    data_dir: str | None = Field(
+        None,
+        description="Where catalog datasets are looked for offline. Default: $FEDPEFT_DATA_DIR, "
+        "then ./data, then ../shared/data; the Hub is used when none has the dataset.",
+    )
+    train_split: str = Field("train", description="Split to partition among clients; 'a+b' joins splits.")
+    eval_split: str = Field("validation", description="Split the server evaluates on; 'a+b' joins splits.")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Map fedpeft's field names (text, text_pair, label, input, target, question, "
+        "choices, context) to the columns of your data.",
+    )
+    max_length: int = Field(128, ge=8, le=32768, description="Maximum input tokens (truncation).")
+    max_target_length: int = Field(64, ge=1, le=4096, description="Generation: maximum target tokens.")
+    max_train_examples: int | None = Field(
+        None, ge=1, description="Use a seeded random slice of this many training rows (None = all)."
+    )
+    prompt_template: str | None = Field(
+        None,
+        description="Generation / multiple choice: Python format string over the row's fields "
+        "(e.g. '{input}\\n' or 'Question: {question}\\nAnswer:'). Default depends on the task.",
+    )
+    metric: str | None = Field(
+        None,
+        description="Primary metric for targets and plots. Default: accuracy (classification), "
+        "rougeL (generation), accuracy (multiple_choice). CoLA: use mcc.",
+    )
+    generation_max_new_tokens: int = Field(48, ge=1, le=4096)
+
+
+class ModelConfig(Section):
+    """The backbone."""
+
+    name: str = Field(
+        "minilm-l6",
+        description="Bundled alias (minilm-l6, smollm2-135m, tiny-bert, tiny-gpt2, tiny-llama, "
+        "tiny-t5, tiny-bart), a local model directory or a Hub model id.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype of the frozen backbone weights."
+    )
+
+
+# --- PEFT methods -------------------------------------------------------------------------------
+
+
+class FullFineTuning(Section):
+    method: Literal["full"] = "full"
+
+
+class LoraOptions(Section):
+    method: Literal["lora"] = "lora"
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.1, ge=0, lt=1)
+    target_modules: list[str] | None = Field(
+        None, description="Module names to adapt. Default: the attention query/key/value projections."
+    )
+
+
+class IA3Options(Section):
+    method: Literal["ia3"] = "ia3"
+    target_modules: list[str] | None = Field(None, description="Default: peft's choice for the architecture.")
+    feedforward_modules: list[str] | None = None
+
+
+class PromptTuningOptions(Section):
+    method: Literal["prompt_tuning"] = "prompt_tuning"
+    num_virtual_tokens: int = Field(20, ge=1)
+    init_text: str | None = Field(None, description="Initialise the prompt from this text's embeddings.")
+
+
+class PTuningOptions(Section):
+    method: Literal["p_tuning"] = "p_tuning"
+    num_virtual_tokens: int = Field(20, ge=1)
+    encoder_type: Literal["mlp", "lstm"] = "mlp"
+    encoder_hidden_size: int = Field(128, ge=1)
+
+
+class PrefixTuningOptions(Section):
+    """Deep prompts: trainable key/value prefixes at every layer (prefix tuning / P-tuning v2)."""
+
+    method: Literal["prefix_tuning"] = "prefix_tuning"
+    num_virtual_tokens: int = Field(20, ge=1)
+    projection: bool = Field(False, description="Reparametrise the prefixes through a 2-layer MLP.")
+    encoder_hidden_size: int = Field(512, ge=1, description="Hidden size of the projection MLP.")
+
+
+class BottleneckOptions(Section):
+    reduction_factor: int = Field(16, ge=1, description="Bottleneck size = hidden size / reduction_factor.")
+    bottleneck_size: int | None = Field(None, ge=1, description="Overrides reduction_factor.")
+    non_linearity: Literal["relu", "gelu", "swish", "tanh"] = "relu"
+    init_std: float = Field(1e-2, ge=0, description="Std of the down/up projection init (near identity).")
+
+
+class HoulsbyOptions(BottleneckOptions):
+    """Bottleneck adapters after the attention block and after the feed-forward block."""
+
+    method: Literal["houlsby"] = "houlsby"
+
+
+class PfeifferOptions(BottleneckOptions):
+    """One bottleneck adapter per layer, after the feed-forward block."""
+
+    method: Literal["pfeiffer"] = "pfeiffer"
+
+
+class BitFitOptions(Section):
+    method: Literal["bitfit"] = "bitfit"
+
+
+PeftConfig = Annotated[
+    Union[
+        FullFineTuning,
+        LoraOptions,
+        IA3Options,
+        PromptTuningOptions,
+        PTuningOptions,
+        PrefixTuningOptions,
+        HoulsbyOptions,
+        PfeifferOptions,
+        BitFitOptions,
+    ],
+    Field(discriminator="method"),
+]
+
+# --- FL algorithms -------------------------------------------------------------------------------
+
+
+class FedAvgOptions(Section):
+    """FedAvg with a server learning rate: x += server_lr * weighted mean of client deltas (Eq. 5)."""
+
+    name: Literal["fedavg"] = "fedavg"
+    server_lr: float = Field(1.0, gt=0)
+
+
+class FedAvgMOptions(Section):
+    name: Literal["fedavgm"] = "fedavgm"
+    server_lr: float = Field(1.0, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+
+
+class FedAdamOptions(Section):
+    name: Literal["fedadam"] = "fedadam"
+    server_lr: float = Field(1e-2, gt=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.99, ge=0, lt=1)
+    tau: float = Field(1e-3, gt=0, description="Adaptivity (epsilon) of the server optimizer.")
+
+
+class FedYogiOptions(FedAdamOptions):
+    name: Literal["fedyogi"] = "fedyogi"  # type: ignore[assignment]
+
+
+class FedProxOptions(Section):
+    name: Literal["fedprox"] = "fedprox"
+    server_lr: float = Field(1.0, gt=0)
+    mu: float = Field(0.01, ge=0, description="Weight of the proximal term mu/2 * ||w - w_global||^2.")
+
+
+AlgorithmConfig = Annotated[
+    Union[FedAvgOptions, FedAvgMOptions, FedAdamOptions, FedYogiOptions, FedProxOptions],
+    Field(discriminator="name"),
+]
+
+# --- federation, training, evaluation, runtime ----------------------------------------------------
+
+
+class PartitionConfig(Section):
+    scheme: Literal["iid", "dirichlet_label", "dirichlet_quantity"] = "iid"
+    alpha: float = Field(
+        0.5, gt=0, description="Dirichlet concentration: label skew (dirichlet_label) or size skew "
+        "(dirichlet_quantity). Smaller = more skewed."
+    )
+    size_alpha: float | None = Field(
+        None, gt=0, description="dirichlet_label only: also draw client sizes from Dirichlet(size_alpha)."
+    )
+    min_size: int = Field(1, ge=1, description="Every client gets at least this many examples.")
+
+
+class FederationConfig(Section):
+    num_clients: int = Field(10, ge=1, le=1_000_000)
+    clients_per_round: int = Field(2, ge=1)
+    rounds: int = Field(3, ge=1)
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+
+    @model_validator(mode="after")
+    def _k_le_n(self) -> "FederationConfig":
+        if self.clients_per_round > self.num_clients:
+            raise ValueError(
+                f"clients_per_round ({self.clients_per_round}) exceeds num_clients ({self.num_clients})"
+            )
+        return self
+
+
+class TrainConfig(Section):
+    """Local training on each selected client."""
+
+    local_epochs: int = Field(1, ge=1)
+    local_steps: int | None = Field(None, ge=1, description="If set, exactly this many steps (overrides epochs).")
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(5e-4, gt=0)
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum.")
+    weight_decay: float = Field(0.0, ge=0)
+    scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping (None = off).")
+    length_grouping: bool = Field(True, description="Batch examples of similar length together.")
+
+
+class EvalConfig(Section):
+    every: int = Field(1, ge=0, description="Evaluate every k rounds (0 = only after the last round).")
+    at_start: bool = Field(True, description="Also evaluate the initial global model (round 0).")
+    max_examples: int | None = Field(
+        500, ge=1, description="Evaluate on a fixed seeded subset of this size (None = full split)."
+    )
+    batch_size: int = Field(64, ge=1)
+    target: float | None = Field(None, description="Value of the primary metric for rounds/time-to-target.")
+
+
+class RuntimeConfig(Section):
+    name: Literal["embedded"] = "embedded"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="Autocast precision of local training and evaluation (fp16 needs cuda)."
+    )
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch's default).")
+    flops_sample_steps: int = Field(
+        1, ge=0, description="Measure FLOPs with torch's FlopCounterMode on this many local steps per "
+        "client and round, then scale by tokens (0 = off)."
+    )
+    max_payload_mb: float = Field(4096.0, gt=0, description="Updates larger than this are rejected.")
+    progress: bool = Field(True, description="Show a progress bar with live round metrics.")
+
+
+class RunConfig(Section):
+    name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = 0
+    output_dir: str = "runs"
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    peft: PeftConfig = Field(default_factory=LoraOptions)
+    algorithm: AlgorithmConfig = Field(default_factory=FedAvgOptions)
+    federation: FederationConfig = Field(default_factory=FederationConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "RunConfig":
+        if self.runtime.precision == "fp16" and self.runtime.device == "cpu":
+            raise ValueError("runtime.precision fp16 needs a GPU; use bf16 or fp32 on cpu")
+        return self
+
+    def primary_metric(self) -> str:
+        if self.task.metric:
+            return self.task.metric
+        return {"classification": "accuracy", "generation": "rougeL", "multiple_choice": "accuracy"}[
+            self.task.type
+        ]

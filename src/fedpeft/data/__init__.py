@@ -1,0 +1,1 @@
+"""Datasets, tokenisation, batching and partitioning. Knows nothing about models or FL."""

@@ -1,0 +1,93 @@
+"""Batches: length-grouped order and dynamic padding.
+
+Length grouping (as in Hugging Face's LengthGroupedSampler): shuffle, cut the order into mega-batches
+of ``group_factor`` batches, sort each mega-batch by length, cut into batches and shuffle the batches.
+Batches then hold examples of similar length, so dynamic padding wastes little compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Encoded:
+    """Tokenised examples of one split.
+
+    ``labels`` is an int per example (classification) or a token-id array per example (language
+    modelling: aligned with ``input_ids`` for causal LMs, decoder targets for seq2seq; -100 = ignored).
+    """
+
+    input_ids: list[np.ndarray]
+    labels: list
+    token_type_ids: list[np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def lengths(self) -> np.ndarray:
+        return np.fromiter((len(x) for x in self.input_ids), dtype=np.int64, count=len(self.input_ids))
+
+    def subset(self, idx: np.ndarray) -> "Encoded":
+        idx = [int(i) for i in idx]
+        return Encoded(
+            input_ids=[self.input_ids[i] for i in idx],
+            labels=[self.labels[i] for i in idx],
+            token_type_ids=None if self.token_type_ids is None else [self.token_type_ids[i] for i in idx],
+        )
+
+
+def length_grouped_batches(
+    lengths: np.ndarray, batch_size: int, rng: np.random.Generator, group_factor: int = 50
+) -> list[np.ndarray]:
+    perm = rng.permutation(len(lengths))
+    mega = batch_size * group_factor
+    batches: list[np.ndarray] = []
+    for start in range(0, len(perm), mega):
+        chunk = perm[start : start + mega]
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    order = rng.permutation(len(batches))
+    return [batches[i] for i in order]
+
+
+def shuffled_batches(n: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    perm = rng.permutation(n)
+    return [perm[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+def sequential_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Evaluation order: sorted by length (less padding), deterministic."""
+    order = np.argsort(-lengths, kind="stable")
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _pad(seqs: list[np.ndarray], value: int, side: str) -> torch.Tensor:
+    width = max(len(s) for s in seqs)
+    out = np.full((len(seqs), width), value, dtype=np.int64)
+    for row, s in enumerate(seqs):
+        if side == "left":
+            out[row, width - len(s) :] = s
+        else:
+            out[row, : len(s)] = s
+    return torch.from_numpy(out)
+
+
+def collate(data: Encoded, idx: np.ndarray, pad_id: int, padding_side: str = "right") -> dict[str, torch.Tensor]:
+    """Pad one batch to its own longest sequence."""
+    ids = [data.input_ids[i] for i in idx]
+    batch = {
+        "input_ids": _pad(ids, pad_id, padding_side),
+        "attention_mask": _pad([np.ones(len(s), dtype=np.int64) for s in ids], 0, padding_side),
+    }
+    if data.token_type_ids is not None:
+        batch["token_type_ids"] = _pad([data.token_type_ids[i] for i in idx], 0, padding_side)
+    labels = [data.labels[i] for i in idx]
+    if labels and isinstance(labels[0], np.ndarray):
+        batch["labels"] = _pad(labels, -100, padding_side)
+    else:
+        batch["labels"] = torch.tensor(labels, dtype=torch.long)
+    return batch

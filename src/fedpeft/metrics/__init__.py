@@ -1,0 +1,1 @@
+"""Scores, analytic OPs and payload accounting."""

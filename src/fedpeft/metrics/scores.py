@@ -1,0 +1,68 @@
+"""Evaluation scores as pure functions. All are fractions in [0, 1] (MCC in [-1, 1])."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def accuracy(pred: Sequence[int], gold: Sequence[int]) -> float:
+    pred, gold = np.asarray(pred), np.asarray(gold)
+    return float((pred == gold).mean()) if len(gold) else 0.0
+
+
+def macro_f1(pred: Sequence[int], gold: Sequence[int]) -> float:
+    """Mean F1 over the classes present in gold or pred (sklearn's average='macro')."""
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(gold, pred, average="macro", zero_division=0))
+
+
+def mcc(pred: Sequence[int], gold: Sequence[int]) -> float:
+    """Matthews correlation (multi-class generalisation), the GLUE metric of CoLA."""
+    from sklearn.metrics import matthews_corrcoef
+
+    return float(matthews_corrcoef(gold, pred))
+
+
+def classification_scores(pred: Sequence[int], gold: Sequence[int]) -> dict[str, float]:
+    return {"accuracy": accuracy(pred, gold), "macro_f1": macro_f1(pred, gold), "mcc": mcc(pred, gold)}
+
+
+def rouge(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Mean ROUGE-1/2/L F-measure (rouge-score, with stemming); for several references, the best one
+    counts (``RougeScorer.score_multi``)."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    totals = {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
+    for pred, refs in zip(predictions, references):
+        scores = scorer.score_multi(list(refs), pred)
+        for k in totals:
+            totals[k] += scores[k].fmeasure
+    n = max(len(predictions), 1)
+    return {k: v / n for k, v in totals.items()}
+
+
+def choice_scores(
+    logprob: np.ndarray, example_index: np.ndarray, choice_chars: np.ndarray, gold: np.ndarray
+) -> dict[str, float]:
+    """Multiple-choice accuracy from per-choice log-likelihoods, as lm-evaluation-harness reports it:
+    ``accuracy`` picks the choice with the highest summed log-likelihood, ``accuracy_norm`` the one
+    with the highest log-likelihood per character of the choice."""
+    n = len(gold)
+    best = np.full(n, -np.inf)
+    best_norm = np.full(n, -np.inf)
+    pick = np.full(n, -1)
+    pick_norm = np.full(n, -1)
+    position = np.zeros(n, dtype=np.int64)
+    for lp, ex, chars in zip(logprob, example_index, choice_chars):
+        j = position[ex]
+        position[ex] += 1
+        if lp > best[ex]:
+            best[ex], pick[ex] = lp, j
+        norm = lp / max(int(chars), 1)
+        if norm > best_norm[ex]:
+            best_norm[ex], pick_norm[ex] = norm, j
+    return {"accuracy": accuracy(pick, gold), "accuracy_norm": accuracy(pick_norm, gold)}

@@ -1,0 +1,1 @@
+"""Backbones: loading (aliases, local dirs, Hub ids) and architecture layout tables."""

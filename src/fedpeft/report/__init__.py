@@ -1,0 +1,1 @@
+"""Reading run directories: tables and plots."""

@@ -1,0 +1,84 @@
+"""The run directory: everything a run leaves behind, written as it goes.
+
+::
+
+    RUN_DIR/
+      config.yaml        resolved configuration (every option, defaults included)
+      partition.json     client sizes and label histograms
+      metrics.jsonl      one JSON row per round (round 0 = initial evaluation)
+      events.log         warnings and rejected updates
+      summary.json       final / best metrics, rounds and time to target, totals
+      adapter/           the final global adapter (HF PEFT format for peft-backed methods)
+      plots/             metric vs round, metric vs cumulative MB
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from fedpeft.config import RunConfig, dump_config
+
+
+def new_run_dir(cfg: RunConfig, run_dir: str | Path | None = None) -> Path:
+    if run_dir is not None:
+        path = Path(run_dir)
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = Path(cfg.output_dir) / f"{cfg.name}-{stamp}"
+        suffix = 1
+        while path.exists():
+            suffix += 1
+            path = Path(cfg.output_dir) / f"{cfg.name}-{stamp}-{suffix}"
+    if path.exists() and (path / "metrics.jsonl").exists():
+        raise FileExistsError(f"run directory {str(path)!r} already holds a run; choose another --run-dir")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomic write: a reader never sees a half-written file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, allow_nan=True))
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    def __init__(self, path: Path, cfg: RunConfig):
+        self.path = path
+        (path / "config.yaml").write_text(dump_config(cfg))
+        self._metrics = open(path / "metrics.jsonl", "a", encoding="utf-8")
+        self._handler = logging.FileHandler(path / "events.log", encoding="utf-8")
+        self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logging.getLogger("fedpeft").addHandler(self._handler)
+
+    def partition(self, stats: dict[str, Any]) -> None:
+        write_json(self.path / "partition.json", stats)
+
+    def row(self, row: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        write_json(self.path / "summary.json", summary)
+
+    def close(self) -> None:
+        self._metrics.close()
+        logging.getLogger("fedpeft").removeHandler(self._handler)
+        self._handler.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no metrics.jsonl)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}

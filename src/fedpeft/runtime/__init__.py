@@ -1,0 +1,1 @@
+"""Runtimes: how server and client halves are run (embedded = one process)."""

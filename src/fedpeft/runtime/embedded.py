@@ -1,0 +1,250 @@
+"""The embedded runtime: every client and the server in one process, over one shared backbone.
+
+Each round, for every selected client: the server's payload is serialized and decoded (so the bytes
+counted are the bytes a transport would carry), the client half loads it into the shared model,
+trains on the client's partition and returns an update, which is serialized, decoded, checked and
+aggregated by the server half. Memory does not grow with the number of clients: a client is an
+index list into the tokenised training set plus whatever state its algorithm keeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedpeft import algorithms, wire
+from fedpeft.algorithms.base import ClientContext
+from fedpeft.config import RunConfig
+from fedpeft.metrics.accounting import better_or_equal, summarize
+from fedpeft.rundir import RunWriter, new_run_dir
+from fedpeft.runtime.setup import Experiment, build_experiment
+from fedpeft.training.evaluate import evaluate
+from fedpeft.training.local import NonFiniteLoss
+
+log = logging.getLogger("fedpeft")
+TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s")
+
+
+def client_seed(seed: int, rnd: int, cid: int) -> int:
+    return int(np.random.SeedSequence([seed, rnd, cid]).generate_state(1)[0])
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class EmbeddedRuntime:
+    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, experiment: Experiment | None = None):
+        self.cfg = cfg
+        self.exp = experiment or build_experiment(cfg)
+        self.run_dir = new_run_dir(cfg, run_dir)
+        self.writer = RunWriter(self.run_dir, cfg)
+        self.writer.partition(self.exp.partition_stats)
+        self.server = algorithms.make_server(
+            cfg.algorithm, self.exp.tuned.state(), num_clients=cfg.federation.num_clients,
+            clients_per_round=cfg.federation.clients_per_round, seed=cfg.seed,
+        )
+        self.client = algorithms.make_client(cfg.algorithm)
+        self.client_states: dict[int, dict[str, Any]] = {}
+        self.max_payload = int(cfg.runtime.max_payload_mb * 2**20)
+        self.rows: list[dict[str, Any]] = []
+        self.cum_up = self.cum_down = 0
+        self.metric = cfg.primary_metric()
+
+    # -- pieces of a round -------------------------------------------------------------------------
+    def evaluate_global(self) -> dict[str, Any]:
+        exp = self.exp
+        exp.tuned.load_state(self.server.global_state)
+        result = evaluate(
+            exp.tuned.module, exp.data, tokenizer=exp.tokenizer, device=exp.device, batch_size=self.cfg.eval.batch_size,
+            encoder_decoder=exp.encoder_decoder, max_new_tokens=self.cfg.task.generation_max_new_tokens,
+            precision=self.cfg.runtime.precision,
+        )
+        out = {}
+        for k, v in result.items():
+            if k == "_examples":
+                out["eval_samples"] = v
+            else:
+                out[k if k.startswith("eval_") else f"eval_{k}"] = v
+        return out
+
+    def run_client(self, rnd: int, cid: int, payload: wire.Payload) -> tuple[wire.Payload | None, int, int, str | None]:
+        """(decoded update or None, bytes down, bytes up, failure reason)."""
+        exp = self.exp
+        down = wire.encode(payload)
+        received = wire.decode(down)
+        rng = np.random.default_rng([self.cfg.seed, rnd, cid])
+        torch.manual_seed(client_seed(self.cfg.seed, rnd, cid))
+        data = exp.client_data(cid)
+        state = self.client_states.get(cid, {})
+
+        def train(extra_loss=None, before_step=None):
+            return exp.trainer.train(exp.tuned, data, rng, extra_loss=extra_loss, before_step=before_step)
+
+        ctx = ClientContext(client_id=cid, round=rnd, tuned=exp.tuned, train=train, num_examples=len(data), state=state)
+        try:
+            update = self.client.fit(received, ctx)
+        except NonFiniteLoss as exc:
+            return None, len(down), 0, str(exc)
+        if state:
+            self.client_states[cid] = state
+        up = wire.encode(update)
+        try:
+            decoded = wire.decode(up, max_bytes=self.max_payload)
+        except wire.PayloadError as exc:
+            return None, len(down), len(up), str(exc)
+        return decoded, len(down), len(up), None
+
+    def run_round(self, rnd: int, wall_start: float) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        selected = self.server.select(rnd)
+        payloads = self.server.configure(rnd, selected)
+        updates: dict[int, wire.Payload] = {}
+        rejected: dict[int, str] = {}
+        bytes_down: dict[int, int] = {}
+        bytes_up: dict[int, int] = {}
+        t_client = 0.0
+        for cid in selected:
+            tc = time.perf_counter()
+            update, n_down, n_up, failure = self.run_client(rnd, cid, payloads[cid])
+            t_client += time.perf_counter() - tc
+            bytes_down[cid] = n_down
+            bytes_up[cid] = n_up
+            if failure is not None:
+                rejected[cid] = failure
+                log.warning("round %d: update of client %d rejected: %s", rnd, cid, failure)
+            else:
+                updates[cid] = update
+        ta = time.perf_counter()
+        accepted, refused = self.server.accept(rnd, updates)
+        rejected.update(refused)
+        agg = self.server.aggregate(rnd, accepted)
+        t_agg = time.perf_counter() - ta
+        row: dict[str, Any] = {"round": rnd, "clients": selected}
+        metas = {c: p.meta for c, p in accepted.items()}
+        if metas:
+            n = np.array([m["num_examples"] for m in metas.values()], dtype=np.float64)
+            losses = np.array([m["train_loss"] for m in metas.values()])
+            row["train_loss"] = float((n * losses).sum() / n.sum())
+        row["client_train_loss"] = {str(c): m["train_loss"] for c, m in metas.items()}
+        row["client_num_examples"] = {str(c): m["num_examples"] for c, m in metas.items()}
+        row.update({f"agg_{k}": v for k, v in agg.items()})
+        self.cum_up += sum(bytes_up.values())
+        self.cum_down += sum(bytes_down.values())
+        row.update({
+            "bytes_down": {str(c): b for c, b in bytes_down.items()},
+            "bytes_up": {str(c): b for c, b in bytes_up.items()},
+            "bytes_down_total": sum(bytes_down.values()),
+            "bytes_up_total": sum(bytes_up.values()),
+            "cum_bytes_up": self.cum_up,
+            "cum_bytes_down": self.cum_down,
+            "cum_bytes": self.cum_up + self.cum_down,
+            "flops": sum(m.get("train_flops") or 0.0 for m in metas.values()) or None,
+            "ops_analytic": sum(m.get("train_ops_analytic", 0.0) for m in metas.values()),
+            "client_flops": {str(c): m.get("train_flops") for c, m in metas.items()},
+            "client_ops_analytic": {str(c): m.get("train_ops_analytic") for c, m in metas.items()},
+            "client_train_seconds": {str(c): m.get("train_seconds") for c, m in metas.items()},
+            "rejected": {str(c): r for c, r in rejected.items()},
+        })
+        t_eval = 0.0
+        if self._eval_due(rnd):
+            te = time.perf_counter()
+            row.update(self.evaluate_global())
+            t_eval = time.perf_counter() - te
+        t_round = time.perf_counter() - t0
+        row.update({
+            "time_client_s": t_client,
+            "time_aggregation_s": t_agg,
+            "time_evaluation_s": t_eval,
+            "time_overhead_s": max(0.0, t_round - t_client - t_agg - t_eval),
+            "time_round_s": t_round,
+            "wall_s": time.perf_counter() - wall_start,
+        })
+        return row
+
+    def _eval_due(self, rnd: int) -> bool:
+        every = self.cfg.eval.every
+        return rnd == self.cfg.federation.rounds or (every > 0 and rnd % every == 0)
+
+    # -- the run -----------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        wall_start = time.perf_counter()
+        target = cfg.eval.target
+        key = f"eval_{self.metric}"
+        bar = None
+        if cfg.runtime.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=cfg.federation.rounds, desc=cfg.name, unit="round", dynamic_ncols=True)
+        try:
+            if cfg.eval.at_start:
+                te = time.perf_counter()
+                row = {"round": 0, **self.evaluate_global()}
+                t_eval = time.perf_counter() - te
+                row.update({"time_evaluation_s": t_eval, "wall_s": time.perf_counter() - wall_start,
+                            "cum_bytes": 0, "cum_bytes_up": 0, "cum_bytes_down": 0})
+                self._record(row, key, target)
+            for rnd in range(1, cfg.federation.rounds + 1):
+                row = self.run_round(rnd, wall_start)
+                self._record(row, key, target)
+                if bar is not None:
+                    bar.update(1)
+                    post = {"loss": f"{row.get('train_loss', float('nan')):.3f}", "MB": f"{row['cum_bytes'] / 2**20:.1f}"}
+                    if key in row:
+                        post[self.metric] = f"{row[key]:.4f}"
+                    bar.set_postfix(post)
+        finally:
+            if bar is not None:
+                bar.close()
+        return self.finish()
+
+    def _record(self, row: dict[str, Any], key: str, target: float | None) -> None:
+        if key in row and target is not None:
+            row["reached_target"] = better_or_equal(self.metric, row[key], target)
+        if key in row and not math.isfinite(row[key]):
+            log.warning("round %d: %s is not finite", row["round"], key)
+        self.rows.append(row)
+        self.writer.row(row)
+
+    def finish(self) -> dict[str, Any]:
+        exp = self.exp
+        exp.tuned.load_state(self.server.global_state)
+        exp.tuned.save_adapter(self.run_dir / "adapter", base_model=self.cfg.model.name,
+                               extra={"num_labels": exp.data.num_labels, "label_names": exp.data.label_names})
+        summary = summarize(self.rows, metric=self.metric, target=self.cfg.eval.target)
+        summary.update({
+            "name": self.cfg.name,
+            "run_dir": str(self.run_dir),
+            "model": self.cfg.model.name,
+            "peft_method": self.cfg.peft.method,
+            "algorithm": self.cfg.algorithm.name,
+            "dataset": self.cfg.task.dataset,
+            "num_clients": self.cfg.federation.num_clients,
+            "clients_per_round": self.cfg.federation.clients_per_round,
+            "trainable_parameters": exp.tuned.num_trainable(),
+            "total_parameters": exp.tuned.num_total(),
+            "peak_rss_mb": peak_rss_mb(),
+            "device": str(exp.device),
+            "torch_threads": torch.get_num_threads(),
+        })
+        self.writer.summary(summary)
+        try:
+            from fedpeft.report.plots import plot_run
+
+            plot_run(self.run_dir, self.rows, self.metric)
+        except Exception as exc:  # a plotting problem must not lose a finished run; it is logged
+            log.warning("plots not written: %s", exc)
+        self.writer.close()
+        return summary
+
+
+def run(cfg: RunConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
+    return EmbeddedRuntime(cfg, run_dir).run()

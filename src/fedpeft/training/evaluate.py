@@ -1,0 +1,123 @@
+"""Evaluating the global model on the server's evaluation set, per task type."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedpeft.data.batching import Encoded, collate, sequential_batches
+from fedpeft.data.features import ChoiceEval, GenerationEval
+from fedpeft.metrics import scores
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def _token_logprobs(model, batch: dict[str, torch.Tensor], encoder_decoder: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence (sum of log p(label tokens), number of label tokens)."""
+    labels = batch["labels"]
+    out = model(**batch)
+    logits = out.logits.float()
+    if not encoder_decoder:
+        logits = logits[:, :-1, :]
+        labels = labels[:, 1:]
+    # prompt-based peft methods prepend virtual tokens to the logits of causal models
+    if logits.shape[1] > labels.shape[1]:
+        logits = logits[:, -labels.shape[1] :, :]
+    mask = labels != -100
+    logp = torch.log_softmax(logits, dim=-1)
+    picked = torch.gather(logp, 2, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (picked * mask).sum(dim=1), mask.sum(dim=1)
+
+
+@torch.no_grad()
+def _lm_loss(model, data: Encoded, *, pad_id, device, batch_size, encoder_decoder, precision) -> tuple[np.ndarray, np.ndarray]:
+    sums, counts = np.zeros(len(data)), np.zeros(len(data))
+    for idx in sequential_batches(data.lengths(), batch_size):
+        batch = {k: v.to(device) for k, v in collate(data, idx, pad_id).items()}
+        if "token_type_ids" in batch:
+            del batch["token_type_ids"]
+        with _autocast(device, precision):
+            s, c = _token_logprobs(model, batch, encoder_decoder)
+        sums[idx] = s.cpu().numpy()
+        counts[idx] = c.cpu().numpy()
+    return sums, counts
+
+
+@torch.no_grad()
+def evaluate_classification(model, data: Encoded, *, pad_id, device, batch_size, precision="fp32") -> dict[str, float]:
+    preds = np.zeros(len(data), dtype=np.int64)
+    loss_sum = 0.0
+    for idx in sequential_batches(data.lengths(), batch_size):
+        batch = {k: v.to(device) for k, v in collate(data, idx, pad_id).items()}
+        with _autocast(device, precision):
+            out = model(**batch)
+        loss_sum += float(out.loss) * len(idx)
+        preds[idx] = out.logits.argmax(-1).cpu().numpy()
+    gold = np.asarray(data.labels)
+    return {"eval_loss": loss_sum / len(data), **scores.classification_scores(preds, gold)}
+
+
+@torch.no_grad()
+def evaluate_generation(
+    model, data: GenerationEval, *, pad_id, eos_id, device, batch_size, encoder_decoder, max_new_tokens,
+    tokenizer, precision="fp32",
+) -> dict[str, float]:
+    sums, counts = _lm_loss(model, data.teacher_forced, pad_id=pad_id, device=device, batch_size=batch_size,
+                            encoder_decoder=encoder_decoder, precision=precision)
+    predictions = [""] * len(data.prompts)
+    side = "right" if encoder_decoder else "left"
+    for idx in sequential_batches(data.prompts.lengths(), batch_size):
+        batch = collate(data.prompts, idx, pad_id, padding_side=side)
+        inputs = {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
+        with _autocast(device, precision):
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                                 pad_token_id=pad_id, eos_token_id=eos_id)
+        new = out if encoder_decoder else out[:, inputs["input_ids"].shape[1] :]
+        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+        for i, t in zip(idx, texts):
+            predictions[i] = t.strip()
+    result = {"eval_loss": float(-sums.sum() / max(counts.sum(), 1))}
+    result.update(scores.rouge(predictions, data.references))
+    result["_examples"] = [{"prediction": p, "reference": r[0]} for p, r in zip(predictions[:3], data.references[:3])]
+    return result
+
+
+@torch.no_grad()
+def evaluate_choice(model, data: ChoiceEval, *, pad_id, device, batch_size, encoder_decoder, precision="fp32") -> dict[str, float]:
+    sums, counts = _lm_loss(model, data.sequences, pad_id=pad_id, device=device, batch_size=batch_size,
+                            encoder_decoder=encoder_decoder, precision=precision)
+    gold_seq = data.gold[data.example_index] == _choice_positions(data.example_index)
+    result = {"eval_loss": float(-sums[gold_seq].sum() / max(counts[gold_seq].sum(), 1))}
+    result.update(scores.choice_scores(sums, data.example_index, data.choice_chars, data.gold))
+    return result
+
+
+def _choice_positions(example_index: np.ndarray) -> np.ndarray:
+    pos = np.zeros(len(example_index), dtype=np.int64)
+    seen: dict[int, int] = {}
+    for i, ex in enumerate(example_index):
+        pos[i] = seen.get(int(ex), 0)
+        seen[int(ex)] = pos[i] + 1
+    return pos
+
+
+def evaluate(model, task_data, *, tokenizer, device, batch_size, encoder_decoder, max_new_tokens, precision) -> dict[str, Any]:
+    model.eval()
+    pad_id = tokenizer.pad_token_id
+    if task_data.task_type == "classification":
+        return evaluate_classification(model, task_data.eval, pad_id=pad_id, device=device, batch_size=batch_size,
+                                       precision=precision)
+    if task_data.task_type == "generation":
+        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+        return evaluate_generation(model, task_data.eval, pad_id=pad_id, eos_id=eos, device=device,
+                                   batch_size=batch_size, encoder_decoder=encoder_decoder,
+                                   max_new_tokens=max_new_tokens, tokenizer=tokenizer, precision=precision)
+    return evaluate_choice(model, task_data.eval, pad_id=pad_id, device=device, batch_size=batch_size,
+                           encoder_decoder=encoder_decoder, precision=precision)

@@ -1,0 +1,79 @@
+"""The wire format of every payload: named arrays + JSON metadata, serialized as safetensors bytes.
+
+No pickle crosses the wire: safetensors is a flat header (JSON) plus raw little-endian buffers, so
+decoding untrusted bytes cannot execute code. Communication figures are ``len(encode(payload))``:
+the exact number of bytes a transport would carry (before any transport framing).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+META_KEY = "fedpeft"
+
+
+class PayloadError(ValueError):
+    """Bytes that are not a valid fedpeft payload."""
+
+
+@dataclass
+class Payload:
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def encode(payload: Payload) -> bytes:
+    try:
+        meta = json.dumps(payload.meta, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"payload metadata is not plain finite JSON: {exc}") from None
+    arrays = {k: np.ascontiguousarray(v) for k, v in payload.arrays.items()}
+    return st_save(arrays, metadata={META_KEY: meta})
+
+
+def _header(data: bytes) -> dict[str, Any]:
+    if len(data) < 8:
+        raise PayloadError(f"payload of {len(data)} bytes is too short for a safetensors header")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise PayloadError(f"payload header claims {n} bytes but only {len(data) - 8} follow")
+    try:
+        header = json.loads(data[8 : 8 + n])
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise PayloadError("payload header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise PayloadError("payload header is not a JSON object")
+    return header
+
+
+def decode(data: bytes, *, max_bytes: int | None = None) -> Payload:
+    """Parse bytes from the wire; raises PayloadError (one line) on anything malformed."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise PayloadError(f"payload must be bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise PayloadError(f"payload of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    header = _header(data)
+    raw_meta = (header.get("__metadata__") or {}).get(META_KEY, "{}")
+    try:
+        meta = json.loads(raw_meta)
+    except (TypeError, json.JSONDecodeError):
+        raise PayloadError("payload metadata is not valid JSON") from None
+    if not isinstance(meta, dict):
+        raise PayloadError("payload metadata is not a JSON object")
+    try:
+        arrays = st_load(data)
+    except Exception as exc:  # safetensors raises its own error type for every malformed input
+        raise PayloadError(f"payload tensors are malformed: {str(exc).splitlines()[0][:160]}") from None
+    return Payload(arrays=dict(arrays), meta=meta)
+
+
+def payload_size(payload: Payload) -> int:
+    return len(encode(payload))

@@ -1,0 +1,46 @@
+"""Shared test setup: offline Hugging Face libraries, the real data folder, small helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _data_dir() -> Path:
+    candidates = [os.environ.get("FEDPEFT_DATA_DIR"), REPO.parent / "shared" / "data", REPO / "data"]
+    for c in candidates:
+        if c and (Path(c) / "sst2" / "train.jsonl").is_file():
+            return Path(c).resolve()
+    raise RuntimeError(
+        "the real datasets are needed for the tests: set FEDPEFT_DATA_DIR to a folder holding sst2/train.jsonl, ... "
+        "(in this project: ../shared/data next to the repository)"
+    )
+
+
+DATA_DIR = _data_dir()
+os.environ["FEDPEFT_DATA_DIR"] = str(DATA_DIR)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cwd(tmp_path, monkeypatch):
+    """Every test runs in its own empty directory (run outputs land there)."""
+    monkeypatch.chdir(tmp_path)
+    yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet():
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    yield

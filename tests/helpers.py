@@ -1,0 +1,24 @@
+"""Small builders shared by the runtime tests."""
+
+from __future__ import annotations
+
+from fedpeft.config import load_config
+
+TIMING_KEYS = {"time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s",
+               "client_train_seconds"}
+
+
+def tiny_config(*overrides: str):
+    base = [
+        "model.name=tiny-bert", "task.dataset=sst2", "task.max_train_examples=64", "task.max_length=32",
+        "federation.num_clients=4", "federation.clients_per_round=2", "federation.rounds=2",
+        "train.batch_size=8", "eval.max_examples=32", "eval.batch_size=32", "runtime.progress=false",
+    ]
+    return load_config(None, [*base, *overrides])
+
+
+def without_timings(rows):
+    out = []
+    for r in rows:
+        out.append({k: v for k, v in r.items() if k not in TIMING_KEYS})
+    return out

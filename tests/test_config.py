@@ -1,0 +1,71 @@
+import pytest
+
+from fedpeft.config import ConfigError, load_config
+from fedpeft.config.load import apply_overrides, parse_override
+from fedpeft.config.schema import RunConfig
+
+from conftest import REPO
+
+
+def test_defaults_are_valid():
+    cfg = load_config(None)
+    assert isinstance(cfg, RunConfig)
+    assert cfg.peft.method == "lora" and cfg.algorithm.name == "fedavg"
+    assert cfg.primary_metric() == "accuracy"
+
+
+def test_every_shipped_config_validates():
+    configs = sorted((REPO / "configs").glob("*.yaml"))
+    assert configs, "configs/ must ship ready-made configs"
+    for path in configs:
+        load_config(path)
+
+
+def test_override_parsing():
+    assert parse_override("train.lr=1e-3") == (["train", "lr"], 0.001)
+    assert parse_override("peft.target_modules=[query,value]") == (["peft", "target_modules"], ["query", "value"])
+    assert parse_override("eval.max_examples=null") == (["eval", "max_examples"], None)
+    raw = apply_overrides({"train": {"lr": 1.0}}, ["train.lr=0.5", "seed=3"])
+    assert raw == {"train": {"lr": 0.5}, "seed": 3}
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("foo=1", "foo: unknown key; valid keys here: algorithm, eval, federation"),
+        ("train.optimizer=adagrad", "train.optimizer: Input should be 'adamw', 'adam' or 'sgd'"),
+        ("peft.method=lorax", "peft.method: unknown choice 'lorax'; valid choices: 'full', 'lora'"),
+        ("peft.rank=4", "peft.lora.rank: unknown key; valid keys here: alpha, dropout, method, r, target_modules"),
+        ("algorithm.mu=0.1", "algorithm.fedavg.mu: unknown key; valid keys here: name, server_lr"),
+        ("train.lr=-1", "train.lr: Input should be greater than 0"),
+        ("federation.clients_per_round=11", "clients_per_round (11) exceeds num_clients (10)"),
+        ("federation.partition.scheme=pathological", "federation.partition.scheme: Input should be 'iid'"),
+    ],
+)
+def test_bad_values_are_rejected_with_the_valid_choices(override, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)  # one problem, one line
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_section_without_tag_means_default_method():
+    cfg = load_config(None, ["peft.r=4", "algorithm.server_lr=0.5"])
+    assert cfg.peft.method == "lora" and cfg.peft.r == 4
+    assert cfg.algorithm.name == "fedavg" and cfg.algorithm.server_lr == 0.5
+
+
+def test_method_options_are_validated_per_method():
+    cfg = load_config(None, ["peft.method=prefix_tuning", "peft.projection=true", "peft.num_virtual_tokens=8"])
+    assert cfg.peft.projection is True and cfg.peft.num_virtual_tokens == 8
+    cfg = load_config(None, ["algorithm.name=fedyogi", "algorithm.tau=0.01"])
+    assert cfg.algorithm.tau == 0.01

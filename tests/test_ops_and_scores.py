@@ -1,0 +1,69 @@
+import numpy as np
+import pytest
+
+from fedpeft.metrics import ops, scores
+from fedpeft.metrics.accounting import better_or_equal, first_reaching, summarize, total_transmission
+
+
+def test_appendix_a_rows_by_hand():
+    rows = ops.components(L=2, d=3, T=4, r=1, Tp=1)
+    assert rows["qkv"] == (2 * 4 * 27, 2 * (4 * 27 + 4 * 9))
+    assert rows["attention"] == (2 * (16 * 9 + 64 * 3), 2 * (16 * 9 + 3 * 64 * 3))
+    assert rows["lora"] == (2 * (4 * 9 * 1 + 4 * 1 * 3), 2 * (4 * 9 * 1 + 2 * 4 * 1 * 3 + 4 * 1 * 3 + 4 * 27))
+    assert rows["ia3"] == (2 * 4 * 3, 2 * 2 * 4 * 3)
+    fwd = 1 * 27 + 25 * 9 + 125 * 3
+    bwd = 1 * 27 + 25 * 9 + 3 * 125 * 3
+    assert rows["prompt_tuning"] == (fwd, bwd)
+    assert rows["p_tuning"] == (2 * fwd, 2 * bwd)
+
+
+def test_method_sums():
+    L, d, T = 2, 3, 4
+    rows = ops.components(L, d, T, r=2)
+    backbone = sum(map(sum, (rows["qkv"], rows["attention"], rows["fc"])))
+    assert ops.sequence_ops("full", L, d, T) == backbone
+    assert ops.sequence_ops("lora", L, d, T, {"r": 2}) == backbone + sum(rows["lora"])
+    pt = ops.components(L, d, T, Tp=5)
+    assert ops.sequence_ops("prompt_tuning", L, d, T, {"num_virtual_tokens": 5}) == (
+        sum(pt["qkv"]) + sum(pt["fc"]) + sum(pt["prompt_tuning"]))
+    assert ops.sequence_ops("prefix_tuning", L, d, T, {"num_virtual_tokens": 5}) == (
+        sum(pt["qkv"]) + sum(pt["fc"]) + sum(pt["p_tuning"]))
+
+
+def test_classification_scores_by_hand():
+    gold = [0, 0, 1, 1, 2]
+    pred = [0, 1, 1, 1, 0]
+    s = scores.classification_scores(pred, gold)
+    assert s["accuracy"] == pytest.approx(3 / 5)
+    # per-class F1: c0: p=1/2 r=1/2 -> .5; c1: p=2/3 r=1 -> .8; c2: 0 -> macro (0.5+0.8+0)/3
+    assert s["macro_f1"] == pytest.approx((0.5 + 0.8 + 0.0) / 3)
+    # binary MCC by hand: tp=2 tn=2 fp=1 fn=0 -> (4-0)/sqrt(3*2*3*2)
+    assert scores.mcc([1, 1, 1, 0, 0], [1, 1, 0, 0, 0]) == pytest.approx(4 / np.sqrt(36))
+
+
+def test_rouge_identical_and_disjoint():
+    r = scores.rouge(["the cat sat", "a b c"], [["the cat sat"], ["x y z", "a b c"]])
+    assert r["rouge1"] == pytest.approx(1.0) and r["rougeL"] == pytest.approx(1.0)
+    r = scores.rouge(["dog"], [["the cat sat"]])
+    assert r["rouge1"] == 0.0 and r["rouge2"] == 0.0
+
+
+def test_choice_scores_raw_and_length_normalised():
+    # example 0 has 2 choices, example 1 has 3
+    logprob = np.array([-4.0, -5.0, -1.0, -3.0, -2.0])
+    example = np.array([0, 0, 1, 1, 1])
+    chars = np.array([2, 10, 1, 10, 10])
+    gold = np.array([1, 2])
+    s = scores.choice_scores(logprob, example, chars, gold)
+    # raw: ex0 picks 0 (wrong), ex1 picks 0 (wrong); normalised: ex0 -2 vs -.5 -> 1 (right); ex1 -1,-.3,-.2 -> 2 (right)
+    assert s["accuracy"] == 0.0 and s["accuracy_norm"] == 1.0
+
+
+def test_targets_and_transmission():
+    rows = [{"round": 0, "eval_accuracy": 0.5, "wall_s": 1.0}, {"round": 1, "eval_accuracy": 0.8, "wall_s": 5.0}]
+    assert first_reaching(rows, "eval_accuracy", 0.7)["round"] == 1
+    assert first_reaching(rows, "eval_accuracy", 0.9) is None
+    assert better_or_equal("loss", 0.2, 0.3) and not better_or_equal("accuracy", 0.2, 0.3)
+    assert total_transmission(rounds=30, clients=10, payload_bytes=440e6) == pytest.approx(264e9)
+    s = summarize(rows, metric="accuracy", target=0.7)
+    assert s["initial"] == 0.5 and s["final"] == 0.8 and s["rounds_to_target"] == 1 and s["time_to_target_s"] == 5.0

@@ -1,0 +1,139 @@
+"""The embedded runtime end to end on tiny random models (fast) and real data slices."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedpeft import wire
+from fedpeft.rundir import read_metrics
+from fedpeft.runtime.embedded import EmbeddedRuntime, run
+from fedpeft.training.local import NonFiniteLoss
+
+from helpers import tiny_config, without_timings
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox"])
+def test_every_algorithm_runs(algorithm, tmp_path):
+    cfg = tiny_config(f"algorithm.name={algorithm}")
+    summary = run(cfg, tmp_path / "run")
+    rows = read_metrics(tmp_path / "run")
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert summary["rounds"] == 2 and summary["rejected_updates"] == 0
+    for r in rows[1:]:
+        assert len(r["clients"]) == 2 and set(r["bytes_up"]) == {str(c) for c in r["clients"]}
+        assert np.isfinite(r["train_loss"]) and "eval_accuracy" in r
+        assert r["flops"] > 0 and r["ops_analytic"] > 0
+    for name in ("config.yaml", "partition.json", "summary.json", "metrics.jsonl", "events.log"):
+        assert (tmp_path / "run" / name).is_file()
+    assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
+    assert len(list((tmp_path / "run" / "plots").glob("*.png"))) == 2
+
+
+def test_bytes_are_the_serialized_payload_sizes(tmp_path):
+    cfg = tiny_config("federation.rounds=1")
+    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    state0 = {k: v.copy() for k, v in rt.server.global_state.items()}
+    rt.run()
+    row = read_metrics(tmp_path / "run")[1]
+    for cid in row["clients"]:
+        expected_down = len(wire.encode(wire.Payload(state0, {"round": 1, "client": cid})))
+        assert row["bytes_down"][str(cid)] == expected_down
+        tensor_bytes = sum(v.nbytes for v in state0.values())
+        assert tensor_bytes < row["bytes_up"][str(cid)] < tensor_bytes + 64 * 1024
+    assert row["cum_bytes"] == row["bytes_up_total"] + row["bytes_down_total"]
+
+
+def test_same_config_and_seed_give_identical_metrics(tmp_path):
+    cfg = tiny_config("peft.dropout=0.1")
+    run(cfg, tmp_path / "a")
+    run(cfg, tmp_path / "b")
+    a, b = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
+    assert without_timings(a) == without_timings(b)
+    run(tiny_config("seed=1"), tmp_path / "c")
+    assert without_timings(read_metrics(tmp_path / "c")) != without_timings(a)
+
+
+@pytest.mark.parametrize("model, method", [("tiny-gpt2", "lora"), ("tiny-llama", "prefix_tuning"),
+                                           ("tiny-t5", "lora"), ("tiny-bart", "houlsby")])
+def test_generation_runs_with_rouge(model, method, tmp_path):
+    cfg = tiny_config(f"model.name={model}", f"peft.method={method}", "task.type=generation",
+                      "task.dataset=e2e_nlg", "task.train_split=validation_pairs", "task.eval_split=test",
+                      "eval.max_examples=8", "task.generation_max_new_tokens=8", "federation.rounds=1")
+    run(cfg, tmp_path / "run")
+    last = read_metrics(tmp_path / "run")[-1]
+    for k in ("eval_rouge1", "eval_rouge2", "eval_rougeL", "eval_loss"):
+        assert k in last and np.isfinite(last[k])
+    assert len(last["eval_samples"]) == 3
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-t5"])
+def test_multiple_choice_runs(model, tmp_path):
+    cfg = tiny_config(f"model.name={model}", "task.type=multiple_choice", "task.dataset=arc_easy",
+                      "task.train_split=test", "task.eval_split=test", "eval.max_examples=16", "federation.rounds=1",
+                      "task.max_length=96")
+    run(cfg, tmp_path / "run")
+    last = read_metrics(tmp_path / "run")[-1]
+    assert 0.0 <= last["eval_accuracy"] <= 1.0 and 0.0 <= last["eval_accuracy_norm"] <= 1.0
+
+
+def test_bad_updates_are_rejected_logged_and_not_aggregated(tmp_path, monkeypatch):
+    cfg = tiny_config("federation.rounds=1", "federation.clients_per_round=3")
+    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    before = {k: v.copy() for k, v in rt.server.global_state.items()}
+    selected = rt.server.select(1)
+    poisoned, crashed = selected[0], selected[1]
+    original = rt.client.fit
+
+    def fit(payload, ctx):
+        if ctx.client_id == crashed:
+            raise NonFiniteLoss("non-finite training loss (nan) at local step 1")
+        update = original(payload, ctx)
+        if ctx.client_id == poisoned:
+            name = next(iter(update.arrays))
+            update.arrays[name] = np.full_like(update.arrays[name], np.nan)
+        return update
+
+    monkeypatch.setattr(rt.client, "fit", fit)
+    aggregated = []
+    real_aggregate = rt.server.aggregate
+    monkeypatch.setattr(rt.server, "aggregate", lambda rnd, ups: (aggregated.append(sorted(ups)), real_aggregate(rnd, ups))[1])
+    rt.run()
+    row = read_metrics(tmp_path / "run")[1]
+    assert "NaN or Inf" in row["rejected"][str(poisoned)]
+    assert "non-finite training loss" in row["rejected"][str(crashed)]
+    assert aggregated == [[selected[2]]]
+    assert all(np.all(np.isfinite(v)) for v in rt.server.global_state.values())
+    assert any(not np.array_equal(before[k], rt.server.global_state[k]) for k in before)
+    log = (tmp_path / "run" / "events.log").read_text()
+    assert f"client {poisoned} rejected" in log and f"client {crashed} rejected" in log
+
+
+def test_clients_keep_no_state_under_fedavg(tmp_path):
+    rt = EmbeddedRuntime(tiny_config("federation.num_clients=20", "federation.clients_per_round=4"), tmp_path / "run")
+    rt.run()
+    assert rt.client_states == {}
+
+
+def test_local_steps_and_eval_every(tmp_path):
+    cfg = tiny_config("train.local_steps=3", "federation.rounds=3", "eval.every=2", "eval.at_start=false")
+    run(cfg, tmp_path / "run")
+    rows = read_metrics(tmp_path / "run")
+    assert [("eval_accuracy" in r) for r in rows] == [False, True, True]  # rounds 1, 2, 3 (last always)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final_round"] == 3
+
+
+@pytest.mark.parametrize("method, files", [("houlsby", {"fedpeft_adapter.safetensors", "fedpeft_adapter.json"}),
+                                           ("ia3", {"adapter_model.safetensors", "adapter_config.json"})])
+def test_final_adapter_is_saved(method, files, tmp_path):
+    run(tiny_config(f"peft.method={method}", "federation.rounds=1"), tmp_path / "run")
+    assert files <= {p.name for p in (tmp_path / "run" / "adapter").iterdir()}
+
+
+def test_label_skew_partition_is_saved(tmp_path):
+    run(tiny_config("federation.partition.scheme=dirichlet_label", "federation.partition.alpha=0.1",
+                    "federation.rounds=1"), tmp_path / "run")
+    stats = json.loads((tmp_path / "run" / "partition.json").read_text())
+    assert stats["num_clients"] == 4 and stats["num_examples"] == 64 and "labels" in stats["clients"][0]
