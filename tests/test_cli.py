@@ -1,8 +1,6 @@
-import json
 import subprocess
 import sys
 
-import pytest
 
 from fedpeft.cli import main
 

@@ -1,7 +1,6 @@
 """The embedded runtime end to end on tiny random models (fast) and real data slices."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,3 +136,22 @@ def test_label_skew_partition_is_saved(tmp_path):
                     "federation.rounds=1"), tmp_path / "run")
     stats = json.loads((tmp_path / "run" / "partition.json").read_text())
     assert stats["num_clients"] == 4 and stats["num_examples"] == 64 and "labels" in stats["clients"][0]
+
+
+def test_mixed_precision_autocast_runs_on_cpu(tmp_path):
+    run(tiny_config("runtime.precision=bf16", "runtime.device=cpu", "federation.rounds=1"), tmp_path / "run")
+    assert np.isfinite(read_metrics(tmp_path / "run")[-1]["eval_loss"])
+
+
+def test_more_clients_than_examples_is_a_clear_error(tmp_path):
+    from fedpeft.data.partition import PartitionError
+
+    with pytest.raises(PartitionError, match="cannot give 100 clients at least 1"):
+        run(tiny_config("federation.num_clients=100", "task.max_train_examples=50"), tmp_path / "run")
+
+
+def test_fp16_on_cpu_is_rejected_before_work():
+    from fedpeft.config import ConfigError
+
+    with pytest.raises(ConfigError, match="fp16 needs a GPU"):
+        tiny_config("runtime.precision=fp16", "runtime.device=cpu")

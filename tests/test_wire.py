@@ -101,3 +101,16 @@ def test_check_update_rejects_with_a_reason(mutate, reason):
     with pytest.raises(UpdateRejected) as err:
         check_update(p, EXPECTED, 2)
     assert reason in str(err.value)
+
+
+def test_upload_size_does_not_depend_on_wall_time():
+    from fedpeft.training.local import TrainResult, meta_seconds
+
+    def upload(seconds: float) -> bytes:
+        result = TrainResult(loss=0.5, steps=3, examples=48, tokens=3072, seconds=seconds, flops=1.5e9,
+                             flops_sampled_steps=1, ops_analytic=2.0e9)
+        return encode(Payload({"w": np.zeros(3, dtype=np.float32)}, {"round": 1, **result.as_meta()}))
+
+    sizes = {len(upload(s)) for s in (0.0, 0.001234, 9.5, 12.345678901, 86399.9)}
+    assert len(sizes) == 1
+    assert meta_seconds(decode(upload(12.345678901)).meta) == pytest.approx(12.345679, abs=1e-6)

@@ -258,8 +258,8 @@ class RuntimeConfig(Section):
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch's default).")
     flops_sample_steps: int = Field(
-        1, ge=0, description="Measure FLOPs with torch's FlopCounterMode on this many local steps per "
-        "client and round, then scale by tokens (0 = off)."
+        8, ge=0, description="Measure FLOPs with torch's FlopCounterMode on this many local steps of the "
+        "run (one per client training, until used up) and scale every step by its tokens (0 = off)."
     )
     max_payload_mb: float = Field(4096.0, gt=0, description="Updates larger than this are rejected.")
     progress: bool = Field(True, description="Show a progress bar with live round metrics.")

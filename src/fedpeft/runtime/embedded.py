@@ -26,7 +26,7 @@ from fedpeft.metrics.accounting import better_or_equal, summarize
 from fedpeft.rundir import RunWriter, new_run_dir
 from fedpeft.runtime.setup import Experiment, build_experiment
 from fedpeft.training.evaluate import evaluate
-from fedpeft.training.local import NonFiniteLoss
+from fedpeft.training.local import NonFiniteLoss, meta_seconds
 
 log = logging.getLogger("fedpeft")
 TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s")
@@ -43,8 +43,8 @@ def peak_rss_mb() -> float:
 class EmbeddedRuntime:
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, experiment: Experiment | None = None):
         self.cfg = cfg
+        self.run_dir = new_run_dir(cfg, run_dir)  # fails fast if the directory already holds a run
         self.exp = experiment or build_experiment(cfg)
-        self.run_dir = new_run_dir(cfg, run_dir)
         self.writer = RunWriter(self.run_dir, cfg)
         self.writer.partition(self.exp.partition_stats)
         self.server = algorithms.make_server(
@@ -150,7 +150,7 @@ class EmbeddedRuntime:
             "ops_analytic": sum(m.get("train_ops_analytic", 0.0) for m in metas.values()),
             "client_flops": {str(c): m.get("train_flops") for c, m in metas.items()},
             "client_ops_analytic": {str(c): m.get("train_ops_analytic") for c, m in metas.items()},
-            "client_train_seconds": {str(c): m.get("train_seconds") for c, m in metas.items()},
+            "client_train_seconds": {str(c): meta_seconds(m) for c, m in metas.items()},
             "rejected": {str(c): r for c, r in rejected.items()},
         })
         t_eval = 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any
 
 import numpy as np
@@ -19,21 +20,40 @@ def _autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
+def _accepts_logits_to_keep(model) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
 def _token_logprobs(model, batch: dict[str, torch.Tensor], encoder_decoder: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sequence (sum of log p(label tokens), number of label tokens)."""
-    labels = batch["labels"]
-    out = model(**batch)
-    logits = out.logits.float()
-    if not encoder_decoder:
-        logits = logits[:, :-1, :]
-        labels = labels[:, 1:]
-    # prompt-based peft methods prepend virtual tokens to the logits of causal models
-    if logits.shape[1] > labels.shape[1]:
-        logits = logits[:, -labels.shape[1] :, :]
+    """Per-sequence (sum of log p(label tokens), number of label tokens).
+
+    Only the label positions are scored: a causal model is asked for the logits of the last positions
+    that hold a label (``logits_to_keep``, where the architecture has it) and the log-softmax is taken
+    over the label positions only. Full-vocabulary log-probabilities of every position of a batch
+    (batch x length x vocabulary floats, 6 GiB for 64 x 512 tokens of SmolLM2) are never materialised.
+    """
+    if encoder_decoder:  # decoder positions are the label positions; the model builds decoder inputs from labels
+        labels = batch["labels"]
+        logits = model(**batch).logits
+    else:
+        full = batch["labels"]
+        inputs = {k: v for k, v in batch.items() if k != "labels"}  # no HF loss over the whole vocabulary
+        length = full.shape[1]
+        has_label = (full != -100).any(dim=0)
+        first = int(has_label.nonzero()[0]) if bool(has_label.any()) else length - 1
+        keep = min(length, length - first + 1)  # logits of positions first-1 .. length-1
+        if _accepts_logits_to_keep(model):
+            inputs["logits_to_keep"] = keep
+        logits = model(**inputs).logits[:, -keep:, :][:, :-1, :]
+        labels = full[:, length - keep + 1 :]
     mask = labels != -100
-    logp = torch.log_softmax(logits, dim=-1)
-    picked = torch.gather(logp, 2, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return (picked * mask).sum(dim=1), mask.sum(dim=1)
+    selected = logits[mask].float()
+    target = labels[mask]
+    token_logp = selected.gather(1, target.unsqueeze(1)).squeeze(1) - torch.logsumexp(selected, dim=-1)
+    picked = torch.zeros(labels.shape, dtype=torch.float32, device=labels.device)
+    picked[mask] = token_logp
+    return picked.sum(dim=1), mask.sum(dim=1)
 
 
 @torch.no_grad()

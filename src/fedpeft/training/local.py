@@ -2,8 +2,11 @@
 
 The optimizer and learning-rate schedule are created fresh every round (stateless clients), over
 the trainable parameters only. FLOPs are measured with ``torch.utils.flop_counter.FlopCounterMode``
-on the first ``flops_sample_steps`` steps and scaled to the whole round by the number of (padded)
-tokens processed; analytic OPs (paper 000, Appendix A) are summed over every sequence.
+on sampled steps: the first step of each client training until the run's budget of
+``flops_sample_steps`` is used (counting costs about two extra steps' time, so it is not done on every
+step). Every step is then charged (measured FLOPs / measured tokens) x its padded tokens; the rate
+depends only on the model and method, so a few samples suffice. Analytic OPs (paper 000, Appendix A)
+are summed over every sequence at its padded length.
 """
 
 from __future__ import annotations
@@ -33,12 +36,23 @@ class TrainResult:
     examples: int  # examples processed, repeats included
     tokens: int  # padded tokens processed
     seconds: float
-    flops: float | None  # measured (sampled steps scaled by tokens); None when sampling is off
-    flops_sampled_steps: int
+    flops: float | None  # measured FLOPs per token (run-level samples) x tokens; None when sampling is off
+    flops_sampled_steps: int  # steps of this training that were measured (0 or 1)
     ops_analytic: float
 
     def as_meta(self) -> dict:
-        return {f"train_{k}" if not k.startswith("train") else k: v for k, v in asdict(self).items()}
+        """Metadata for the upload. Wall time is the only field that differs between identical runs, so it
+        travels as fixed-width text (``%.6e``, 12 characters): the payload's byte count must not depend on
+        the clock. Read it back with :func:`meta_seconds`."""
+        meta = {f"train_{k}" if not k.startswith("train") else k: v for k, v in asdict(self).items()}
+        meta["train_seconds"] = f"{self.seconds:.6e}"
+        return meta
+
+
+def meta_seconds(meta: dict) -> float | None:
+    """The client's local training time from an upload's metadata (see :meth:`TrainResult.as_meta`)."""
+    value = meta.get("train_seconds")
+    return None if value is None else float(value)
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -101,6 +115,12 @@ class LocalTrainer:
         self.flops_sample_steps = flops_sample_steps
         self.ops_per_sequence = ops_per_sequence
         self._ops_cache: dict[int, float] = {}
+        self.flops_measured = 0.0  # run-level FLOP samples: totals over the measured steps
+        self.flops_tokens = 0
+        self.flops_steps = 0
+
+    def flops_per_token(self) -> float | None:
+        return self.flops_measured / self.flops_tokens if self.flops_tokens else None
 
     def _autocast(self):
         if self.precision == "fp32":
@@ -136,8 +156,7 @@ class LocalTrainer:
         model.train()
         start = time.perf_counter()
         steps = examples = tokens = 0
-        sampled_flops = 0.0
-        sampled_tokens = sampled_steps = 0
+        sampled_steps = 0
         ops = 0.0
         last_epoch_losses: list[float] = []
         for e_idx, batches in enumerate(epochs):
@@ -145,7 +164,7 @@ class LocalTrainer:
             for idx in batches:
                 batch = {k: v.to(self.device) for k, v in collate(data, idx, self.pad_id).items()}
                 n_tok = int(batch["input_ids"].numel())
-                measure = sampled_steps < self.flops_sample_steps
+                measure = sampled_steps == 0 and self.flops_steps < self.flops_sample_steps
                 counter = FlopCounterMode(display=False) if measure else contextlib.nullcontext()
                 with counter:
                     with self._autocast():
@@ -159,8 +178,9 @@ class LocalTrainer:
                     else:
                         loss.backward()
                 if measure:
-                    sampled_flops += counter.get_total_flops()
-                    sampled_tokens += n_tok
+                    self.flops_measured += counter.get_total_flops()
+                    self.flops_tokens += n_tok
+                    self.flops_steps += 1
                     sampled_steps += 1
                 if before_step is not None:
                     before_step()
@@ -182,7 +202,8 @@ class LocalTrainer:
                 ops += self._ops(len(idx), int(batch["input_ids"].shape[1]))
             last_epoch_losses = epoch_losses if cfg.local_steps is None else last_epoch_losses + epoch_losses
         seconds = time.perf_counter() - start
-        flops = sampled_flops / sampled_tokens * tokens if sampled_tokens else None
+        rate = self.flops_per_token()
+        flops = rate * tokens if rate is not None else None
         return TrainResult(
             loss=float(np.mean(last_epoch_losses)) if last_epoch_losses else float("nan"),
             steps=steps, examples=examples, tokens=tokens, seconds=seconds, flops=flops,
