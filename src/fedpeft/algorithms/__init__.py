@@ -14,6 +14,7 @@ from fedpeft.algorithms.base import (
 )
 from fedpeft.algorithms.fedavg import FedAdamServer, FedAvgClient, FedAvgMServer, FedAvgServer, FedYogiServer
 from fedpeft.algorithms.fedprox import FedProxClient, FedProxServer
+from fedpeft.algorithms.headprune import HeadPruneClient, HeadPruneServer
 
 # name -> (server class, client factory taking the algorithm options)
 REGISTRY: dict[str, tuple[type[ServerAlgorithm], Callable[[Any], ClientAlgorithm]]] = {
@@ -22,12 +23,17 @@ REGISTRY: dict[str, tuple[type[ServerAlgorithm], Callable[[Any], ClientAlgorithm
     "fedadam": (FedAdamServer, lambda o: FedAvgClient()),
     "fedyogi": (FedYogiServer, lambda o: FedAvgClient()),
     "fedprox": (FedProxServer, lambda o: FedProxClient(o.mu)),
+    "headprune": (HeadPruneServer, HeadPruneClient),
 }
+NEEDS_HEAD_LAYOUT = {"headprune"}
 
 
-def make_server(options: Any, initial_state, *, num_clients: int, clients_per_round: int, seed: int) -> ServerAlgorithm:
+def make_server(options: Any, initial_state, *, num_clients: int, clients_per_round: int, seed: int,
+                layout: Any = None) -> ServerAlgorithm:
     server_cls, _ = REGISTRY[options.name]
-    return server_cls(options, initial_state, num_clients=num_clients, clients_per_round=clients_per_round, seed=seed)
+    extra = {"layout": layout} if options.name in NEEDS_HEAD_LAYOUT else {}
+    return server_cls(options, initial_state, num_clients=num_clients, clients_per_round=clients_per_round, seed=seed,
+                      **extra)
 
 
 def make_client(options: Any) -> ClientAlgorithm:
@@ -35,6 +41,6 @@ def make_client(options: Any) -> ClientAlgorithm:
 
 
 __all__ = [
-    "REGISTRY", "ClientAlgorithm", "ClientContext", "ServerAlgorithm", "UpdateRejected", "check_update",
+    "NEEDS_HEAD_LAYOUT", "REGISTRY", "ClientAlgorithm", "ClientContext", "ServerAlgorithm", "UpdateRejected", "check_update",
     "make_client", "make_server", "random_selection",
 ]

@@ -69,6 +69,8 @@ class ClientContext:
     train: Callable[..., Any]  # train(extra_loss=None) -> fedpeft.training.TrainResult
     num_examples: int
     state: dict[str, Any] = field(default_factory=dict)  # per-client state kept between rounds
+    data: Any = None  # the client's tokenised examples (fedpeft.data.batching.Encoded)
+    resources: dict[str, Any] = field(default_factory=dict)  # layout, pad_id, device, ... (see runtime)
 
 
 class ServerAlgorithm(ABC):
@@ -103,6 +105,13 @@ class ServerAlgorithm(ABC):
                 rejected[cid] = str(exc)
                 log.warning("round %d: update of client %d rejected: %s", rnd, cid, exc)
         return ok, rejected
+
+    def observe_evaluation(self, rnd: int, metrics: dict[str, Any]) -> None:
+        """Called with the global model's evaluation metrics (e.g. for loss-based selection)."""
+
+    def round_info(self) -> dict[str, Any]:
+        """Extra per-round entries for metrics.jsonl (e.g. selection scores)."""
+        return {}
 
     @abstractmethod
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:

@@ -189,8 +189,28 @@ class FedProxOptions(Section):
     mu: float = Field(0.01, ge=0, description="Weight of the proximal term mu/2 * ||w - w_global||^2.")
 
 
+class HeadPruneOptions(Section):
+    """Paper 000: head pruning, head-weighted aggregation, loss-difference selection (and baselines B1/B2)."""
+
+    name: Literal["headprune"] = "headprune"
+    server_lr: float = Field(1.0, gt=0)
+    pruning: Literal["importance", "random", "none"] = Field(
+        "importance", description="importance = Eq. 6+7; random = baseline B2; none = dense (baseline B1)."
+    )
+    aggregation: Literal["importance", "fedavg"] = Field(
+        "importance", description="Head slices by Eq. 8 (importance) or Eq. 5 over their senders (fedavg)."
+    )
+    selection: Literal["loss", "random"] = Field("loss", description="Eq. 9 loss difference, or uniform at random.")
+    sparsity: float = Field(0.9, ge=0, lt=1, description="Fraction of heads pruned on every client.")
+    per_layer: bool = Field(False, description="Keep the top (1 - sparsity) within every attention module.")
+    importance_examples: int | None = Field(
+        256, ge=1, description="Local examples sampled for the importance pass (None = all)."
+    )
+    eps: float = Field(1e-8, gt=0, description="Eq. 8 stabiliser.")
+
+
 AlgorithmConfig = Annotated[
-    Union[FedAvgOptions, FedAvgMOptions, FedAdamOptions, FedYogiOptions, FedProxOptions],
+    Union[FedAvgOptions, FedAvgMOptions, FedAdamOptions, FedYogiOptions, FedProxOptions, HeadPruneOptions],
     Field(discriminator="name"),
 ]
 

@@ -49,7 +49,7 @@ class EmbeddedRuntime:
         self.writer.partition(self.exp.partition_stats)
         self.server = algorithms.make_server(
             cfg.algorithm, self.exp.tuned.state(), num_clients=cfg.federation.num_clients,
-            clients_per_round=cfg.federation.clients_per_round, seed=cfg.seed,
+            clients_per_round=cfg.federation.clients_per_round, seed=cfg.seed, layout=self.exp.head_layout,
         )
         self.client = algorithms.make_client(cfg.algorithm)
         self.client_states: dict[int, dict[str, Any]] = {}
@@ -85,10 +85,12 @@ class EmbeddedRuntime:
         data = exp.client_data(cid)
         state = self.client_states.get(cid, {})
 
-        def train(extra_loss=None, before_step=None):
-            return exp.trainer.train(exp.tuned, data, rng, extra_loss=extra_loss, before_step=before_step)
+        def train(extra_loss=None, before_step=None, after_step=None):
+            return exp.trainer.train(exp.tuned, data, rng, extra_loss=extra_loss, before_step=before_step,
+                                     after_step=after_step)
 
-        ctx = ClientContext(client_id=cid, round=rnd, tuned=exp.tuned, train=train, num_examples=len(data), state=state)
+        ctx = ClientContext(client_id=cid, round=rnd, tuned=exp.tuned, train=train, num_examples=len(data), state=state,
+                            data=data, resources=exp.client_resources())
         try:
             update = self.client.fit(received, ctx)
         except NonFiniteLoss as exc:
@@ -136,6 +138,7 @@ class EmbeddedRuntime:
         row["client_train_loss"] = {str(c): m["train_loss"] for c, m in metas.items()}
         row["client_num_examples"] = {str(c): m["num_examples"] for c, m in metas.items()}
         row.update({f"agg_{k}": v for k, v in agg.items()})
+        row.update(self.server.round_info())
         self.cum_up += sum(bytes_up.values())
         self.cum_down += sum(bytes_down.values())
         row.update({
@@ -156,7 +159,9 @@ class EmbeddedRuntime:
         t_eval = 0.0
         if self._eval_due(rnd):
             te = time.perf_counter()
-            row.update(self.evaluate_global())
+            evaluation = self.evaluate_global()
+            self.server.observe_evaluation(rnd, evaluation)
+            row.update(evaluation)
             t_eval = time.perf_counter() - te
         t_round = time.perf_counter() - t0
         row.update({
@@ -188,6 +193,7 @@ class EmbeddedRuntime:
             if cfg.eval.at_start:
                 te = time.perf_counter()
                 row = {"round": 0, **self.evaluate_global()}
+                self.server.observe_evaluation(0, row)
                 t_eval = time.perf_counter() - te
                 row.update({"time_evaluation_s": t_eval, "wall_s": time.perf_counter() - wall_start,
                             "cum_bytes": 0, "cum_bytes_up": 0, "cum_bytes_down": 0})

@@ -12,9 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedpeft.algorithms import NEEDS_HEAD_LAYOUT
 from fedpeft.config import RunConfig
 from fedpeft.data.partition import partition, partition_stats
 from fedpeft.data.prepare import TaskData, prepare_task
+from fedpeft.heads import build_layout
 from fedpeft.metrics.ops import sequence_ops
 from fedpeft.models import registry
 from fedpeft.models.layout import ModelShape, model_shape
@@ -45,6 +47,14 @@ class Experiment:
     shape: ModelShape
     device: torch.device
     trainer: LocalTrainer
+    head_layout: Any = None  # fedpeft.heads.HeadLayout, for algorithms that work per attention head
+
+    def client_resources(self) -> dict[str, Any]:
+        """What a client half may need besides its data: see fedpeft.algorithms.base.ClientContext."""
+        special = {getattr(self.tokenizer, a, None) for a in ("eos_token_id", "sep_token_id")} - {None}
+        return {"layout": self.head_layout, "pad_id": self.tokenizer.pad_token_id, "exclude_token_ids": special,
+                "device": self.device, "batch_size": self.cfg.eval.batch_size, "seed": self.cfg.seed,
+                "encoder_decoder": self.encoder_decoder}
 
     def client_data(self, cid: int):
         return self.data.train.subset(self.parts[cid])
@@ -84,4 +94,7 @@ def build_experiment(cfg: RunConfig) -> Experiment:
 
     trainer = LocalTrainer(cfg.train, device=device, pad_id=tokenizer.pad_token_id, precision=cfg.runtime.precision,
                            flops_sample_steps=cfg.runtime.flops_sample_steps, ops_per_sequence=ops_per_sequence)
-    return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer)
+    layout = None
+    if cfg.algorithm.name in NEEDS_HEAD_LAYOUT:
+        layout = build_layout(tuned.spec(), mconfig, cfg.peft.method)
+    return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout)

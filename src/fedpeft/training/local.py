@@ -143,8 +143,10 @@ class LocalTrainer:
         *,
         extra_loss: Callable[[], torch.Tensor] | None = None,
         before_step: Callable[[], None] | None = None,
+        after_step: Callable[[], None] | None = None,
     ) -> TrainResult:
-        """Train ``tuned.module`` on ``data``; ``before_step`` may edit gradients (e.g. masking)."""
+        """Train ``tuned.module`` on ``data``; ``before_step`` may edit gradients (e.g. masking) before clipping
+        and the optimizer step, ``after_step`` may edit parameters right after it."""
         model = tuned.module
         params = list(tuned.params.values())
         cfg = self.cfg
@@ -193,6 +195,8 @@ class LocalTrainer:
                     scaler.update()
                 else:
                     optimizer.step()
+                if after_step is not None:
+                    after_step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 epoch_losses.append(float(loss.detach()))

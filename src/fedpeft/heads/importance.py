@@ -1,0 +1,113 @@
+"""Head importance on a client (paper 000, Eq. 6): the "confidence" of each attention head.
+
+For every example, every head and every query position that is not padding, take the largest
+attention probability that the query gives to a key which is neither padding nor an end-of-sequence /
+separator token (the tokenizer's ``eos_token_id`` and ``sep_token_id``); average over the example's
+query positions, then over the examples. Virtual prompt / prefix keys count as ordinary keys. A query
+whose every key is excluded (e.g. the first position of a causal model that starts with a separator)
+is left out. The probabilities are the model's own softmax over all its keys, not renormalised.
+
+Decoder positions of encoder-decoder models are the target positions (labels != -100); cross-attention
+keys are the encoder tokens. The pass runs in eval mode with eager attention (SDPA returns no
+probabilities) under ``torch.no_grad``, on the model as received from the server, before training.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedpeft.data.batching import collate, sequential_batches
+from fedpeft.heads.layout import HeadLayout
+
+
+@dataclass
+class Importance:
+    alpha: np.ndarray  # (num_heads,) float64
+    examples: int
+    seconds: float
+
+
+def _base(module):
+    return module.get_base_model() if hasattr(module, "get_base_model") else module
+
+
+def _max_valid(att: torch.Tensor, q_valid: torch.Tensor, k_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (example, head): sum over valid queries of the max probability on valid keys, and the query count.
+
+    att: (B, H, Tq, Tk'), where Tk' may exceed len(k_valid)'s T by leading virtual keys (always valid).
+    """
+    extra = att.shape[-1] - k_valid.shape[1]
+    if extra > 0:
+        k_valid = torch.cat([torch.ones(k_valid.shape[0], extra, dtype=torch.bool, device=k_valid.device), k_valid], 1)
+    extra_q = att.shape[2] - q_valid.shape[1]
+    if extra_q > 0:  # prompt tuning prepends virtual queries: they are not the example's positions
+        att = att[:, :, extra_q:, :]
+    masked = att.masked_fill(~k_valid[:, None, None, :], float("-inf"))
+    best = masked.max(dim=-1).values  # (B, H, Tq)
+    usable = q_valid[:, None, :] & torch.isfinite(best)
+    return torch.where(usable, best, torch.zeros_like(best)).sum(-1), usable.sum(-1)
+
+
+@torch.no_grad()
+def head_importance(
+    tuned, data, layout: HeadLayout, *, pad_id: int, exclude_token_ids: set[int], device: torch.device,
+    batch_size: int = 16, max_examples: int | None = None, rng: np.random.Generator | None = None,
+) -> Importance:
+    """alpha_h for every head of ``layout`` on the client's ``data`` (a sample of ``max_examples``)."""
+    start = time.perf_counter()
+    n = len(data)
+    if max_examples is not None and n > max_examples:
+        rng = rng or np.random.default_rng(0)
+        data = data.subset(np.sort(rng.choice(n, size=max_examples, replace=False)))
+        n = max_examples
+    module = tuned.module
+    base = _base(module)
+    previous = getattr(base.config, "_attn_implementation", None)
+    was_training = module.training
+    base.set_attn_implementation("eager")
+    module.eval()
+    H = layout.heads_per_module
+    sums = np.zeros(layout.num_heads)
+    exclude = torch.tensor(sorted(exclude_token_ids), dtype=torch.long) if exclude_token_ids else None
+    try:
+        for idx in sequential_batches(data.lengths(), batch_size):
+            batch = {k: v.to(device) for k, v in collate(data, idx, pad_id).items()}
+            batch.pop("token_type_ids", None)
+            ids = batch["input_ids"]
+            enc_q = batch["attention_mask"].bool()
+            enc_k = enc_q & ~torch.isin(ids, exclude.to(device)) if exclude is not None else enc_q
+            labels = batch.pop("labels")
+            kwargs = dict(batch)
+            encdec = bool(getattr(base.config, "is_encoder_decoder", False))
+            if encdec and labels.dim() == 2:
+                kwargs["labels"] = labels
+            out = module(**kwargs, output_attentions=True)
+            groups: list[tuple[tuple, torch.Tensor, torch.Tensor]] = []
+            if encdec:
+                if labels.dim() == 2:
+                    dec_valid = labels != -100
+                    dec_k = dec_valid & ~torch.isin(labels.clamp(min=0), exclude.to(device)) if exclude is not None else dec_valid
+                else:  # encoder-decoder classifier: the decoder reads the shifted input
+                    dec_valid, dec_k = enc_q, enc_k
+                groups = [(out.encoder_attentions, enc_q, enc_k), (out.decoder_attentions, dec_valid, dec_k),
+                          (out.cross_attentions, dec_valid, enc_k)]
+            else:
+                groups = [(out.attentions, enc_q, enc_k)]
+            mod = 0
+            for attentions, q_valid, k_valid in groups:
+                for att in attentions:
+                    s, c = _max_valid(att.float(), q_valid, k_valid)
+                    mean = torch.where(c > 0, s / c.clamp(min=1), torch.zeros_like(s))  # (B, H)
+                    sums[mod * H:(mod + 1) * H] += mean.sum(0).double().cpu().numpy()
+                    mod += 1
+            if mod != layout.num_modules:
+                raise RuntimeError(f"the model returned {mod} attention maps, the head layout expects {layout.num_modules}")
+    finally:
+        if previous is not None:
+            base.set_attn_implementation(previous)
+        module.train(was_training)
+    return Importance(alpha=sums / max(n, 1), examples=n, seconds=time.perf_counter() - start)

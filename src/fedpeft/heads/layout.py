@@ -1,0 +1,193 @@
+"""Which slices of the trainable parameters belong to which attention head.
+
+Heads are numbered globally: attention modules in a fixed order (encoder-only and decoder-only models:
+the self-attention of layer 0, 1, ...; encoder-decoder models: encoder self-attention of every layer,
+then decoder self-attention of every layer, then decoder cross-attention of every layer), ``H`` query
+heads each, so head ``g = module * H + h``.
+
+A :class:`HeadUnit` is a contiguous slice of one parameter along one axis, tied to the set of query
+heads it serves:
+
+* LoRA (paper 000: P = {B}): the rows of ``lora_B`` of the query / key / value projections. GPT-2's
+  fused ``c_attn`` is split into its query, key and value thirds first. With grouped key/value heads
+  (LLaMA-style, e.g. SmolLM2: 9 query / 3 key-value heads) a key/value head's rows serve every query
+  head of its group. ``lora_A`` is not head-associated.
+* IA3: the output-scaling entries of the attention projections peft adapts (key and value, and query
+  where targeted); the input-scaling entries (feed-forward, attention output) stay non-head.
+* prefix tuning / P-tuning v2 (without projection): the key and value prefix dims of every layer, which
+  prefix the decoder self-attention in encoder-decoder models.
+* prompt tuning and P-tuning (input-level virtual tokens): the embedding dims split into H contiguous
+  chunks, tied to the heads of the first attention module (the one that reads them).
+
+Everything else that trains (the task head, ``lora_A``, projection MLPs, prompt encoders) is non-head
+and follows FedAvg (paper 000, Eq. 5).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from fedpeft.models.layout import arch_spec, model_shape
+
+_LAYER_INDEX = re.compile(r"\.(?:layer|layers|block|h)\.(\d+)\.")
+_CROSS_MARKERS = ("EncDecAttention", "encoder_attn", "crossattention")
+
+
+@dataclass(frozen=True)
+class HeadUnit:
+    start: int  # slice along the parameter's head axis
+    stop: int
+    heads: tuple[int, ...]  # global query-head ids served by this slice
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class HeadParam:
+    name: str
+    shape: tuple[int, ...]
+    axis: int
+    units: list[HeadUnit] = field(default_factory=list)
+
+    def kept_units(self, kept: set[int] | frozenset[int]) -> list[HeadUnit]:
+        """A slice travels if any head it serves is kept."""
+        return [u for u in self.units if any(h in kept for h in u.heads)]
+
+    def packed_shape(self, kept: set[int] | frozenset[int]) -> tuple[int, ...]:
+        shape = list(self.shape)
+        shape[self.axis] = sum(u.size for u in self.kept_units(kept))
+        return tuple(shape)
+
+
+@dataclass
+class HeadLayout:
+    num_modules: int
+    heads_per_module: int
+    module_names: list[str]  # e.g. "encoder.self.0", "decoder.cross.1"
+    params: dict[str, HeadParam]  # head-associated parameters only
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_modules * self.heads_per_module
+
+    def module_of(self, head: int) -> int:
+        return head // self.heads_per_module
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "num_heads": self.num_heads, "heads_per_module": self.heads_per_module, "modules": self.module_names,
+            "head_parameters": {n: {"axis": p.axis, "units": len(p.units)} for n, p in self.params.items()},
+        }
+
+
+class LayoutError(ValueError):
+    """The trainable parameters cannot be mapped to attention heads."""
+
+
+def _modules(config) -> tuple[list[str], bool]:
+    shape = model_shape(config)
+    if not shape.encoder_decoder:
+        return [f"self.{i}" for i in range(shape.num_layers)], False
+    enc = int(getattr(config, "encoder_layers", None) or getattr(config, "num_layers"))
+    dec = int(getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None) or enc)
+    names = [f"encoder.self.{i}" for i in range(enc)] + [f"decoder.self.{i}" for i in range(dec)]
+    return names + [f"decoder.cross.{i}" for i in range(dec)], True
+
+
+def _module_key(name: str, encdec: bool) -> str | None:
+    m = _LAYER_INDEX.search(name)
+    if m is None:
+        return None
+    layer = m.group(1)
+    if not encdec:
+        return f"self.{layer}"
+    stack = "decoder" if ".decoder." in name else "encoder"
+    kind = "cross" if any(c in name for c in _CROSS_MARKERS) else "self"
+    return f"{stack}.{kind}.{layer}"
+
+
+def _role(name: str, qkv: tuple[str, ...]) -> str | None:
+    """'q', 'k', 'v' or 'qkv' (fused) for a parameter of an attention projection, else None."""
+    parts = name.split(".")
+    for marker in ("lora_B", "ia3_l"):
+        if marker in parts:
+            module = parts[parts.index(marker) - 1]
+            break
+    else:
+        return None
+    if len(qkv) == 1:
+        return "qkv" if module == qkv[0] else None
+    roles = dict(zip(qkv, ("q", "k", "v")))
+    return roles.get(module)
+
+
+def build_layout(spec: Mapping[str, tuple[tuple[int, ...], str]], config, method: str) -> HeadLayout:
+    """Map the trainable parameters ``spec`` (name -> (shape, dtype)) of ``method`` to heads."""
+    shape = model_shape(config)
+    H, Hkv = shape.num_heads, shape.num_kv_heads
+    hidden = shape.hidden
+    head_dim = int(getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or hidden // H)
+    q_dim, kv_dim = H * head_dim, Hkv * head_dim
+    group = H // Hkv
+    module_names, encdec = _modules(config)
+    index = {n: i for i, n in enumerate(module_names)}
+    params: dict[str, HeadParam] = {}
+
+    def rows(module: int, role: str, offset: int = 0) -> list[HeadUnit]:
+        base = module * H
+        if role == "q":
+            return [HeadUnit(offset + h * head_dim, offset + (h + 1) * head_dim, (base + h,)) for h in range(H)]
+        return [HeadUnit(offset + g * head_dim, offset + (g + 1) * head_dim,
+                         tuple(base + g * group + j for j in range(group))) for g in range(Hkv)]
+
+    if method in ("lora", "ia3"):
+        qkv = arch_spec(config.model_type).qkv
+        for name, (pshape, _) in spec.items():
+            role = _role(name, qkv)
+            if role is None or (method == "ia3" and (len(pshape) != 2 or pshape[1] != 1)):
+                continue  # lora_A, task head, IA3 input scaling (shape (1, n)): non-head
+            key = _module_key(name, encdec)
+            if key not in index:
+                raise LayoutError(f"{name}: cannot tell which attention module it belongs to")
+            mod = index[key]
+            if role == "qkv":  # GPT-2 c_attn: [query | key | value] rows
+                units = rows(mod, "q") + rows(mod, "k", q_dim) + rows(mod, "v", q_dim + kv_dim)
+            else:
+                units = rows(mod, role)
+            expected = sum(u.size for u in units)
+            if pshape[0] != expected:
+                raise LayoutError(f"{name}: {pshape[0]} rows, expected {expected} for its heads")
+            params[name] = HeadParam(name, tuple(pshape), 0, units)
+    elif method == "prefix_tuning":
+        name = next((n for n in spec if n.endswith("prompt_encoder.default.embedding.weight")), None)
+        if name is not None:
+            pshape = tuple(spec[name][0])
+            layers = pshape[1] // (2 * kv_dim)
+            if layers * 2 * kv_dim != pshape[1]:
+                raise LayoutError(f"{name}: {pshape[1]} prefix dims do not split into layers x key/value x "
+                                  f"{kv_dim}; prefix projection is not head-mapped (set peft.projection false)")
+            prefix = "decoder.self" if encdec else "self"
+            units = []
+            for layer in range(layers):
+                mod = index[f"{prefix}.{layer}"]
+                for kind in range(2):
+                    units += rows(mod, "k", (2 * layer + kind) * kv_dim)
+            params[name] = HeadParam(name, pshape, 1, units)
+    elif method in ("prompt_tuning", "p_tuning"):
+        name = next((n for n in spec if n.endswith("prompt_encoder.default.embedding.weight")), None)
+        if name is not None:
+            pshape = tuple(spec[name][0])
+            if pshape[1] % H:
+                raise LayoutError(f"{name}: {pshape[1]} embedding dims do not split into {H} head chunks")
+            chunk = pshape[1] // H
+            params[name] = HeadParam(name, pshape, 1, [HeadUnit(h * chunk, (h + 1) * chunk, (h,)) for h in range(H)])
+    else:
+        raise LayoutError(f"peft method {method!r} has no head layout; use lora, ia3, prompt_tuning, p_tuning or "
+                          "prefix_tuning")
+    if not params:
+        raise LayoutError(f"no trainable parameter of {method!r} maps to an attention head (check target modules)")
+    return HeadLayout(len(module_names), H, module_names, params)
