@@ -200,7 +200,7 @@ def test_importance_matches_direct_computation_and_excludes_separators():
     cfg = tiny_config("algorithm={name: headprune}", "task.max_train_examples=12")
     exp = build_experiment(cfg)
     data = exp.data.train
-    res = exp.client_resources()
+    res = exp.client_resources
     imp = head_importance(exp.tuned, data, exp.head_layout, pad_id=res["pad_id"], exclude_token_ids=res["exclude_token_ids"],
                           device=torch.device("cpu"), batch_size=5)
     assert imp.examples == len(data) and imp.alpha.shape == (8,)

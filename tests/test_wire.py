@@ -104,7 +104,8 @@ def test_check_update_rejects_with_a_reason(mutate, reason):
 
 
 def test_upload_size_does_not_depend_on_wall_time():
-    from fedpeft.training.local import TrainResult, meta_seconds
+    from fedpeft.training.local import TrainResult
+    from fedpeft.wire import clock_seconds
 
     def upload(seconds: float) -> bytes:
         result = TrainResult(loss=0.5, steps=3, examples=48, tokens=3072, seconds=seconds, flops=1.5e9,
@@ -113,4 +114,4 @@ def test_upload_size_does_not_depend_on_wall_time():
 
     sizes = {len(upload(s)) for s in (0.0, 0.001234, 9.5, 12.345678901, 86399.9)}
     assert len(sizes) == 1
-    assert meta_seconds(decode(upload(12.345678901)).meta) == pytest.approx(12.345679, abs=1e-6)
+    assert clock_seconds(decode(upload(12.345678901)).meta, "train_seconds") == pytest.approx(12.345679, abs=1e-6)

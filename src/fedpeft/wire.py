@@ -75,5 +75,17 @@ def decode(data: bytes, *, max_bytes: int | None = None) -> Payload:
     return Payload(arrays=dict(arrays), meta=meta)
 
 
+def clock_text(seconds: float) -> str:
+    """A wall-clock duration for payload metadata, as fixed-width text (``%.6e``, 12 characters): a
+    duration is the one thing that differs between identical runs, and the payload's byte count must not
+    depend on the clock. Read it back with :func:`clock_seconds`."""
+    return f"{seconds:.6e}"
+
+
+def clock_seconds(meta: dict[str, Any], key: str) -> float | None:
+    value = meta.get(key)
+    return None if value is None else float(value)
+
+
 def payload_size(payload: Payload) -> int:
     return len(encode(payload))

@@ -25,15 +25,17 @@ REGISTRY: dict[str, tuple[type[ServerAlgorithm], Callable[[Any], ClientAlgorithm
     "fedprox": (FedProxServer, lambda o: FedProxClient(o.mu)),
     "headprune": (HeadPruneServer, HeadPruneClient),
 }
-NEEDS_HEAD_LAYOUT = {"headprune"}
 
 
 def make_server(options: Any, initial_state, *, num_clients: int, clients_per_round: int, seed: int,
                 layout: Any = None) -> ServerAlgorithm:
     server_cls, _ = REGISTRY[options.name]
-    extra = {"layout": layout} if options.name in NEEDS_HEAD_LAYOUT else {}
     return server_cls(options, initial_state, num_clients=num_clients, clients_per_round=clients_per_round, seed=seed,
-                      **extra)
+                      layout=layout)
+
+
+def needs_head_layout(options: Any) -> bool:
+    return REGISTRY[options.name][0].needs_head_layout
 
 
 def make_client(options: Any) -> ClientAlgorithm:
@@ -41,6 +43,6 @@ def make_client(options: Any) -> ClientAlgorithm:
 
 
 __all__ = [
-    "NEEDS_HEAD_LAYOUT", "REGISTRY", "ClientAlgorithm", "ClientContext", "ServerAlgorithm", "UpdateRejected", "check_update",
-    "make_client", "make_server", "random_selection",
+    "REGISTRY", "ClientAlgorithm", "ClientContext", "ServerAlgorithm", "UpdateRejected", "check_update",
+    "make_client", "make_server", "needs_head_layout", "random_selection",
 ]

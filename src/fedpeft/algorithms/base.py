@@ -76,8 +76,12 @@ class ClientContext:
 class ServerAlgorithm(ABC):
     """Holds the global trainable state; subclasses define how updates are combined."""
 
-    def __init__(self, options: Any, initial_state: Arrays, *, num_clients: int, clients_per_round: int, seed: int):
+    needs_head_layout = False  # True: the runtime builds a fedpeft.heads.HeadLayout and passes it as ``layout``
+
+    def __init__(self, options: Any, initial_state: Arrays, *, num_clients: int, clients_per_round: int, seed: int,
+                 layout: Any = None):
         self.options = options
+        self.layout = layout
         self.global_state: Arrays = {k: v.astype(np.float32).copy() for k, v in initial_state.items()}
         self.num_clients = num_clients
         self.clients_per_round = clients_per_round

@@ -39,7 +39,7 @@ from fedpeft.algorithms import aggregate as A
 from fedpeft.algorithms.base import ClientAlgorithm, ClientContext, ServerAlgorithm, UpdateRejected, check_update
 from fedpeft.heads import ALPHA_KEY, KEPT_KEY, HeadLayout, head_importance, kept_at_random, kept_by_importance, pack
 from fedpeft.heads.sparse import keep_count, pruned_mask, unpack_into
-from fedpeft.wire import Payload
+from fedpeft.wire import Payload, clock_seconds, clock_text
 
 
 def loss_difference_selection(last_loss: dict[int, float], global_loss: float | None, num_clients: int, k: int,
@@ -56,11 +56,12 @@ def loss_difference_selection(last_loss: dict[int, float], global_loss: float | 
 
 
 class HeadPruneServer(ServerAlgorithm):
-    def __init__(self, options: Any, initial_state, *, layout: HeadLayout | None = None, **kwargs: Any):
+    needs_head_layout = True
+
+    def __init__(self, options: Any, initial_state, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
-        if layout is None:
+        if self.layout is None:
             raise ValueError("headprune needs the model's head layout")
-        self.layout = layout
         self.last_loss: dict[int, float] = {}  # only clients seen so far
         self.global_loss: float | None = None
         self._round_info: dict[str, Any] = {}
@@ -147,7 +148,7 @@ class HeadPruneServer(ServerAlgorithm):
         kept_counts = [len(k) for k in kept_sets]
         out = {"update_norm": math.sqrt(sq), "kept_heads_mean": float(np.mean(kept_counts)),
                "sparsity_mean": float(1.0 - np.mean(kept_counts) / self.layout.num_heads)}
-        seconds = [float(updates[c].meta["importance_seconds"]) for c in ids if "importance_seconds" in updates[c].meta]
+        seconds = [s for c in ids if (s := clock_seconds(updates[c].meta, "importance_seconds")) is not None]
         if seconds:
             out["importance_s_mean"] = float(np.mean(seconds))
         return out
@@ -212,7 +213,7 @@ class HeadPruneClient(ClientAlgorithm):
                 batch_size=ctx.resources.get("batch_size", 16), max_examples=o.importance_examples, rng=rng,
             )
             alpha = imp.alpha
-            meta["importance_seconds"] = f"{imp.seconds:.6e}"  # fixed width: size must not depend on the clock
+            meta["importance_seconds"] = clock_text(imp.seconds)
             meta["importance_examples"] = imp.examples
         if o.pruning == "importance":
             kept = kept_by_importance(alpha, o.sparsity, layout, per_module=o.per_layer)

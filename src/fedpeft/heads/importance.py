@@ -72,17 +72,17 @@ def head_importance(
     module.eval()
     H = layout.heads_per_module
     sums = np.zeros(layout.num_heads)
-    exclude = torch.tensor(sorted(exclude_token_ids), dtype=torch.long) if exclude_token_ids else None
+    exclude = torch.tensor(sorted(exclude_token_ids), dtype=torch.long, device=device) if exclude_token_ids else None
+    encdec = bool(getattr(base.config, "is_encoder_decoder", False))
     try:
         for idx in sequential_batches(data.lengths(), batch_size):
             batch = {k: v.to(device) for k, v in collate(data, idx, pad_id).items()}
             batch.pop("token_type_ids", None)
             ids = batch["input_ids"]
             enc_q = batch["attention_mask"].bool()
-            enc_k = enc_q & ~torch.isin(ids, exclude.to(device)) if exclude is not None else enc_q
+            enc_k = enc_q & ~torch.isin(ids, exclude) if exclude is not None else enc_q
             labels = batch.pop("labels")
             kwargs = dict(batch)
-            encdec = bool(getattr(base.config, "is_encoder_decoder", False))
             if encdec and labels.dim() == 2:
                 kwargs["labels"] = labels
             out = module(**kwargs, output_attentions=True)
@@ -90,7 +90,7 @@ def head_importance(
             if encdec:
                 if labels.dim() == 2:
                     dec_valid = labels != -100
-                    dec_k = dec_valid & ~torch.isin(labels.clamp(min=0), exclude.to(device)) if exclude is not None else dec_valid
+                    dec_k = dec_valid & ~torch.isin(labels.clamp(min=0), exclude) if exclude is not None else dec_valid
                 else:  # encoder-decoder classifier: the decoder reads the shifted input
                     dec_valid, dec_k = enc_q, enc_k
                 groups = [(out.encoder_attentions, enc_q, enc_k), (out.decoder_attentions, dec_valid, dec_k),

@@ -26,7 +26,7 @@ from fedpeft.metrics.accounting import better_or_equal, summarize
 from fedpeft.rundir import RunWriter, new_run_dir
 from fedpeft.runtime.setup import Experiment, build_experiment
 from fedpeft.training.evaluate import evaluate
-from fedpeft.training.local import NonFiniteLoss, meta_seconds
+from fedpeft.training.local import NonFiniteLoss
 
 log = logging.getLogger("fedpeft")
 TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s")
@@ -90,7 +90,7 @@ class EmbeddedRuntime:
                                      after_step=after_step)
 
         ctx = ClientContext(client_id=cid, round=rnd, tuned=exp.tuned, train=train, num_examples=len(data), state=state,
-                            data=data, resources=exp.client_resources())
+                            data=data, resources=exp.client_resources)
         try:
             update = self.client.fit(received, ctx)
         except NonFiniteLoss as exc:
@@ -153,7 +153,7 @@ class EmbeddedRuntime:
             "ops_analytic": sum(m.get("train_ops_analytic", 0.0) for m in metas.values()),
             "client_flops": {str(c): m.get("train_flops") for c, m in metas.items()},
             "client_ops_analytic": {str(c): m.get("train_ops_analytic") for c, m in metas.items()},
-            "client_train_seconds": {str(c): meta_seconds(m) for c, m in metas.items()},
+            "client_train_seconds": {str(c): wire.clock_seconds(m, "train_seconds") for c, m in metas.items()},
             "rejected": {str(c): r for c, r in rejected.items()},
         })
         t_eval = 0.0

@@ -5,6 +5,7 @@ Shared by every runtime, so that the embedded and a distributed runtime start fr
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpeft.algorithms import NEEDS_HEAD_LAYOUT
+from fedpeft.algorithms import needs_head_layout
 from fedpeft.config import RunConfig
 from fedpeft.data.partition import partition, partition_stats
 from fedpeft.data.prepare import TaskData, prepare_task
@@ -49,12 +50,12 @@ class Experiment:
     trainer: LocalTrainer
     head_layout: Any = None  # fedpeft.heads.HeadLayout, for algorithms that work per attention head
 
+    @functools.cached_property
     def client_resources(self) -> dict[str, Any]:
         """What a client half may need besides its data: see fedpeft.algorithms.base.ClientContext."""
         special = {getattr(self.tokenizer, a, None) for a in ("eos_token_id", "sep_token_id")} - {None}
         return {"layout": self.head_layout, "pad_id": self.tokenizer.pad_token_id, "exclude_token_ids": special,
-                "device": self.device, "batch_size": self.cfg.eval.batch_size, "seed": self.cfg.seed,
-                "encoder_decoder": self.encoder_decoder}
+                "device": self.device, "batch_size": self.cfg.eval.batch_size, "seed": self.cfg.seed}
 
     def client_data(self, cid: int):
         return self.data.train.subset(self.parts[cid])
@@ -95,6 +96,6 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     trainer = LocalTrainer(cfg.train, device=device, pad_id=tokenizer.pad_token_id, precision=cfg.runtime.precision,
                            flops_sample_steps=cfg.runtime.flops_sample_steps, ops_per_sequence=ops_per_sequence)
     layout = None
-    if cfg.algorithm.name in NEEDS_HEAD_LAYOUT:
+    if needs_head_layout(cfg.algorithm):
         layout = build_layout(tuned.spec(), mconfig, cfg.peft.method)
     return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout)

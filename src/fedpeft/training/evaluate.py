@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from typing import Any
 
@@ -22,7 +23,12 @@ def _autocast(device: torch.device, precision: str):
 
 def _accepts_logits_to_keep(model) -> bool:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    return _forward_takes_logits_to_keep(type(base))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_takes_logits_to_keep(cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
 def _token_logprobs(model, batch: dict[str, torch.Tensor], encoder_decoder: bool) -> tuple[torch.Tensor, torch.Tensor]:

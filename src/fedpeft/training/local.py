@@ -23,6 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fedpeft.config.schema import TrainConfig
 from fedpeft.data.batching import Encoded, collate, length_grouped_batches, shuffled_batches
+from fedpeft.wire import clock_text
 
 
 class NonFiniteLoss(RuntimeError):
@@ -41,18 +42,10 @@ class TrainResult:
     ops_analytic: float
 
     def as_meta(self) -> dict:
-        """Metadata for the upload. Wall time is the only field that differs between identical runs, so it
-        travels as fixed-width text (``%.6e``, 12 characters): the payload's byte count must not depend on
-        the clock. Read it back with :func:`meta_seconds`."""
+        """Metadata for the upload; ``train_seconds`` is clock text (read it with wire.clock_seconds)."""
         meta = {f"train_{k}" if not k.startswith("train") else k: v for k, v in asdict(self).items()}
-        meta["train_seconds"] = f"{self.seconds:.6e}"
+        meta["train_seconds"] = clock_text(self.seconds)
         return meta
-
-
-def meta_seconds(meta: dict) -> float | None:
-    """The client's local training time from an upload's metadata (see :meth:`TrainResult.as_meta`)."""
-    value = meta.get("train_seconds")
-    return None if value is None else float(value)
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
