@@ -9,3 +9,8 @@ for b in throughput overhead memory paper004; do
   echo "== $b"
   $PY benchmarks/$b.py 2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/$b.log
 done
+# Paper 000: each experiment reuses the runs the earlier ones trained (runs/paper000/)
+for e in table1 fig4 table5 fig5 table3; do
+  echo "== paper000 $e"
+  $PY benchmarks/paper000.py $e 2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/paper000_$e.log
+done

@@ -227,15 +227,27 @@ def test_pruned_heads_get_no_update_even_with_weight_decay(tmp_path):
     rt = EmbeddedRuntime(cfg, tmp_path / "run")
     before = {k: v.copy() for k, v in rt.server.global_state.items()}
     [cid] = rt.server.select(1)
+    observed = []
+    rt.client.importance_observer = lambda rnd, c, alpha: observed.append((rnd, c, alpha))
     update, _, _, failure = rt.run_client(1, cid, rt.server.configure(1, [cid])[cid])
     assert failure is None
     kept = set(int(h) for h in update.arrays[KEPT_KEY])
     assert len(kept) == 4
+    # the observer sees the full Eq. 6 scores; the upload carries them for kept heads only (Eq. 7)
+    [(rnd, c, alpha)] = observed
+    assert (rnd, c) == (1, cid)
+    sent = update.arrays[ALPHA_KEY]
+    assert all(sent[h] == np.float32(alpha[h]) if h in kept else sent[h] == 0 for h in range(len(alpha)))
     tuned_state = rt.exp.tuned.state()
     for name, param in rt.exp.head_layout.params.items():
         for u in param.units:
             changed = not np.array_equal(tuned_state[name][u.start:u.stop], before[name][u.start:u.stop])
             assert changed == any(h in kept for h in u.heads), (name, u)
+    # analytic OPs of the pruned training count the kept fraction of the head rows
+    trainer = rt.exp.trainer
+    fractions = {f for _, f in trainer._ops_cache}
+    assert fractions == {len(kept) / rt.exp.head_layout.num_heads}
+    assert all(v < trainer.ops_per_sequence(T, 1.0) for (T, _), v in trainer._ops_cache.items())
 
 
 @pytest.mark.parametrize("model,method,extra", [

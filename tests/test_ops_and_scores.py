@@ -30,6 +30,20 @@ def test_method_sums():
         sum(pt["qkv"]) + sum(pt["fc"]) + sum(pt["p_tuning"]))
 
 
+def test_pruned_ops_scale_head_rows_only():
+    L, d, T = 2, 3, 4
+    rows = ops.components(L, d, T, r=2)
+    head = sum(map(sum, (rows["qkv"], rows["attention"], rows["lora"])))
+    assert ops.sequence_ops("lora", L, d, T, {"r": 2}, head_fraction=0.25) == pytest.approx(
+        0.25 * head + sum(rows["fc"]))
+    assert ops.sequence_ops("lora", L, d, T, {"r": 2}, head_fraction=1.0) == ops.sequence_ops("lora", L, d, T, {"r": 2})
+    # the documented reading: T5-small (L=18, d=512), LoRA r=16, T=512, 90% sparsity -> 3.81x (paper: 3.9x)
+    ratio = ops.sequence_ops("lora", 18, 512, 512, {"r": 16}) / ops.sequence_ops("lora", 18, 512, 512, {"r": 16}, 0.1)
+    assert ratio == pytest.approx(3.805, abs=1e-3)
+    with pytest.raises(ValueError, match="head_fraction"):
+        ops.sequence_ops("lora", L, d, T, {"r": 2}, head_fraction=1.5)
+
+
 def test_classification_scores_by_hand():
     gold = [0, 0, 1, 1, 2]
     pred = [0, 1, 1, 1, 0]

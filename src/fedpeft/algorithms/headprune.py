@@ -30,7 +30,7 @@ ties are broken by a seeded permutation of the round (deterministic).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -198,6 +198,9 @@ def _slice(param, unit, ndim: int) -> tuple:
 class HeadPruneClient(ClientAlgorithm):
     def __init__(self, options: Any):
         self.options = options
+        # Called as observer(round, client_id, alpha) with the full Eq. 6 scores (before Eq. 7 zeroes the
+        # pruned ones); for analysis such as paper 000's Fig. 5. Nothing of it travels on the wire.
+        self.importance_observer: Callable[[int, int, np.ndarray], None] | None = None
 
     def fit(self, payload: Payload, ctx: ClientContext) -> Payload:
         o = self.options
@@ -213,6 +216,8 @@ class HeadPruneClient(ClientAlgorithm):
                 batch_size=ctx.resources.get("batch_size", 16), max_examples=o.importance_examples, rng=rng,
             )
             alpha = imp.alpha
+            if self.importance_observer is not None:
+                self.importance_observer(ctx.round, ctx.client_id, alpha.copy())
             meta["importance_seconds"] = clock_text(imp.seconds)
             meta["importance_examples"] = imp.examples
         if o.pruning == "importance":
@@ -223,7 +228,7 @@ class HeadPruneClient(ClientAlgorithm):
             kept = np.arange(layout.num_heads, dtype=np.int32)
         kept_set = set(int(h) for h in kept)
         before, after = _freeze_pruned(ctx.tuned, layout, kept_set) if o.pruning != "none" else (None, None)
-        result = ctx.train(before_step=before, after_step=after)
+        result = ctx.train(before_step=before, after_step=after, head_fraction=len(kept) / layout.num_heads)
         meta.update(result.as_meta())
         state = ctx.tuned.state()
         if o.pruning == "none":

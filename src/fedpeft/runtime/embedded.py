@@ -85,9 +85,9 @@ class EmbeddedRuntime:
         data = exp.client_data(cid)
         state = self.client_states.get(cid, {})
 
-        def train(extra_loss=None, before_step=None, after_step=None):
+        def train(extra_loss=None, before_step=None, after_step=None, head_fraction=1.0):
             return exp.trainer.train(exp.tuned, data, rng, extra_loss=extra_loss, before_step=before_step,
-                                     after_step=after_step)
+                                     after_step=after_step, head_fraction=head_fraction)
 
         ctx = ClientContext(client_id=cid, round=rnd, tuned=exp.tuned, train=train, num_examples=len(data), state=state,
                             data=data, resources=exp.client_resources)

@@ -90,8 +90,8 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     shape = model_shape(mconfig)
     options = cfg.peft.model_dump()
 
-    def ops_per_sequence(T: int) -> float:
-        return sequence_ops(cfg.peft.method, shape.num_attention_modules, shape.hidden, T, options)
+    def ops_per_sequence(T: int, head_fraction: float = 1.0) -> float:
+        return sequence_ops(cfg.peft.method, shape.num_attention_modules, shape.hidden, T, options, head_fraction)
 
     trainer = LocalTrainer(cfg.train, device=device, pad_id=tokenizer.pad_token_id, precision=cfg.runtime.precision,
                            flops_sample_steps=cfg.runtime.flops_sample_steps, ops_per_sequence=ops_per_sequence)

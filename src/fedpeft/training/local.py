@@ -99,7 +99,7 @@ class LocalTrainer:
         pad_id: int,
         precision: str = "fp32",
         flops_sample_steps: int = 1,
-        ops_per_sequence: Callable[[int], float] | None = None,
+        ops_per_sequence: Callable[[int, float], float] | None = None,
     ):
         self.cfg = cfg
         self.device = device
@@ -107,7 +107,7 @@ class LocalTrainer:
         self.precision = precision
         self.flops_sample_steps = flops_sample_steps
         self.ops_per_sequence = ops_per_sequence
-        self._ops_cache: dict[int, float] = {}
+        self._ops_cache: dict[tuple[int, float], float] = {}
         self.flops_measured = 0.0  # run-level FLOP samples: totals over the measured steps
         self.flops_tokens = 0
         self.flops_steps = 0
@@ -121,12 +121,13 @@ class LocalTrainer:
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
-    def _ops(self, batch_size: int, length: int) -> float:
+    def _ops(self, batch_size: int, length: int, head_fraction: float) -> float:
         if self.ops_per_sequence is None:
             return 0.0
-        if length not in self._ops_cache:
-            self._ops_cache[length] = self.ops_per_sequence(length)
-        return batch_size * self._ops_cache[length]
+        key = (length, head_fraction)
+        if key not in self._ops_cache:
+            self._ops_cache[key] = self.ops_per_sequence(length, head_fraction)
+        return batch_size * self._ops_cache[key]
 
     def train(
         self,
@@ -137,9 +138,11 @@ class LocalTrainer:
         extra_loss: Callable[[], torch.Tensor] | None = None,
         before_step: Callable[[], None] | None = None,
         after_step: Callable[[], None] | None = None,
+        head_fraction: float = 1.0,
     ) -> TrainResult:
         """Train ``tuned.module`` on ``data``; ``before_step`` may edit gradients (e.g. masking) before clipping
-        and the optimizer step, ``after_step`` may edit parameters right after it."""
+        and the optimizer step, ``after_step`` may edit parameters right after it. ``head_fraction`` (kept
+        heads / all heads) only changes the analytic OPs count (fedpeft.metrics.ops)."""
         model = tuned.module
         params = list(tuned.params.values())
         cfg = self.cfg
@@ -196,7 +199,7 @@ class LocalTrainer:
                 steps += 1
                 examples += len(idx)
                 tokens += n_tok
-                ops += self._ops(len(idx), int(batch["input_ids"].shape[1]))
+                ops += self._ops(len(idx), int(batch["input_ids"].shape[1]), head_fraction)
             last_epoch_losses = epoch_losses if cfg.local_steps is None else last_epoch_losses + epoch_losses
         seconds = time.perf_counter() - start
         rate = self.flops_per_token()
