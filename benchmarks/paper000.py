@@ -12,6 +12,8 @@ method run appears in Table 1, Fig. 4 and Table 5) train it once.
     python benchmarks/paper000.py table5   # IID and Dirichlet 2.0 / 0.5 / 0.1: FedAvg (B1 + random) vs method
     python benchmarks/paper000.py fig5     # importance heat maps + client distance, IID vs Dirichlet 0.1
     python benchmarks/paper000.py table3   # PEFT methods under the method: max sparsity before chance
+    python benchmarks/paper000.py selection --rounds 100 --eval-every 10 --runs runs/paper000_r100
+                                           # random vs loss selection once Eq. 9 acts (all clients seen)
 
 Common options: ``--rounds`` (default 40), ``--eval-every`` (default 5), ``--set key=value`` (any config
 override, applied to every run). Results go to benchmarks/results/paper000_<experiment>.json and a
@@ -326,7 +328,39 @@ def table3(b: Bench) -> dict[str, Any]:
     return {"chance": b.args.chance, "margin": b.args.margin, "rows": out}
 
 
-EXPERIMENTS = {"table1": table1, "fig4": fig4, "table5": table5, "fig5": fig5, "table3": table3}
+def _selection_activity(run_dir: str) -> dict[str, Any]:
+    """When did Eq. 9 choose by loss difference? Never-seen clients score +inf and rank first, so with
+    100 clients and 2 per round the first rounds only enumerate unseen clients."""
+    rows = [r for r in read_metrics(Path(run_dir)) if r["round"] > 0]
+    finite = [r["round"] for r in rows if any(v != "inf" for v in (r.get("selection_scores") or {}).values())]
+    return {"distinct_clients": len({c for r in rows for c in r["clients"]}),
+            "first_round_with_a_seen_client": finite[0] if finite else None,
+            "rounds_choosing_by_loss": len(finite)}
+
+
+def selection(b: Bench) -> dict[str, Any]:
+    """Method (90%) with random vs loss-difference selection over enough rounds that Eq. 9 acts (> 50)."""
+    rows = []
+    for sel in ("random", "loss"):
+        run = b.run(f"method-{sel}-s90", [*METHOD, *SELECTIONS[sel], "algorithm.sparsity=0.9"])
+        run.update(_selection_activity(run["run_dir"]))
+        acting = [acc for rnd, acc in run["eval_curve"] if rnd > 50]
+        run["mean_acc_after_round_50"] = _mean(acting)
+        rows.append(run)
+    print_table(["selection", "final acc", "mean of last 3 evals", "mean acc of evals after round 50", "best acc",
+                 "rounds to target", "distinct clients", "rounds choosing by loss (finite scores)"],
+                [[r["selection"], _fmt(r["final_accuracy"]), _fmt(r["last3_accuracy"]), _fmt(r["mean_acc_after_round_50"]),
+                  _fmt(r["best_accuracy"]), r["rounds_to_target"] or "not reached", r["distinct_clients"],
+                  r["rounds_choosing_by_loss"] if r["selection"] == "loss" else "-"] for r in rows])
+    from fedpeft.report.plots import plot_curves
+
+    for path in plot_curves({r["key"]: read_metrics(r["run_dir"]) for r in rows}, "accuracy", Path(b.args.out_dir),
+                            prefix=f"paper000_selection_r{b.args.rounds}_"):
+        print(f"plot: {path}")
+    return {"rows": rows}
+
+
+EXPERIMENTS = {"table1": table1, "fig4": fig4, "table5": table5, "fig5": fig5, "table3": table3, "selection": selection}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -345,7 +379,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], help="config override for every run")
     args = ap.parse_args(argv)
     b = Bench(args)
-    for name in EXPERIMENTS if args.experiment == "all" else [args.experiment]:
+    # "all" = the paper's five; `selection` needs its own --rounds/--runs (see the module docstring)
+    for name in [n for n in EXPERIMENTS if n != "selection"] if args.experiment == "all" else [args.experiment]:
         result = EXPERIMENTS[name](b)
         save(Path(args.out_dir) / f"paper000_{name}.json",
              {"command": "python benchmarks/paper000.py " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -14,3 +14,6 @@ for e in table1 fig4 table5 fig5 table3; do
   echo "== paper000 $e"
   $PY benchmarks/paper000.py $e 2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/paper000_$e.log
 done
+echo "== paper000 selection (100 rounds)"
+$PY benchmarks/paper000.py selection --rounds 100 --eval-every 10 --runs runs/paper000_r100 2>&1 \
+  | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/paper000_selection.log
