@@ -5,7 +5,7 @@ from __future__ import annotations
 from fedpeft.config import load_config
 
 TIMING_KEYS = {"time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s",
-               "client_train_seconds"}
+               "client_train_seconds", "agg_importance_s_mean"}
 
 
 def tiny_config(*overrides: str):

@@ -155,3 +155,16 @@ def test_fp16_on_cpu_is_rejected_before_work():
 
     with pytest.raises(ConfigError, match="fp16 needs a GPU"):
         tiny_config("runtime.precision=fp16", "runtime.device=cpu")
+
+
+def test_min_replies_keeps_the_global_model_when_too_few_arrive(tmp_path):
+    cfg = tiny_config("federation.num_clients=2", "federation.clients_per_round=2", "federation.rounds=1",
+                      "federation.min_replies=2", "train.local_steps=1")
+    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    before = {k: v.copy() for k, v in rt.server.global_state.items()}
+    real = rt.run_client
+    rt.run_client = lambda rnd, cid, p: (None, 0, 0, "killed") if cid == 1 else real(rnd, cid, p)
+    rt.run()
+    row = read_metrics(tmp_path / "run")[1]
+    assert "1 of 2 updates accepted, federation.min_replies is 2" in row["round_failed"]
+    assert all(np.array_equal(before[k], rt.server.global_state[k]) for k in before)

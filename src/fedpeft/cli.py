@@ -1,4 +1,4 @@
-"""Command line: ``fedpeft run | report | data | partition | model | config``."""
+"""Command line: ``fedpeft run | report | data | partition | model | config | flower``."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from fedpeft.data.partition import PartitionError
     from fedpeft.data.sources import DataError
     from fedpeft.models.registry import ModelError
+    from fedpeft.checkpoint import CheckpointError
     from fedpeft.tuners import StateError
 
-    return EXPECTED_ERRORS + (DataError, PartitionError, ModelError, StateError)
+    return EXPECTED_ERRORS + (DataError, PartitionError, ModelError, StateError, CheckpointError)
 
 
 def _quiet_libraries() -> None:
@@ -37,22 +38,52 @@ def _quiet_libraries() -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set)
+    if args.resume:
+        if args.config or args.set or args.run_dir:
+            raise ConfigError("--resume RUN_DIR continues a run with the config saved in RUN_DIR/config.yaml; "
+                              "give no config file, --set or --run-dir with it")
+        config_path = Path(args.resume) / "config.yaml"
+        if not config_path.is_file():
+            raise FileNotFoundError(f"{args.resume!r} is not a run directory (no config.yaml)")
+        cfg = load_config(config_path)
+    else:
+        if not args.config:
+            raise ConfigError("give a YAML config (fedpeft run CONFIG) or a run to continue (fedpeft run --resume RUN_DIR)")
+        cfg = load_config(args.config, args.set)
     if args.no_progress:
         cfg.runtime.progress = False
     _quiet_libraries()
-    from fedpeft.runtime.embedded import EmbeddedRuntime
+    run_dir = args.resume or args.run_dir
+    if cfg.runtime.name == "flower":
+        from fedpeft.runtime.flower.launch import run_flower
 
-    runtime = EmbeddedRuntime(cfg, args.run_dir)
-    print(f"run directory: {runtime.run_dir}", file=sys.stderr)
-    summary = runtime.run()
+        summary = run_flower(cfg, run_dir, resume=bool(args.resume), log=lambda m: print(m, file=sys.stderr))
+        run_dir = summary["run_dir"]
+    else:
+        from fedpeft.runtime.embedded import EmbeddedRuntime
+
+        runtime = EmbeddedRuntime.resume(run_dir) if args.resume else EmbeddedRuntime(cfg, run_dir)
+        if args.resume:
+            runtime.cfg.runtime.progress = cfg.runtime.progress
+        print(f"run directory: {runtime.run_dir}", file=sys.stderr)
+        summary = runtime.run()
+        run_dir = runtime.run_dir
     metric = summary["primary_metric"]
     print(
         f"{cfg.name}: {metric} {summary.get('initial')} -> {summary.get('final')} (best {summary.get('best')}) "
         f"in {summary.get('rounds')} rounds; {summary.get('total_bytes', 0) / 2**20:.2f} MiB exchanged; "
         f"rounds to target: {summary.get('rounds_to_target')}; {summary.get('wall_s', 0):.1f} s"
     )
-    print(f"results: {runtime.run_dir}")
+    print(f"results: {run_dir}")
+    return 0
+
+
+def cmd_flower_credentials(args: argparse.Namespace) -> int:
+    from fedpeft.runtime.flower.credentials import make_credentials
+
+    out = make_credentials(args.out_dir, hosts=args.host, supernodes=args.supernodes, days=args.days)
+    print(f"wrote ca.crt, server.pem / server.key (for localhost, 127.0.0.1{''.join(', ' + h for h in args.host)}) "
+          f"and {args.supernodes} SuperNode key pairs to {out}")
     return 0
 
 
@@ -161,11 +192,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run a federated fine-tuning from a YAML config")
-    r.add_argument("config", help="YAML config file (see configs/)")
+    r.add_argument("config", nargs="?", help="YAML config file (see configs/)")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. train.lr=1e-3")
     r.add_argument("--run-dir", help="directory for the results (default: OUTPUT_DIR/NAME-TIMESTAMP)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_run)
+
+    fl = sub.add_parser("flower", help="Flower deployment helpers")
+    fl_sub = fl.add_subparsers(dest="flower_command", required=True)
+    cr = fl_sub.add_parser("credentials", help="test TLS certificates and SuperNode keys for a secured deployment")
+    cr.add_argument("out_dir")
+    cr.add_argument("--host", action="append", default=[], help="SuperLink host name or IP the certificate must be "
+                    "valid for (repeatable; localhost and 127.0.0.1 are always included)")
+    cr.add_argument("--supernodes", type=int, default=2, help="SuperNode key pairs to make")
+    cr.add_argument("--days", type=int, default=365, help="validity of the certificates")
+    cr.set_defaults(func=cmd_flower_credentials)
 
     rep = sub.add_parser("report", help="markdown table (and plots) comparing run directories")
     rep.add_argument("run_dirs", nargs="+")

@@ -8,6 +8,7 @@
       metrics.jsonl      one JSON row per round (round 0 = initial evaluation)
       events.log         warnings and rejected updates
       summary.json       final / best metrics, rounds and time to target, totals
+      checkpoint.safetensors  server state after the last completed round (fedpeft.checkpoint)
       adapter/           the final global adapter (HF PEFT format for peft-backed methods)
       plots/             metric vs round, metric vs cumulative MB
 """
@@ -77,6 +78,14 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no metrics.jsonl)")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def rewrite_metrics(run_dir: str | Path, rows: list[dict[str, Any]]) -> None:
+    """Replace metrics.jsonl with these rows, atomically (used when a run resumes from a checkpoint)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:

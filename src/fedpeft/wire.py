@@ -76,9 +76,10 @@ def decode(data: bytes, *, max_bytes: int | None = None) -> Payload:
 
 
 def clock_text(seconds: float) -> str:
-    """A wall-clock duration for payload metadata, as fixed-width text (``%.6e``, 12 characters): a
-    duration is the one thing that differs between identical runs, and the payload's byte count must not
-    depend on the clock. Read it back with :func:`clock_seconds`."""
+    """A measured quantity for payload metadata (a duration, a FLOP estimate) as fixed-width text
+    (``%.6e``, 12 characters): such values differ between otherwise identical runs (clock) or between
+    runtimes (which steps were sampled), and the payload's byte count must not depend on them. Read it
+    back with :func:`clock_seconds`."""
     return f"{seconds:.6e}"
 
 

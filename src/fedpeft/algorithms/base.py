@@ -121,8 +121,24 @@ class ServerAlgorithm(ABC):
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
         """Combine accepted updates into self.global_state; returns aggregation metrics."""
 
+    # Attributes that make up the server's state between rounds (checkpointed after every round).
+    state_attrs: tuple[str, ...] = ("global_state",)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"global_state": self.global_state}
+        return {name: getattr(self, name) for name in self.state_attrs}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (e.g. from a checkpoint), after checking it fits."""
+        missing = [name for name in self.state_attrs if name not in state]
+        if missing:
+            raise ValueError(f"server state lacks {missing}; it was saved by another algorithm")
+        glob = state["global_state"]
+        if set(glob) != set(self.expected) or any(tuple(glob[k].shape) != self.expected[k][0] for k in glob):
+            raise ValueError("saved global state does not match this model's trainable parameters "
+                             "(another model, PEFT method or option)")
+        for name in self.state_attrs:
+            setattr(self, name, state[name])
+        self.global_state = {k: np.asarray(v, dtype=np.float32) for k, v in glob.items()}
 
 
 class ClientAlgorithm(ABC):

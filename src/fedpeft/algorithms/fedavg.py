@@ -34,6 +34,8 @@ class FedAvgServer(ServerAlgorithm):
 
 
 class FedAvgMServer(FedAvgServer):
+    state_attrs = ("global_state", "momentum_buffer")
+
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.momentum_buffer: A.Arrays | None = None
@@ -46,6 +48,7 @@ class FedAvgMServer(FedAvgServer):
 
 class FedAdamServer(FedAvgServer):
     rule = staticmethod(A.fedadam_step)
+    state_attrs = ("global_state", "m", "v")
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

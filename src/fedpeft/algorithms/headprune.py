@@ -57,6 +57,7 @@ def loss_difference_selection(last_loss: dict[int, float], global_loss: float | 
 
 class HeadPruneServer(ServerAlgorithm):
     needs_head_layout = True
+    state_attrs = ("global_state", "last_loss", "global_loss")
 
     def __init__(self, options: Any, initial_state, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
@@ -185,8 +186,6 @@ class HeadPruneServer(ServerAlgorithm):
                 delta[sl] = num[sl] / (den[i] + eps)
         return delta
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"global_state": self.global_state, "last_loss": dict(self.last_loss), "global_loss": self.global_loss}
 
 
 def _slice(param, unit, ndim: int) -> tuple:

@@ -234,12 +234,24 @@ class FederationConfig(Section):
     clients_per_round: int = Field(2, ge=1)
     rounds: int = Field(3, ge=1)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    min_replies: int = Field(
+        1, ge=1, description="A round aggregates only if at least this many selected clients return an "
+        "accepted update; otherwise the global model stays as it was and the round is logged as failed.",
+    )
+    round_timeout_s: float = Field(
+        600.0, gt=0, description="Distributed runtimes: how long the server waits for the selected clients' "
+        "replies; a client that has not replied by then (killed, disconnected) counts as failed for the round.",
+    )
 
     @model_validator(mode="after")
     def _k_le_n(self) -> "FederationConfig":
         if self.clients_per_round > self.num_clients:
             raise ValueError(
                 f"clients_per_round ({self.clients_per_round}) exceeds num_clients ({self.num_clients})"
+            )
+        if self.min_replies > self.clients_per_round:
+            raise ValueError(
+                f"min_replies ({self.min_replies}) exceeds clients_per_round ({self.clients_per_round})"
             )
         return self
 
@@ -270,8 +282,32 @@ class EvalConfig(Section):
     target: float | None = Field(None, description="Value of the primary metric for rounds/time-to-target.")
 
 
+class FlowerRuntimeConfig(Section):
+    """The Flower deployment runtime (``runtime.name: flower``)."""
+
+    superlink: str | None = Field(
+        None, description="host:port of a running SuperLink to submit the run to (with its SuperNodes "
+        "already connected). None: start a SuperLink and num_supernodes SuperNodes on this machine "
+        "(loopback, free ports) for the run and stop them afterwards.",
+    )
+    num_supernodes: int = Field(2, ge=1, description="SuperNodes to start when superlink is None.")
+    root_certificates: str | None = Field(
+        None, description="CA certificate (PEM) of a TLS SuperLink; None with a remote superlink means insecure."
+    )
+    poll_interval_s: float = Field(0.05, gt=0, description="How often the ServerApp polls for replies.")
+    startup_timeout_s: float = Field(180.0, gt=0, description="How long to wait for the SuperNodes to connect.")
+
+
 class RuntimeConfig(Section):
-    name: Literal["embedded"] = "embedded"
+    name: Literal["embedded", "flower"] = Field(
+        "embedded", description="embedded: every client in this process (default). flower: Flower's "
+        "deployment engine (ServerApp + ClientApps on SuperNodes); see runtime.flower.",
+    )
+    flower: FlowerRuntimeConfig = Field(default_factory=FlowerRuntimeConfig)
+    checkpoint_every: int = Field(
+        1, ge=0, description="Write RUN_DIR/checkpoint.safetensors after every this many rounds (0 = never); "
+        "`fedpeft run --resume RUN_DIR` continues from it.",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="Autocast precision of local training and evaluation (fp16 needs cuda)."

@@ -19,17 +19,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpeft import algorithms, wire
+from fedpeft import algorithms, checkpoint, wire
 from fedpeft.algorithms.base import ClientContext
-from fedpeft.config import RunConfig
+from fedpeft.config import RunConfig, load_config
 from fedpeft.metrics.accounting import better_or_equal, summarize
-from fedpeft.rundir import RunWriter, new_run_dir
+from fedpeft.rundir import RunWriter, new_run_dir, read_metrics, rewrite_metrics
 from fedpeft.runtime.setup import Experiment, build_experiment
 from fedpeft.training.evaluate import evaluate
 from fedpeft.training.local import NonFiniteLoss
 
 log = logging.getLogger("fedpeft")
 TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s")
+TRAINER_COUNTERS = ("flops_measured", "flops_tokens", "flops_steps")
+# What one client returns for a round: (decoded update or None, bytes down, bytes up, failure reason or None)
+ClientResult = tuple[wire.Payload | None, int, int, str | None]
 
 
 def client_seed(seed: int, rnd: int, cid: int) -> int:
@@ -40,10 +43,40 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, cid: int, received: wire.Payload,
+                 state: dict[str, Any]) -> wire.Payload:
+    """One client's local work for round ``rnd``, the same in every runtime: seeded by (seed, round, client)
+    only, so a client gives the same update wherever and whenever it runs. ``state`` is the client's
+    algorithm state, updated in place."""
+    cfg = exp.cfg
+    rng = np.random.default_rng([cfg.seed, rnd, cid])
+    torch.manual_seed(client_seed(cfg.seed, rnd, cid))
+    data = exp.client_data(cid)
+
+    def train(extra_loss=None, before_step=None, after_step=None, head_fraction=1.0):
+        return exp.trainer.train(exp.tuned, data, rng, extra_loss=extra_loss, before_step=before_step,
+                                 after_step=after_step, head_fraction=head_fraction)
+
+    ctx = ClientContext(client_id=cid, round=rnd, tuned=exp.tuned, train=train, num_examples=len(data), state=state,
+                        data=data, resources=exp.client_resources)
+    return client.fit(received, ctx)
+
+
 class EmbeddedRuntime:
-    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, experiment: Experiment | None = None):
+    """Runs the rounds; a subclass changes where clients run by overriding :meth:`run_clients`."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, experiment: Experiment | None = None,
+                 resume: bool = False):
         self.cfg = cfg
-        self.run_dir = new_run_dir(cfg, run_dir)  # fails fast if the directory already holds a run
+        restored: tuple[int, dict[str, Any]] | None = None
+        if resume:
+            self.run_dir = Path(run_dir)  # type: ignore[arg-type]
+            restored = checkpoint.load(self.run_dir)  # fails before any work if there is nothing to resume
+            kept = [r for r in read_metrics(self.run_dir) if r["round"] <= restored[0]]
+            rewrite_metrics(self.run_dir, kept)  # rounds after the checkpoint are run again
+        else:
+            self.run_dir = new_run_dir(cfg, run_dir)  # fails fast if the directory already holds a run
+            kept = []
         self.exp = experiment or build_experiment(cfg)
         self.writer = RunWriter(self.run_dir, cfg)
         self.writer.partition(self.exp.partition_stats)
@@ -54,9 +87,45 @@ class EmbeddedRuntime:
         self.client = algorithms.make_client(cfg.algorithm)
         self.client_states: dict[int, dict[str, Any]] = {}
         self.max_payload = int(cfg.runtime.max_payload_mb * 2**20)
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = kept
         self.cum_up = self.cum_down = 0
         self.metric = cfg.primary_metric()
+        self.start_round = 1
+        self.wall_offset = 0.0  # wall seconds already spent before a resume
+        if restored is not None:
+            self._restore(*restored)
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        trainer = self.exp.trainer
+        return {
+            "server": self.server.state_dict(),
+            "clients": self.client_states,
+            "cum_bytes_up": self.cum_up,
+            "cum_bytes_down": self.cum_down,
+            "wall_s": self.rows[-1].get("wall_s", 0.0) if self.rows else 0.0,
+            "trainer": {k: getattr(trainer, k) for k in TRAINER_COUNTERS},
+        }
+
+    def _restore(self, rnd: int, state: dict[str, Any]) -> None:
+        self.server.load_state_dict(state["server"])
+        self.client_states = {int(c): s for c, s in state["clients"].items()}
+        self.cum_up, self.cum_down = int(state["cum_bytes_up"]), int(state["cum_bytes_down"])
+        self.wall_offset = float(state["wall_s"])
+        for k, v in state["trainer"].items():
+            setattr(self.exp.trainer, k, v)
+        self.start_round = rnd + 1
+        log.warning("resumed %s after round %d (checkpoint %s)", self.run_dir, rnd, checkpoint.FILENAME)
+
+    @classmethod
+    def resume(cls, run_dir: str | Path, **kwargs: Any) -> "EmbeddedRuntime":
+        """Continue the run in RUN_DIR from its last checkpoint, with the config it was started with."""
+        run_dir = Path(run_dir)
+        if not (run_dir / "config.yaml").is_file():
+            raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
+        if (run_dir / "summary.json").is_file():
+            raise FileExistsError(f"the run in {str(run_dir)!r} has already finished (summary.json exists)")
+        return cls(load_config(run_dir / "config.yaml"), run_dir, resume=True, **kwargs)
 
     # -- pieces of a round -------------------------------------------------------------------------
     def evaluate_global(self) -> dict[str, Any]:
@@ -75,24 +144,13 @@ class EmbeddedRuntime:
                 out[k if k.startswith("eval_") else f"eval_{k}"] = v
         return out
 
-    def run_client(self, rnd: int, cid: int, payload: wire.Payload) -> tuple[wire.Payload | None, int, int, str | None]:
+    def run_client(self, rnd: int, cid: int, payload: wire.Payload) -> ClientResult:
         """(decoded update or None, bytes down, bytes up, failure reason)."""
-        exp = self.exp
         down = wire.encode(payload)
         received = wire.decode(down)
-        rng = np.random.default_rng([self.cfg.seed, rnd, cid])
-        torch.manual_seed(client_seed(self.cfg.seed, rnd, cid))
-        data = exp.client_data(cid)
         state = self.client_states.get(cid, {})
-
-        def train(extra_loss=None, before_step=None, after_step=None, head_fraction=1.0):
-            return exp.trainer.train(exp.tuned, data, rng, extra_loss=extra_loss, before_step=before_step,
-                                     after_step=after_step, head_fraction=head_fraction)
-
-        ctx = ClientContext(client_id=cid, round=rnd, tuned=exp.tuned, train=train, num_examples=len(data), state=state,
-                            data=data, resources=exp.client_resources)
         try:
-            update = self.client.fit(received, ctx)
+            update = train_client(self.exp, self.client, rnd, cid, received, state)
         except NonFiniteLoss as exc:
             return None, len(down), 0, str(exc)
         if state:
@@ -104,6 +162,10 @@ class EmbeddedRuntime:
             return None, len(down), len(up), str(exc)
         return decoded, len(down), len(up), None
 
+    def run_clients(self, rnd: int, payloads: dict[int, wire.Payload]) -> dict[int, ClientResult]:
+        """Every selected client's result for the round; here one after another in this process."""
+        return {cid: self.run_client(rnd, cid, payload) for cid, payload in payloads.items()}
+
     def run_round(self, rnd: int, wall_start: float) -> dict[str, Any]:
         t0 = time.perf_counter()
         selected = self.server.select(rnd)
@@ -112,11 +174,11 @@ class EmbeddedRuntime:
         rejected: dict[int, str] = {}
         bytes_down: dict[int, int] = {}
         bytes_up: dict[int, int] = {}
-        t_client = 0.0
+        tc = time.perf_counter()
+        results = self.run_clients(rnd, payloads)
+        t_client = time.perf_counter() - tc
         for cid in selected:
-            tc = time.perf_counter()
-            update, n_down, n_up, failure = self.run_client(rnd, cid, payloads[cid])
-            t_client += time.perf_counter() - tc
+            update, n_down, n_up, failure = results[cid]
             bytes_down[cid] = n_down
             bytes_up[cid] = n_up
             if failure is not None:
@@ -127,9 +189,16 @@ class EmbeddedRuntime:
         ta = time.perf_counter()
         accepted, refused = self.server.accept(rnd, updates)
         rejected.update(refused)
-        agg = self.server.aggregate(rnd, accepted)
-        t_agg = time.perf_counter() - ta
         row: dict[str, Any] = {"round": rnd, "clients": selected}
+        need = self.cfg.federation.min_replies
+        if len(accepted) >= need:
+            agg = self.server.aggregate(rnd, accepted)
+        else:
+            agg = {}
+            row["round_failed"] = (f"{len(accepted)} of {len(selected)} updates accepted, federation.min_replies is "
+                                   f"{need}: the global model is unchanged")
+            log.warning("round %d failed: %s", rnd, row["round_failed"])
+        t_agg = time.perf_counter() - ta
         metas = {c: p.meta for c, p in accepted.items()}
         if metas:
             n = np.array([m["num_examples"] for m in metas.values()], dtype=np.float64)
@@ -149,9 +218,9 @@ class EmbeddedRuntime:
             "cum_bytes_up": self.cum_up,
             "cum_bytes_down": self.cum_down,
             "cum_bytes": self.cum_up + self.cum_down,
-            "flops": sum(m.get("train_flops") or 0.0 for m in metas.values()) or None,
+            "flops": sum(wire.clock_seconds(m, "train_flops") or 0.0 for m in metas.values()) or None,
             "ops_analytic": sum(m.get("train_ops_analytic", 0.0) for m in metas.values()),
-            "client_flops": {str(c): m.get("train_flops") for c, m in metas.items()},
+            "client_flops": {str(c): wire.clock_seconds(m, "train_flops") for c, m in metas.items()},
             "client_ops_analytic": {str(c): m.get("train_ops_analytic") for c, m in metas.items()},
             "client_train_seconds": {str(c): wire.clock_seconds(m, "train_seconds") for c, m in metas.items()},
             "rejected": {str(c): r for c, r in rejected.items()},
@@ -181,16 +250,18 @@ class EmbeddedRuntime:
     # -- the run -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        wall_start = time.perf_counter()
+        wall_start = time.perf_counter() - self.wall_offset
         target = cfg.eval.target
         key = f"eval_{self.metric}"
         bar = None
         if cfg.runtime.progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=cfg.federation.rounds, desc=cfg.name, unit="round", dynamic_ncols=True)
+            bar = tqdm(total=cfg.federation.rounds, initial=self.start_round - 1, desc=cfg.name, unit="round",
+                       dynamic_ncols=True)
+        every = cfg.runtime.checkpoint_every
         try:
-            if cfg.eval.at_start:
+            if cfg.eval.at_start and self.start_round == 1:
                 te = time.perf_counter()
                 row = {"round": 0, **self.evaluate_global()}
                 self.server.observe_evaluation(0, row)
@@ -198,9 +269,11 @@ class EmbeddedRuntime:
                 row.update({"time_evaluation_s": t_eval, "wall_s": time.perf_counter() - wall_start,
                             "cum_bytes": 0, "cum_bytes_up": 0, "cum_bytes_down": 0})
                 self._record(row, key, target)
-            for rnd in range(1, cfg.federation.rounds + 1):
+            for rnd in range(self.start_round, cfg.federation.rounds + 1):
                 row = self.run_round(rnd, wall_start)
                 self._record(row, key, target)
+                if every and (rnd % every == 0 or rnd == cfg.federation.rounds):
+                    checkpoint.save(self.run_dir, rnd, self.checkpoint_state())
                 if bar is not None:
                     bar.update(1)
                     post = {"loss": f"{row.get('train_loss', float('nan')):.3f}", "MB": f"{row['cum_bytes'] / 2**20:.1f}"}
@@ -254,3 +327,7 @@ class EmbeddedRuntime:
 
 def run(cfg: RunConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     return EmbeddedRuntime(cfg, run_dir).run()
+
+
+def resume(run_dir: str | Path) -> dict[str, Any]:
+    return EmbeddedRuntime.resume(run_dir).run()

@@ -45,6 +45,8 @@ class TrainResult:
         """Metadata for the upload; ``train_seconds`` is clock text (read it with wire.clock_seconds)."""
         meta = {f"train_{k}" if not k.startswith("train") else k: v for k, v in asdict(self).items()}
         meta["train_seconds"] = clock_text(self.seconds)
+        if self.flops is not None:
+            meta["train_flops"] = clock_text(self.flops)  # an estimate: fixed width, like the clock
         return meta
 
 

@@ -1,0 +1,86 @@
+"""Test credentials for a secured Flower deployment: a CA, a SuperLink TLS certificate and SuperNode keys.
+
+``make_credentials(out_dir, hosts=[...], supernodes=N)`` writes
+
+* ``ca.crt`` / ``ca.key``: a self-signed certificate authority (RSA 4096); give ``ca.crt`` to every
+  SuperNode (``--root-certificates``) and to ``flwr`` (``root-certificates`` of the connection);
+* ``server.pem`` / ``server.key``: the SuperLink's certificate, signed by the CA, valid for localhost,
+  127.0.0.1, ::1 and every name or IP address in ``hosts`` (the SuperLink's own SuperExec connects
+  to 127.0.0.1, so that one must stay);
+* ``supernode-I`` / ``supernode-I.pub``: an ECDSA P-384 key pair per SuperNode in OpenSSH format,
+  the kind Flower's SuperNode authentication takes (``flwr supernode register supernode-I.pub``,
+  ``flower-supernode --auth-supernode-private-key supernode-I``).
+
+These are for tests and trials. In production use certificates from your own PKI.
+Written with the ``cryptography`` package (a Flower dependency), not by shelling out to openssl.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedpeft test"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
+    entries: list[x509.GeneralName] = []
+    for h in ["localhost", "127.0.0.1", "::1", *hosts]:
+        try:
+            entry: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(h))
+        except ValueError:
+            entry = x509.DNSName(h)
+        if entry not in entries:
+            entries.append(entry)
+    return x509.SubjectAlternativeName(entries)
+
+
+def _write(path: Path, data: bytes, private: bool = False) -> None:
+    path.write_bytes(data)
+    if private:
+        path.chmod(0o600)
+
+
+def make_credentials(out_dir: str | Path, *, hosts: list[str] | None = None, supernodes: int = 2,
+                     days: int = 365) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.timezone.utc)
+    pem = serialization.Encoding.PEM
+    pkcs8 = serialization.PrivateFormat.PKCS8
+    plain = serialization.NoEncryption()
+
+    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=4096)
+    ca_cert = (x509.CertificateBuilder().subject_name(_name("fedpeft test CA")).issuer_name(_name("fedpeft test CA"))
+               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+               .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+               .sign(ca_key, hashes.SHA256()))
+    _write(out / "ca.key", ca_key.private_bytes(pem, pkcs8, plain), private=True)
+    _write(out / "ca.crt", ca_cert.public_bytes(pem))
+
+    server_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    server_cert = (x509.CertificateBuilder().subject_name(_name("fedpeft SuperLink")).issuer_name(ca_cert.subject)
+                   .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+                   .add_extension(_san(list(hosts or [])), critical=False)
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .sign(ca_key, hashes.SHA256()))
+    _write(out / "server.key", server_key.private_bytes(pem, pkcs8, plain), private=True)
+    _write(out / "server.pem", server_cert.public_bytes(pem))
+
+    for i in range(supernodes):
+        key = ec.generate_private_key(ec.SECP384R1())
+        _write(out / f"supernode-{i}", key.private_bytes(pem, serialization.PrivateFormat.OpenSSH, plain), private=True)
+        _write(out / f"supernode-{i}.pub", key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                                          serialization.PublicFormat.OpenSSH) + b"\n")
+    return out

@@ -1,0 +1,275 @@
+"""Run a fedpeft config on Flower's deployment engine.
+
+``run_flower`` writes a Flower app for the config (a ``pyproject.toml`` whose components are
+fedpeft's ServerApp and ClientApp and whose run config holds the resolved fedpeft config and the run
+directory), then either starts a SuperLink and ``runtime.flower.num_supernodes`` SuperNodes on
+loopback (free ports, every process stopped afterwards) or uses the running SuperLink at
+``runtime.flower.superlink``, and submits the app with ``flwr run --stream``. The ServerApp writes
+the usual run directory; Flower's own logs go to RUN_DIR/flower/.
+
+Every Flower process gets FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 (and the SuperLink
+``--disable-runtime-dependency-installation``), so nothing is installed from the network: fedpeft
+and its dependencies must already be installed wherever a SuperLink or SuperNode runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import tomli_w
+
+from fedpeft import checkpoint
+from fedpeft.config import RunConfig, dump_config
+from fedpeft.rundir import new_run_dir, read_summary
+from fedpeft.runtime.flower.records import CONFIG_KEY
+
+SERVER_APP = "fedpeft.runtime.flower.server_app:app"
+CLIENT_APP = "fedpeft.runtime.flower.client_app:app"
+CONNECTION = "fedpeft"
+FLOWER_ENV = {
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05",  # SuperExec polls for new ServerApp/ClientApp tasks (default 1 s)
+    "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+}
+
+
+def flower_executable(name: str) -> str:
+    """A Flower console script of the running Python's environment (flwr, flower-superlink, ...)."""
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.is_file() else shutil.which(name)
+    if not found:
+        raise RuntimeError(f"{name!r} not found: install fedpeft with its dependencies (flwr==1.41.0) in this environment")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args[0]} exited with code {proc.returncode} before listening on {port}")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s")
+
+
+def flower_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(FLOWER_ENV)
+    # the SuperLink and SuperNodes start flower-superexec / flwr-serverapp / flwr-clientapp from PATH
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["FLWR_HOME"] = str(home)
+    return env
+
+
+class LocalDeployment:
+    """A SuperLink and N SuperNodes on 127.0.0.1, logs in ``log_dir``.
+
+    With ``credentials`` (a folder from :func:`fedpeft.runtime.flower.credentials.make_credentials`)
+    the SuperLink serves TLS with SuperNode authentication on, every SuperNode key is registered with
+    ``flwr supernode register`` and the SuperNodes connect with the CA certificate and their private key.
+    """
+
+    def __init__(self, num_supernodes: int, log_dir: str | Path, *, env: dict[str, str] | None = None,
+                 credentials: str | Path | None = None):
+        self.num_supernodes = num_supernodes
+        self.log_dir = Path(log_dir)
+        self.credentials = Path(credentials).resolve() if credentials else None
+        self.env = env or flower_env(self.log_dir / "home")
+        self.port = 0
+        self.superlink: subprocess.Popen | None = None
+        self.supernodes: list[subprocess.Popen | None] = []
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def root_certificates(self) -> str | None:
+        return str(self.credentials / "ca.crt") if self.credentials else None
+
+    def _security(self) -> list[str]:
+        c = self.credentials
+        if c is None:
+            return ["--insecure"]
+        return ["--ssl-ca-certfile", str(c / "ca.crt"), "--ssl-certfile", str(c / "server.pem"),
+                "--ssl-keyfile", str(c / "server.key"), "--enable-supernode-auth"]
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_dir / log_name, "ab")
+        try:
+            return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.log_dir,
+                                    start_new_session=True)
+        finally:
+            out.close()
+
+    def start(self, timeout: float = 120.0) -> "LocalDeployment":
+        self.port = free_port()
+        self.superlink = self._spawn([flower_executable("flower-superlink"), *self._security(), "--host", "127.0.0.1",
+                                      "--port", str(self.port), "--disable-runtime-dependency-installation"],
+                                     "superlink.log")
+        wait_for_port(self.port, timeout, self.superlink)
+        if self.credentials is not None:
+            self._register_supernodes()
+        self.supernodes = [self.start_supernode(i) for i in range(self.num_supernodes)]
+        return self
+
+    def _register_supernodes(self) -> None:
+        home = Path(self.env["FLWR_HOME"])
+        write_connection(home, self.address, self.root_certificates)
+        for i in range(self.num_supernodes):
+            key = self.credentials / f"supernode-{i}.pub"  # type: ignore[operator]
+            out = subprocess.run([flower_executable("flwr"), "supernode", "register", str(key), CONNECTION],
+                                 env=self.env, cwd=self.log_dir, capture_output=True, text=True)
+            if out.returncode != 0:
+                raise RuntimeError(f"registering {key} with the SuperLink failed: {(out.stdout + out.stderr).strip()}")
+
+    def start_supernode(self, i: int) -> subprocess.Popen:
+        if self.credentials is None:
+            security = ["--insecure"]
+        else:
+            security = ["--root-certificates", str(self.credentials / "ca.crt"),
+                        "--auth-supernode-private-key", str(self.credentials / f"supernode-{i}")]
+        proc = self._spawn([flower_executable("flower-supernode"), *security, "--superlink", self.address,
+                            "--host", "127.0.0.1", "--port", str(free_port()),
+                            "--node-config", f"partition-id={i} num-partitions={self.num_supernodes}"],
+                           f"supernode-{i}.log")
+        if i < len(self.supernodes):
+            self.supernodes[i] = proc
+        return proc
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, wait: float = 15.0) -> None:
+        """Stop a Flower daemon and every process it started (Flower detaches its SuperExec and app
+        processes into their own sessions, so a process-group signal alone would miss them)."""
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            family = [proc.pid]
+        for pid in family:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
+        for pid in family:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+
+    def kill_supernode(self, i: int) -> None:
+        """SIGKILL SuperNode i and everything it started (used to test client failures)."""
+        self._stop(self.supernodes[i], signal.SIGKILL)
+
+    def kill_superlink(self) -> None:
+        """SIGKILL the SuperLink with its SuperExec and ServerApp (used to test server crashes)."""
+        self._stop(self.superlink, signal.SIGKILL)
+
+    def close(self) -> None:
+        for proc in self.supernodes:
+            self._stop(proc)
+        self._stop(self.superlink)
+
+    def __enter__(self) -> "LocalDeployment":
+        return self.start() if self.superlink is None else self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def write_app(app_dir: str | Path, cfg: RunConfig, run_dir: str | Path, *, resume: bool = False) -> Path:
+    """A Flower app directory that runs ``cfg`` with fedpeft's ServerApp and ClientApp."""
+    app_dir = Path(app_dir)
+    app_dir.mkdir(parents=True, exist_ok=True)
+    pyproject = {
+        "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
+        "project": {"name": "fedpeftrun", "version": "1.0.0", "description": f"fedpeft run {cfg.name}",
+                    "license": "Apache-2.0", "dependencies": []},
+        "tool": {"flwr": {"app": {
+            "publisher": "fedpeft",
+            "components": {"serverapp": SERVER_APP, "clientapp": CLIENT_APP},
+            "config": {CONFIG_KEY: dump_config(cfg), "run-dir": str(Path(run_dir).resolve()), "resume": resume},
+        }}},
+    }
+    (app_dir / "pyproject.toml").write_text(tomli_w.dumps(pyproject))
+    return app_dir
+
+
+def write_connection(home: Path, address: str, root_certificates: str | None) -> None:
+    conn: dict[str, Any] = {"address": address}
+    if root_certificates:
+        conn["root-certificates"] = str(Path(root_certificates).resolve())
+    else:
+        conn["insecure"] = True
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: conn}}))
+
+
+def run_flower(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
+               deployment: LocalDeployment | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run (or resume) ``cfg`` on Flower; returns the run's summary.json."""
+    if resume:
+        run_dir = Path(run_dir)  # type: ignore[arg-type]
+        if (run_dir / "summary.json").is_file():
+            raise FileExistsError(f"the run in {str(run_dir)!r} has already finished (summary.json exists)")
+        checkpoint.load(run_dir)  # fail here, not inside the ServerApp, if there is nothing to resume
+    else:
+        run_dir = new_run_dir(cfg, run_dir)
+    run_dir = Path(run_dir).resolve()
+    flower_dir = run_dir / "flower"
+    work = Path(tempfile.mkdtemp(prefix="fedpeft-flower-"))
+    own: LocalDeployment | None = None
+    try:
+        env = flower_env(work / "home")
+        fl = cfg.runtime.flower
+        if deployment is not None:
+            address, certs = deployment.address, deployment.root_certificates
+        elif fl.superlink is None:
+            own = LocalDeployment(fl.num_supernodes, flower_dir, env=env).start()
+            address, certs = own.address, None
+            log(f"started a SuperLink on {address} and {fl.num_supernodes} SuperNodes (logs: {flower_dir})")
+        else:
+            address, certs = fl.superlink, fl.root_certificates
+        write_connection(work / "home", address, certs)
+        app_dir = write_app(work / "app", cfg, run_dir, resume=resume)
+        flower_dir.mkdir(parents=True, exist_ok=True)
+        log(f"run directory: {run_dir}")
+        with open(flower_dir / "flwr-run.log", "ab") as out:
+            proc = subprocess.run([flower_executable("flwr"), "run", str(app_dir), CONNECTION, "--stream"],
+                                  stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work)
+    finally:
+        if own is not None:
+            own.close()
+        shutil.rmtree(work, ignore_errors=True)
+    summary = read_summary(run_dir)
+    if not summary:
+        raise RuntimeError(f"the Flower run ended (flwr exit code {proc.returncode}) without results; see "
+                           f"{flower_dir / 'flwr-run.log'} and the other logs there")
+    return summary

@@ -1,0 +1,172 @@
+"""The ServerApp: fedpeft's round loop on Flower's Grid.
+
+It runs :class:`FlowerServerRuntime`, the embedded runtime with one change: the selected clients'
+payloads go out as Flower messages (one per client, each with its own arrays) to the SuperNodes that
+serve them, and the replies come back through the same checks. A reply that does not arrive within
+``federation.round_timeout_s`` (killed ClientApp or SuperNode) or that is a Flower error counts as a
+failed client of that round; the round aggregates what arrived if at least
+``federation.min_replies`` updates were accepted. Checkpoints go to the run directory after every
+round, and the run config entry ``resume = true`` continues from the last one.
+
+The Grid is polled every ``runtime.flower.poll_interval_s`` rather than with
+``Grid.send_and_receive``, which sleeps 3 s between polls.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid, ServerApp
+
+from fedpeft import wire
+from fedpeft.runtime.embedded import ClientResult, EmbeddedRuntime
+from fedpeft.runtime.flower.records import config_from_run_config, pack, unpack
+
+log = logging.getLogger("fedpeft")
+app = ServerApp()
+DESCRIBE = f"{MessageType.QUERY}.describe"
+
+
+class FlowerServerRuntime(EmbeddedRuntime):
+    def __init__(self, cfg, run_dir=None, *, grid: Grid, resume: bool = False):
+        self.grid = grid
+        self.node_of_partition: dict[int, int] = {}
+        self.num_partitions: int | None = None
+        self.described: set[int] = set()
+        super().__init__(cfg, run_dir, resume=resume)
+        self.wait_for_nodes()
+
+    # -- which SuperNode serves which clients ---------------------------------------------------------
+    def _exchange(self, messages: list[Message], timeout: float) -> tuple[dict[str, Message], list[str]]:
+        """Push messages, poll for their replies; (replies by the id of the message they answer, ids pushed)."""
+        ids = [i for i in self.grid.push_messages(messages)]
+        pending = {i for i in ids if i}
+        replies: dict[str, Message] = {}
+        deadline = time.monotonic() + timeout
+        poll = self.cfg.runtime.flower.poll_interval_s
+        while pending and time.monotonic() < deadline:
+            for rep in self.grid.pull_messages(sorted(pending)):
+                mid = rep.metadata.reply_to_message_id
+                if mid in pending:
+                    pending.discard(mid)
+                    replies[mid] = rep
+            if pending:
+                time.sleep(poll)
+        return replies, ids
+
+    def refresh_nodes(self, timeout: float) -> None:
+        """Ask SuperNodes not seen before which partition they serve."""
+        online = {int(n) for n in self.grid.get_node_ids()}
+        self.node_of_partition = {p: n for p, n in self.node_of_partition.items() if n in online}
+        new = sorted(online - self.described)
+        if not new:
+            return
+        msgs = [Message(RecordDict(), dst_node_id=n, message_type=DESCRIBE) for n in new]
+        replies, ids = self._exchange(msgs, timeout)
+        for node, mid in zip(new, ids):
+            rep = replies.get(mid)
+            if rep is None:
+                continue  # asked again at the next refresh
+            self.described.add(node)
+            if rep.has_error():
+                log.warning("SuperNode %d cannot serve fedpeft clients: %s", node, rep.error.reason)
+                continue
+            info = rep.content.config_records["fedpeft"]
+            pid, n = int(info["partition-id"]), int(info["num-partitions"])
+            if self.num_partitions is None:
+                self.num_partitions = n
+            if n != self.num_partitions:
+                log.warning("SuperNode %d says num-partitions=%d, others %d: ignored", node, n, self.num_partitions)
+                continue
+            if pid in self.node_of_partition:  # a restarted SuperNode comes back with a new id: the newest wins
+                log.warning("SuperNode %d now serves partition %d (was SuperNode %d)", node, pid,
+                            self.node_of_partition[pid])
+            self.node_of_partition[pid] = node
+
+    def forget_node(self, node: int) -> None:
+        for partition in [p for p, n in self.node_of_partition.items() if n == node]:
+            del self.node_of_partition[partition]
+            log.warning("SuperNode %d (partition %d) is unavailable; waiting for a SuperNode to serve it", node, partition)
+
+    def wait_for_nodes(self) -> None:
+        fl = self.cfg.runtime.flower
+        deadline = time.monotonic() + fl.startup_timeout_s
+        while True:
+            self.refresh_nodes(timeout=max(1.0, deadline - time.monotonic()))
+            n = self.num_partitions
+            if n is not None and len(self.node_of_partition) == n:
+                log.info("%d SuperNodes serve the %d clients", n, self.cfg.federation.num_clients)
+                return
+            if time.monotonic() > deadline:
+                have = sorted(self.node_of_partition)
+                raise RuntimeError(f"after {fl.startup_timeout_s:.0f} s only partitions {have} of {n or '?'} have a "
+                                   "SuperNode; start the missing SuperNodes or raise runtime.flower.startup_timeout_s")
+            time.sleep(0.5)
+
+    # -- a round ---------------------------------------------------------------------------------------
+    def run_clients(self, rnd: int, payloads: dict[int, wire.Payload]) -> dict[int, ClientResult]:
+        self.refresh_nodes(timeout=30.0)
+        results: dict[int, ClientResult] = {}
+        sent: list[tuple[int, int, Message]] = []  # (client, bytes down, message)
+        for cid, payload in payloads.items():
+            data = wire.encode(payload)
+            node = self.node_of_partition.get(cid % (self.num_partitions or 1))
+            if node is None:
+                results[cid] = (None, 0, 0, f"no SuperNode online serves partition {cid % (self.num_partitions or 1)}")
+                continue
+            msg = Message(pack(data, round=rnd, client=cid), dst_node_id=node, message_type=MessageType.TRAIN,
+                          group_id=str(rnd))
+            sent.append((cid, len(data), msg))
+        timeout = self.cfg.federation.round_timeout_s
+        replies, ids = self._exchange([m for _, _, m in sent], timeout)
+        for (cid, n_down, msg), mid in zip(sent, ids):
+            rep = replies.get(mid) if mid else None
+            if not mid:
+                results[cid] = (None, 0, 0, "the SuperLink refused the message")
+            elif rep is None:
+                results[cid] = (None, n_down, 0, f"no reply within federation.round_timeout_s={timeout:g} s "
+                                                 "(client stopped or disconnected)")
+            elif rep.has_error():
+                results[cid] = (None, n_down, 0, f"client failed: {rep.error.reason}")
+                if rep.error.code == ErrorCode.NODE_UNAVAILABLE:  # gone: the next refresh looks for a replacement
+                    self.forget_node(msg.metadata.dst_node_id)
+            else:
+                results[cid] = self._decode_reply(rep, n_down)
+        return results
+
+    def _decode_reply(self, rep: Message, n_down: int) -> ClientResult:
+        try:
+            data, _ = unpack(rep.content)
+        except wire.PayloadError as exc:
+            return None, n_down, 0, str(exc)
+        try:
+            return wire.decode(data, max_bytes=self.max_payload), n_down, len(data), None
+        except wire.PayloadError as exc:
+            return None, n_down, len(data), str(exc)
+
+
+def run_dir_from(run_config: dict[str, Any]) -> Path:
+    value = run_config.get("run-dir")
+    if not isinstance(value, str) or not value:
+        raise ValueError("the Flower run config lacks 'run-dir' (where the ServerApp writes results)")
+    return Path(value)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    run_config = dict(context.run_config)
+    cfg = config_from_run_config(run_config)
+    run_dir = run_dir_from(run_config)
+    if run_config.get("resume", False):
+        runtime = FlowerServerRuntime.resume(run_dir, grid=grid)
+    else:
+        runtime = FlowerServerRuntime(cfg, run_dir, grid=grid)
+    runtime.cfg.runtime.progress = False
+    summary = runtime.run()
+    log.info("fedpeft run finished: %s", {k: summary.get(k) for k in ("final", "best", "rounds", "total_bytes")})

@@ -1,0 +1,118 @@
+"""The Flower runtime on real Flower processes over loopback: a SuperLink and two SuperNodes started and
+stopped by the tests on free ports, fedpeft's ServerApp and ClientApp, tiny random models, real data."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from fedpeft import checkpoint
+from fedpeft.rundir import read_metrics, read_summary
+from fedpeft.runtime.embedded import EmbeddedRuntime
+from fedpeft.runtime.flower.launch import LocalDeployment, run_flower
+
+from helpers import tiny_config, without_timings
+
+pytestmark = pytest.mark.slow
+# FLOPs are measured on sampled steps per process, so the estimates (only those) differ between runtimes
+ESTIMATES = {"flops", "client_flops"}
+
+
+def comparable(rows):
+    return [{k: v for k, v in r.items() if k not in ESTIMATES} for r in without_timings(rows)]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    with LocalDeployment(2, tmp_path_factory.mktemp("flower")) as d:
+        yield d
+
+
+def test_flower_gives_the_same_results_as_embedded(deployment, tmp_path):
+    cfg = tiny_config("algorithm.name=headprune", "algorithm.selection=loss", "algorithm.sparsity=0.5",
+                      "federation.rounds=3", "eval.every=1", "peft.dropout=0.1")
+    EmbeddedRuntime(cfg, tmp_path / "embedded").run()
+    summary = run_flower(cfg, tmp_path / "flower", deployment=deployment, log=lambda m: None)
+    assert summary["rounds"] == 3 and summary["rejected_updates"] == 0
+    a, b = read_metrics(tmp_path / "embedded"), read_metrics(tmp_path / "flower")
+    assert [r["round"] for r in b] == [0, 1, 2, 3]
+    assert comparable(a) == comparable(b)  # losses, accuracies, selections, bytes up and down
+    ga = checkpoint.load(tmp_path / "embedded")[1]["server"]["global_state"]
+    gb = checkpoint.load(tmp_path / "flower")[1]["server"]["global_state"]
+    assert ga.keys() == gb.keys()
+    for k in ga:
+        np.testing.assert_allclose(gb[k], ga[k], rtol=1e-6, atol=1e-7)
+    assert all(r["client_flops"] for r in b[1:])  # clients measured FLOPs in their own processes
+
+
+def test_a_killed_client_fails_its_round_and_the_run_goes_on(tmp_path):
+    """SuperNode 1 is killed during round 2 and started again: round 2 aggregates the other client's
+    update after the timeout, the failure is logged, later rounds use the new SuperNode, the run ends."""
+    cfg = tiny_config("federation.num_clients=2", "federation.clients_per_round=2", "federation.rounds=5",
+                      "federation.round_timeout_s=20", "federation.min_replies=1", "train.local_steps=2")
+    with LocalDeployment(2, tmp_path / "flower-logs") as dep:
+        done: dict = {}
+        thread = threading.Thread(target=lambda: done.update(
+            s=run_flower(cfg, tmp_path / "run", deployment=dep, log=lambda m: None)))
+        thread.start()
+        deadline = time.time() + 300
+        while time.time() < deadline and not (tmp_path / "run" / "checkpoint.safetensors").exists():
+            time.sleep(0.05)
+        dep.kill_supernode(1)  # round 2 has started: its message to partition 1 is never answered
+        dep.supernodes[1] = dep.start_supernode(1)  # a new SuperNode (new node id) for partition 1
+        thread.join(timeout=400)
+    assert done["s"]["rounds"] == 5
+    rows = read_metrics(tmp_path / "run")
+    assert rows[1]["rejected"] == {}
+    assert "no reply within federation.round_timeout_s=20 s" in rows[2]["rejected"]["1"]
+    assert list(rows[2]["client_train_loss"]) == ["0"] and "round_failed" not in rows[2]
+    assert rows[5]["rejected"] == {} and set(rows[5]["client_train_loss"]) == {"0", "1"}
+    log = (tmp_path / "run" / "events.log").read_text()
+    assert "update of client 1 rejected: no reply" in log
+    assert read_summary(tmp_path / "run")["rejected_updates"] >= 1
+
+
+def test_a_killed_server_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted_run(tmp_path):
+    cfg = tiny_config("federation.rounds=4", "eval.every=1", "train.local_steps=2", "peft.dropout=0.1")
+    EmbeddedRuntime(cfg, tmp_path / "embedded").run()
+    outcome: dict = {}
+
+    def first_attempt(dep):
+        try:
+            outcome["summary"] = run_flower(cfg, tmp_path / "run", deployment=dep, log=lambda m: None)
+        except RuntimeError as exc:
+            outcome["error"] = str(exc)
+
+    with LocalDeployment(2, tmp_path / "logs-1") as dep:
+        thread = threading.Thread(target=first_attempt, args=(dep,))
+        thread.start()
+        deadline = time.time() + 300
+        while time.time() < deadline and not (tmp_path / "run" / "checkpoint.safetensors").exists():
+            time.sleep(0.05)
+        dep.kill_superlink()  # the SuperLink, its SuperExec and the ServerApp, mid-run
+        thread.join(timeout=120)
+    assert not thread.is_alive() and "without results" in outcome.get("error", "")
+    done = checkpoint.load(tmp_path / "run")[0]
+    assert 1 <= done < 4
+    with LocalDeployment(2, tmp_path / "logs-2") as dep:
+        summary = run_flower(cfg, tmp_path / "run", resume=True, deployment=dep, log=lambda m: None)
+    assert summary["rounds"] == 4
+    assert comparable(read_metrics(tmp_path / "embedded")) == comparable(read_metrics(tmp_path / "run"))
+    ga = checkpoint.load(tmp_path / "embedded")[1]["server"]["global_state"]
+    gb = checkpoint.load(tmp_path / "run")[1]["server"]["global_state"]
+    for k in ga:
+        np.testing.assert_allclose(gb[k], ga[k], rtol=1e-6, atol=1e-7)
+
+
+def test_tls_and_supernode_authentication(tmp_path):
+    """A SuperLink with TLS and SuperNode authentication, keys registered with `flwr supernode register`,
+    SuperNodes connecting with the CA certificate and their private keys (all from fedpeft's helper)."""
+    from fedpeft.runtime.flower.credentials import make_credentials
+
+    creds = make_credentials(tmp_path / "creds", supernodes=2)
+    cfg = tiny_config("federation.rounds=1", "train.local_steps=1")
+    with LocalDeployment(2, tmp_path / "logs", credentials=creds) as dep:
+        summary = run_flower(cfg, tmp_path / "run", deployment=dep, log=lambda m: None)
+    assert summary["rounds"] == 1 and summary["rejected_updates"] == 0
+    assert "--enable-supernode-auth" in " ".join(dep.superlink.args)

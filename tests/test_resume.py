@@ -1,0 +1,142 @@
+"""Checkpoints and `fedpeft run --resume`: a killed run continues and ends exactly like an uninterrupted one."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedpeft import checkpoint
+from fedpeft.cli import main as cli_main
+from fedpeft.config import dump_config
+from fedpeft.rundir import read_metrics, read_summary
+from fedpeft.runtime.embedded import EmbeddedRuntime
+
+from helpers import tiny_config, without_timings
+
+VOLATILE = {"wall_s", "time_to_target_s", "time_client_s", "time_aggregation_s", "time_evaluation_s",
+            "time_overhead_s", "peak_rss_mb", "run_dir"}
+
+
+def final_state(run_dir: Path) -> dict[str, np.ndarray]:
+    return checkpoint.load(run_dir)[1]["server"]["global_state"]
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    assert without_timings(read_metrics(a)) == without_timings(read_metrics(b))
+    sa, sb = read_summary(a), read_summary(b)
+    assert {k: v for k, v in sa.items() if k not in VOLATILE} == {k: v for k, v in sb.items() if k not in VOLATILE}
+    ga, gb = final_state(a), final_state(b)
+    assert ga.keys() == gb.keys() and all(np.array_equal(ga[k], gb[k]) for k in ga)
+
+
+def test_state_tree_round_trips_exactly(tmp_path):
+    state = {"server": {"global_state": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, "m": None,
+                        "last_loss": {3: 0.5, 17: float("inf")}, "global_loss": float("nan")},
+             "clients": {5: {"c": np.ones(2, dtype=np.float64), "steps": [1, 2], "flag": True, "name": "x"}}}
+    checkpoint.save(tmp_path, 7, state)
+    rnd, back = checkpoint.load(tmp_path)
+    assert rnd == 7
+    assert np.array_equal(back["server"]["global_state"]["w"], state["server"]["global_state"]["w"])
+    assert back["server"]["last_loss"] == {3: 0.5, 17: float("inf")} and np.isnan(back["server"]["global_loss"])
+    assert back["clients"][5]["c"].dtype == np.float64 and back["clients"][5]["steps"] == [1, 2]
+    assert back["server"]["m"] is None and back["clients"][5]["flag"] is True
+
+
+def test_damaged_or_missing_checkpoint_is_refused_and_never_loaded(tmp_path):
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint.safetensors"):
+        checkpoint.load(tmp_path)
+    checkpoint.save(tmp_path, 2, {"x": np.zeros(1000, dtype=np.float32)})
+    good = (tmp_path / checkpoint.FILENAME).read_bytes()
+    # a writer killed mid-write leaves only its temporary file; the previous checkpoint is intact
+    (tmp_path / f".{checkpoint.FILENAME}.999.tmp").write_bytes(good[: len(good) // 2])
+    assert checkpoint.load(tmp_path)[0] == 2
+    (tmp_path / checkpoint.FILENAME).write_bytes(good[: len(good) // 2])  # damaged by other means
+    with pytest.raises(checkpoint.CheckpointError, match="damaged"):
+        checkpoint.load(tmp_path)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavgm", "fedadam"])
+def test_resume_after_a_crash_ends_like_an_uninterrupted_run(algorithm, tmp_path, monkeypatch):
+    cfg = tiny_config(f"algorithm.name={algorithm}", "federation.rounds=4", "peft.dropout=0.1", "eval.every=1")
+    EmbeddedRuntime(cfg, tmp_path / "full").run()
+
+    crashed = EmbeddedRuntime(cfg, tmp_path / "cut")
+    real_save = checkpoint.save
+
+    def save_then_die(run_dir, rnd, state):
+        if rnd == 3:  # the round's metrics row is written, its checkpoint never is
+            raise KeyboardInterrupt
+        return real_save(run_dir, rnd, state)
+
+    monkeypatch.setattr(checkpoint, "save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        crashed.run()
+    monkeypatch.setattr(checkpoint, "save", real_save)
+    assert [r["round"] for r in read_metrics(tmp_path / "cut")] == [0, 1, 2, 3]
+    assert checkpoint.load(tmp_path / "cut")[0] == 2
+
+    resumed = EmbeddedRuntime.resume(tmp_path / "cut")
+    assert resumed.start_round == 3
+    resumed.run()
+    assert_same_run(tmp_path / "full", tmp_path / "cut")
+    assert "resumed" in (tmp_path / "cut" / "events.log").read_text()
+
+
+def test_headprune_selection_state_survives_resume(tmp_path, monkeypatch):
+    cfg = tiny_config("algorithm.name=headprune", "algorithm.selection=loss", "algorithm.sparsity=0.5",
+                      "federation.rounds=5", "federation.num_clients=4", "eval.every=1")
+    EmbeddedRuntime(cfg, tmp_path / "full").run()
+    rt = EmbeddedRuntime(cfg, tmp_path / "cut")
+    real_round = rt.run_round
+
+    def die_at_4(rnd, wall_start):
+        if rnd == 4:
+            raise KeyboardInterrupt
+        return real_round(rnd, wall_start)
+
+    monkeypatch.setattr(rt, "run_round", die_at_4)
+    with pytest.raises(KeyboardInterrupt):
+        rt.run()
+    EmbeddedRuntime.resume(tmp_path / "cut").run()
+    assert_same_run(tmp_path / "full", tmp_path / "cut")
+
+
+def test_cli_resume_after_sigkill(tmp_path):
+    """A real `fedpeft run` process killed with SIGKILL after its second checkpoint, then resumed."""
+    cfg = tiny_config("federation.rounds=12", "eval.every=3", "train.local_steps=4")
+    config = tmp_path / "run.yaml"
+    config.write_text(dump_config(cfg))
+    assert cli_main(["run", str(config), "--run-dir", str(tmp_path / "full"), "--no-progress"]) == 0
+
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen([sys.executable, "-m", "fedpeft.cli", "run", str(config), "--run-dir", str(cut),
+                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if checkpoint.load(cut)[0] >= 2:
+                break
+        except checkpoint.CheckpointError:
+            pass
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = checkpoint.load(cut)[0]
+    assert 2 <= done < 12 and not (cut / "summary.json").exists()
+    assert cli_main(["run", "--resume", str(cut), "--no-progress"]) == 0
+    assert_same_run(tmp_path / "full", cut)
+
+
+def test_resume_refuses_a_finished_run_and_extra_arguments(tmp_path, capsys):
+    cfg = tiny_config("federation.rounds=1")
+    EmbeddedRuntime(cfg, tmp_path / "run").run()
+    assert cli_main(["run", "--resume", str(tmp_path / "run")]) == 2
+    assert "already finished" in capsys.readouterr().err
+    assert cli_main(["run", "x.yaml", "--resume", str(tmp_path / "run")]) == 2
+    assert "give no config file" in capsys.readouterr().err
