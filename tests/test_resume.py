@@ -60,9 +60,10 @@ def test_damaged_or_missing_checkpoint_is_refused_and_never_loaded(tmp_path):
         checkpoint.load(tmp_path)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavgm", "fedadam"])
+@pytest.mark.parametrize("algorithm", ["algorithm.name=fedavgm", "algorithm.name=fedadam",
+                                       "algorithm.dp.noise_multiplier=0.5"])  # DP: noise and accountant resume
 def test_resume_after_a_crash_ends_like_an_uninterrupted_run(algorithm, tmp_path, monkeypatch):
-    cfg = tiny_config(f"algorithm.name={algorithm}", "federation.rounds=4", "peft.dropout=0.1", "eval.every=1")
+    cfg = tiny_config(algorithm, "federation.rounds=4", "peft.dropout=0.1", "eval.every=1")
     EmbeddedRuntime(cfg, tmp_path / "full").run()
 
     crashed = EmbeddedRuntime(cfg, tmp_path / "cut")

@@ -18,11 +18,11 @@ from fedpeft.algorithms.headprune import HeadPruneClient, HeadPruneServer
 
 # name -> (server class, client factory taking the algorithm options)
 REGISTRY: dict[str, tuple[type[ServerAlgorithm], Callable[[Any], ClientAlgorithm]]] = {
-    "fedavg": (FedAvgServer, lambda o: FedAvgClient()),
-    "fedavgm": (FedAvgMServer, lambda o: FedAvgClient()),
-    "fedadam": (FedAdamServer, lambda o: FedAvgClient()),
-    "fedyogi": (FedYogiServer, lambda o: FedAvgClient()),
-    "fedprox": (FedProxServer, lambda o: FedProxClient(o.mu)),
+    "fedavg": (FedAvgServer, lambda o: FedAvgClient(o.dp)),
+    "fedavgm": (FedAvgMServer, lambda o: FedAvgClient(o.dp)),
+    "fedadam": (FedAdamServer, lambda o: FedAvgClient(o.dp)),
+    "fedyogi": (FedYogiServer, lambda o: FedAvgClient(o.dp)),
+    "fedprox": (FedProxServer, lambda o: FedProxClient(o.mu, o.dp)),
     "headprune": (HeadPruneServer, HeadPruneClient),
 }
 

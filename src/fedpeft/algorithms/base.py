@@ -113,6 +113,10 @@ class ServerAlgorithm(ABC):
     def observe_evaluation(self, rnd: int, metrics: dict[str, Any]) -> None:
         """Called with the global model's evaluation metrics (e.g. for loss-based selection)."""
 
+    def stop_reason(self) -> str | None:
+        """A reason to end the run before the next round (e.g. the privacy budget), or None."""
+        return None
+
     def round_info(self) -> dict[str, Any]:
         """Extra per-round entries for metrics.jsonl (e.g. selection scores)."""
         return {}

@@ -7,20 +7,58 @@ delta (paper 000, Eq. 5) and applies its optimizer.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from fedpeft.algorithms import aggregate as A
-from fedpeft.algorithms.base import ClientAlgorithm, ClientContext, ServerAlgorithm
+from fedpeft.algorithms.base import ClientAlgorithm, ClientContext, ServerAlgorithm, UpdateRejected
+from fedpeft.algorithms.privacy import PrivateMean, clip, l2_norm
 from fedpeft.wire import Payload
 
 
 class FedAvgServer(ServerAlgorithm):
-    def pseudo_gradient(self, updates: dict[int, Payload]) -> A.Arrays:
+    def __init__(self, options: Any, initial_state, **kwargs: Any):
+        super().__init__(options, initial_state, **kwargs)
+        dp = getattr(options, "dp", None)
+        self.private = (PrivateMean(dp, num_clients=self.num_clients, clients_per_round=self.clients_per_round,
+                                    seed=self.seed) if dp is not None else None)
+
+    def validate(self, rnd: int, payload: Payload) -> None:
+        super().validate(rnd, payload)
+        p = self.private
+        if p is not None and p.options.clipping == "client":
+            norm = l2_norm(A.deltas(self.global_state, payload.arrays))
+            if norm > p.options.clipping_norm * (1 + 1e-4) + 1e-6:
+                raise UpdateRejected(f"update norm {norm:.6g} exceeds algorithm.dp.clipping_norm "
+                                     f"{p.options.clipping_norm:g} (clients must clip)")
+
+    def pseudo_gradient(self, updates: dict[int, Payload], rnd: int = 0) -> A.Arrays:
         ids = sorted(updates)
         ds = [A.deltas(self.global_state, updates[c].arrays) for c in ids]
+        if self.private is not None:  # clipped, unweighted, fixed denominator, Gaussian noise
+            return self.private.mean(rnd, ds, clip_here=self.private.options.clipping == "server")
         return A.weighted_mean(ds, [updates[c].meta["num_examples"] for c in ids])
+
+    def stop_reason(self) -> str | None:
+        if self.private is not None and not self.private.budget_left():
+            return (f"one more round would exceed algorithm.dp.max_epsilon={self.private.options.max_epsilon:g} "
+                    f"(spent: epsilon {self.private.spent()['dp_epsilon']} at delta {self.private.options.target_delta:g})")
+        return None
+
+    def round_info(self) -> dict[str, Any]:
+        return self.private.spent() if self.private is not None else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.private is not None:
+            state["privacy"] = self.private.state_dict()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.private is not None:
+            self.private.load_state_dict(state.get("privacy") or {})
 
     def step(self, d: A.Arrays) -> None:
         self.global_state = A.fedavg_step(self.global_state, d, self.options.server_lr)
@@ -28,7 +66,7 @@ class FedAvgServer(ServerAlgorithm):
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
         if not updates:
             return {"update_norm": 0.0}
-        d = self.pseudo_gradient(updates)
+        d = self.pseudo_gradient(updates, rnd)
         self.step(d)
         return {"update_norm": float(np.sqrt(sum(float(np.sum(np.square(v, dtype=np.float64))) for v in d.values())))}
 
@@ -67,7 +105,11 @@ class FedYogiServer(FedAdamServer):
 
 
 class FedAvgClient(ClientAlgorithm):
-    """Load the global state, train locally, send the new trainable parameters back."""
+    """Load the global state, train locally, send the new trainable parameters back (with client-side
+    differential privacy: the update clipped to algorithm.dp.clipping_norm first)."""
+
+    def __init__(self, dp: Any = None):
+        self.clip_norm = dp.clipping_norm if dp is not None and dp.clipping == "client" else None
 
     def extra_loss(self, payload: Payload, ctx: ClientContext):
         return None
@@ -77,4 +119,8 @@ class FedAvgClient(ClientAlgorithm):
         result = ctx.train(extra_loss=self.extra_loss(payload, ctx))
         meta = {"round": payload.meta["round"], "client": ctx.client_id, "num_examples": ctx.num_examples,
                 **result.as_meta()}
-        return Payload(ctx.tuned.state(), meta)
+        state = ctx.tuned.state()
+        if self.clip_norm is not None:
+            delta = clip(A.deltas(payload.arrays, state), self.clip_norm)
+            state = {k: (payload.arrays[k].astype(np.float32) + delta[k]).astype(np.float32) for k in payload.arrays}
+        return Payload(state, meta)

@@ -18,7 +18,8 @@ class FedProxServer(FedAvgServer):
 
 
 class FedProxClient(FedAvgClient):
-    def __init__(self, mu: float):
+    def __init__(self, mu: float, dp=None):
+        super().__init__(dp)
         self.mu = mu
 
     def extra_loss(self, payload: Payload, ctx: ClientContext):

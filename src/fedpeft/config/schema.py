@@ -158,21 +158,41 @@ PeftConfig = Annotated[
 # --- FL algorithms -------------------------------------------------------------------------------
 
 
+class PrivacyOptions(Section):
+    """Client-level differential privacy (DP-FedAvg): every client's update is clipped to L2 norm
+    ``clipping_norm``, the server sums the clipped updates, divides by clients_per_round and adds
+    Gaussian noise of standard deviation noise_multiplier * clipping_norm / clients_per_round. The
+    privacy spent is accounted with Flower's RDP accountant (sampling K of N clients without
+    replacement) and reported every round as dp_epsilon at dp_delta."""
+
+    noise_multiplier: float = Field(1.0, ge=0, description="z; 0 = clipping only (no privacy guarantee).")
+    clipping_norm: float = Field(1.0, gt=0, description="C: the L2 bound of one client's update (all arrays).")
+    clipping: Literal["client", "server"] = Field(
+        "client", description="client: clients clip before sending and the server rejects larger updates; "
+        "server: the server clips what arrives (the server then sees unclipped updates).",
+    )
+    target_delta: float = Field(1e-5, gt=0, lt=1, description="delta at which epsilon is reported.")
+    max_epsilon: float | None = Field(None, gt=0, description="Stop before a round would exceed this epsilon.")
+
+
 class FedAvgOptions(Section):
     """FedAvg with a server learning rate: x += server_lr * weighted mean of client deltas (Eq. 5)."""
 
     name: Literal["fedavg"] = "fedavg"
     server_lr: float = Field(1.0, gt=0)
+    dp: PrivacyOptions | None = Field(None, description="Client-level differential privacy (off by default).")
 
 
 class FedAvgMOptions(Section):
     name: Literal["fedavgm"] = "fedavgm"
     server_lr: float = Field(1.0, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
+    dp: PrivacyOptions | None = None
 
 
 class FedAdamOptions(Section):
     name: Literal["fedadam"] = "fedadam"
+    dp: PrivacyOptions | None = None
     server_lr: float = Field(1e-2, gt=0)
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.99, ge=0, lt=1)
@@ -187,6 +207,7 @@ class FedProxOptions(Section):
     name: Literal["fedprox"] = "fedprox"
     server_lr: float = Field(1.0, gt=0)
     mu: float = Field(0.01, ge=0, description="Weight of the proximal term mu/2 * ||w - w_global||^2.")
+    dp: PrivacyOptions | None = None
 
 
 class HeadPruneOptions(Section):
@@ -207,6 +228,18 @@ class HeadPruneOptions(Section):
         256, ge=1, description="Local examples sampled for the importance pass (None = all)."
     )
     eps: float = Field(1e-8, gt=0, description="Eq. 8 stabiliser.")
+    dp: None = Field(None, description="Not available: Eq. 8 weights every head by the clients' importance "
+                     "scores, which the server must see in the clear per client; use fedavg-family algorithms "
+                     "for differential privacy or secure aggregation.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_dp(cls, data):
+        if isinstance(data, dict) and data.get("dp") is not None:
+            raise ValueError("differential privacy is not available for headprune: its Eq. 8 aggregation weights "
+                             "each head by per-client importance scores the server must see in the clear; use "
+                             "algorithm.name fedavg (or fedavgm, fedadam, fedyogi, fedprox) with algorithm.dp")
+        return data
 
 
 AlgorithmConfig = Annotated[

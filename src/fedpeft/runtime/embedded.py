@@ -270,6 +270,10 @@ class EmbeddedRuntime:
                             "cum_bytes": 0, "cum_bytes_up": 0, "cum_bytes_down": 0})
                 self._record(row, key, target)
             for rnd in range(self.start_round, cfg.federation.rounds + 1):
+                stop = self.server.stop_reason()
+                if stop is not None:
+                    log.warning("run ends before round %d: %s", rnd, stop)
+                    break
                 row = self.run_round(rnd, wall_start)
                 self._record(row, key, target)
                 if every and (rnd % every == 0 or rnd == cfg.federation.rounds):
@@ -299,6 +303,10 @@ class EmbeddedRuntime:
         exp.tuned.save_adapter(self.run_dir / "adapter", base_model=self.cfg.model.name,
                                extra={"num_labels": exp.data.num_labels, "label_names": exp.data.label_names})
         summary = summarize(self.rows, metric=self.metric, target=self.cfg.eval.target)
+        for row in reversed(self.rows):  # privacy spent by the whole run (differential privacy only)
+            if "dp_epsilon" in row:
+                summary.update({k: row[k] for k in ("dp_epsilon", "dp_delta", "dp_releases")})
+                break
         summary.update({
             "name": self.cfg.name,
             "run_dir": str(self.run_dir),

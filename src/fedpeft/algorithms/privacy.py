@@ -1,0 +1,97 @@
+"""Client-level differential privacy for the FedAvg family (DP-FedAvg, McMahan et al. 2018).
+
+Each client's update delta_c = x_c - x is clipped to L2 norm C over all its arrays (by the client, or
+by the server: ``algorithm.dp.clipping``). The server sums the clipped deltas, divides by the number of
+clients sampled per round K (a fixed denominator, so one client changes the mean by at most C/K
+whether or not the others arrive), and adds N(0, (z C / K)^2) to every entry. The server optimizer
+(FedAvg, FedAvgM, FedAdam, FedYogi) then applies that noisy mean; everything it does afterwards is
+post-processing.
+
+Building blocks from Flower: clipping (``clip_inputs_inplace``, the flat clipping of the paper above),
+the noise scale (``compute_stdv``), and the privacy accountant (``RdpAccountant``: Renyi DP over
+Google's dp-accounting, clients sampled K of N uniformly without replacement, replace-one neighbours).
+The noise is drawn from a generator seeded by (seed, round), not from NumPy's global state, so a
+resumed run adds the same noise as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+from flwr.serverapp import GaussianPrivacyEvent, PrivacyConfig, RdpAccountant
+from flwr.supercore.differential_privacy import clip_inputs_inplace, compute_stdv
+from flwr.supercore.privacy_accounting import NeighboringRelation, SamplingMethod
+
+Arrays = dict[str, np.ndarray]
+
+
+def l2_norm(arrays: Mapping[str, np.ndarray]) -> float:
+    return float(math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays.values())))
+
+
+def clip(delta: Arrays, clipping_norm: float) -> Arrays:
+    """delta scaled to L2 norm <= clipping_norm (float32, new arrays)."""
+    names = sorted(delta)
+    arrays = [np.array(delta[k], dtype=np.float32) for k in names]
+    if l2_norm(delta) > 0:
+        clip_inputs_inplace(arrays, clipping_norm)
+    return dict(zip(names, arrays))
+
+
+class PrivateMean:
+    """Noisy mean of clipped client deltas, with the privacy spent so far."""
+
+    def __init__(self, options: Any, *, num_clients: int, clients_per_round: int, seed: int):
+        self.options = options
+        self.num_clients = num_clients
+        self.k = clients_per_round
+        self.seed = seed
+        self.accountant: RdpAccountant | None = None
+        if options.noise_multiplier > 0:
+            self.accountant = RdpAccountant(PrivacyConfig(
+                target_delta=options.target_delta, population_size=num_clients,
+                neighboring_relation=NeighboringRelation.REPLACE_ONE,
+                sampling_method=SamplingMethod.WITHOUT_REPLACEMENT, max_epsilon=options.max_epsilon))
+
+    def event(self) -> GaussianPrivacyEvent:
+        return GaussianPrivacyEvent(self.options.noise_multiplier, self.k, self.num_clients)
+
+    def budget_left(self) -> bool:
+        """False when one more round would exceed algorithm.dp.max_epsilon."""
+        if self.accountant is None or self.options.max_epsilon is None:
+            return True
+        return not self.accountant.would_exceed(self.event())
+
+    def mean(self, rnd: int, deltas: list[Arrays], clip_here: bool) -> Arrays:
+        C = self.options.clipping_norm
+        clipped = [clip(d, C) if clip_here else d for d in deltas]
+        std = compute_stdv(self.options.noise_multiplier, C, self.k)
+        rng = np.random.default_rng([self.seed, rnd, 0xD1FF])
+        out: Arrays = {}
+        for name in sorted(clipped[0]):
+            total = np.zeros(clipped[0][name].shape, dtype=np.float64)
+            for d in clipped:
+                total += d[name]
+            noisy = total / self.k
+            if std > 0:
+                noisy = noisy + rng.normal(0.0, std, size=noisy.shape)
+            out[name] = noisy.astype(np.float32)
+        if self.accountant is not None:
+            self.accountant.compose(self.event())
+        return out
+
+    def spent(self) -> dict[str, Any]:
+        if self.accountant is None:
+            return {"dp_epsilon": "inf", "dp_delta": self.options.target_delta, "dp_releases": 0}
+        eps = self.accountant.get_epsilon(self.options.target_delta)
+        return {"dp_epsilon": eps if math.isfinite(eps) else "inf", "dp_delta": self.options.target_delta,
+                "dp_releases": self.accountant.num_releases}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.accountant.state_dict() if self.accountant is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.accountant is not None and state:
+            self.accountant.load_state_dict(state)
