@@ -1,6 +1,7 @@
 """The Flower runtime on real Flower processes over loopback: a SuperLink and two SuperNodes started and
 stopped by the tests on free ports, fedpeft's ServerApp and ClientApp, tiny random models, real data."""
 
+import math
 import threading
 import time
 
@@ -23,6 +24,23 @@ def comparable(rows):
     return [{k: v for k, v in r.items() if k not in ESTIMATES} for r in without_timings(rows)]
 
 
+def assert_same_metrics(a, b, rel=1e-5):
+    """Equal structure and values; floats to a relative tolerance (the ClientApps train with fewer math
+    threads than the embedded runtime, so sums are reduced in another order)."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=rel, abs_tol=1e-7), (a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same_metrics(a[k], b[k], rel)
+    elif isinstance(a, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_metrics(x, y, rel)
+    else:
+        assert a == b
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     with LocalDeployment(2, tmp_path_factory.mktemp("flower")) as d:
@@ -37,12 +55,12 @@ def test_flower_gives_the_same_results_as_embedded(deployment, tmp_path):
     assert summary["rounds"] == 3 and summary["rejected_updates"] == 0
     a, b = read_metrics(tmp_path / "embedded"), read_metrics(tmp_path / "flower")
     assert [r["round"] for r in b] == [0, 1, 2, 3]
-    assert comparable(a) == comparable(b)  # losses, accuracies, selections, bytes up and down
+    assert_same_metrics(comparable(a), comparable(b))  # losses, accuracies, selections, bytes up and down
     ga = checkpoint.load(tmp_path / "embedded")[1]["server"]["global_state"]
     gb = checkpoint.load(tmp_path / "flower")[1]["server"]["global_state"]
     assert ga.keys() == gb.keys()
     for k in ga:
-        np.testing.assert_allclose(gb[k], ga[k], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(gb[k], ga[k], rtol=1e-5, atol=1e-6)
     assert all(r["client_flops"] for r in b[1:])  # clients measured FLOPs in their own processes
 
 
@@ -98,11 +116,11 @@ def test_a_killed_server_resumes_from_its_checkpoint_and_ends_like_an_uninterrup
     with LocalDeployment(2, tmp_path / "logs-2") as dep:
         summary = run_flower(cfg, tmp_path / "run", resume=True, deployment=dep, log=lambda m: None)
     assert summary["rounds"] == 4
-    assert comparable(read_metrics(tmp_path / "embedded")) == comparable(read_metrics(tmp_path / "run"))
+    assert_same_metrics(comparable(read_metrics(tmp_path / "embedded")), comparable(read_metrics(tmp_path / "run")))
     ga = checkpoint.load(tmp_path / "embedded")[1]["server"]["global_state"]
     gb = checkpoint.load(tmp_path / "run")[1]["server"]["global_state"]
     for k in ga:
-        np.testing.assert_allclose(gb[k], ga[k], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(gb[k], ga[k], rtol=1e-5, atol=1e-6)
 
 
 def test_tls_and_supernode_authentication(tmp_path):

@@ -241,7 +241,12 @@ class EmbeddedRuntime:
             "time_round_s": t_round,
             "wall_s": time.perf_counter() - wall_start,
         })
+        row.update(self.runtime_round_info())
         return row
+
+    def runtime_round_info(self) -> dict[str, Any]:
+        """Extra per-round entries a runtime reports about itself (e.g. client process times)."""
+        return {}
 
     def _eval_due(self, rnd: int) -> bool:
         every = self.cfg.eval.every

@@ -38,6 +38,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
         self.node_of_partition: dict[int, int] = {}
         self.num_partitions: int | None = None
         self.described: set[int] = set()
+        self.client_times: dict[str, dict[str, float]] = {}
         super().__init__(cfg, run_dir, resume=resume)
         self.wait_for_nodes()
 
@@ -47,6 +48,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
         ids = [i for i in self.grid.push_messages(messages)]
         pending = {i for i in ids if i}
         replies: dict[str, Message] = {}
+        self.pulled_at: dict[str, float] = {}
         deadline = time.monotonic() + timeout
         poll = self.cfg.runtime.flower.poll_interval_s
         while pending and time.monotonic() < deadline:
@@ -55,6 +57,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
                 if mid in pending:
                     pending.discard(mid)
                     replies[mid] = rep
+                    self.pulled_at[mid] = time.time()
             if pending:
                 time.sleep(poll)
         return replies, ids
@@ -109,8 +112,16 @@ class FlowerServerRuntime(EmbeddedRuntime):
             time.sleep(0.5)
 
     # -- a round ---------------------------------------------------------------------------------------
+    def runtime_round_info(self) -> dict[str, Any]:
+        """Per client: seconds from its ClientApp process start to the reply, and to the start of training
+        (interpreter, imports, model and data: what a warm client would not pay)."""
+        t = self.client_times
+        return {"client_process_s": t.get("client_seconds", {}), "client_setup_s": t.get("setup_seconds", {}),
+                "client_start_delay_s": t.get("start_delay", {}), "client_return_delay_s": t.get("return_delay", {})}
+
     def run_clients(self, rnd: int, payloads: dict[int, wire.Payload]) -> dict[int, ClientResult]:
         self.refresh_nodes(timeout=30.0)
+        self.client_times = {"client_seconds": {}, "setup_seconds": {}, "start_delay": {}, "return_delay": {}}
         results: dict[int, ClientResult] = {}
         sent: list[tuple[int, int, Message]] = []  # (client, bytes down, message)
         for cid, payload in payloads.items():
@@ -123,6 +134,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
                           group_id=str(rnd))
             sent.append((cid, len(data), msg))
         timeout = self.cfg.federation.round_timeout_s
+        pushed_at = time.time()
         replies, ids = self._exchange([m for _, _, m in sent], timeout)
         for (cid, n_down, msg), mid in zip(sent, ids):
             rep = replies.get(mid) if mid else None
@@ -137,6 +149,14 @@ class FlowerServerRuntime(EmbeddedRuntime):
                     self.forget_node(msg.metadata.dst_node_id)
             else:
                 results[cid] = self._decode_reply(rep, n_down)
+                info = rep.content.config_records.get("fedpeft") or {}
+                for key in ("client_seconds", "setup_seconds"):
+                    if isinstance(info.get(key), (int, float)):
+                        self.client_times[key][str(cid)] = float(info[key])
+                if isinstance(info.get("started_at"), float) and isinstance(info.get("replied_at"), float):
+                    # Flower's latency around the ClientApp process (same clock only on one machine)
+                    self.client_times["start_delay"][str(cid)] = info["started_at"] - pushed_at
+                    self.client_times["return_delay"][str(cid)] = self.pulled_at.get(mid, 0.0) - info["replied_at"]
         return results
 
     def _decode_reply(self, rep: Message, n_down: int) -> ClientResult:
