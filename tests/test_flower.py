@@ -43,6 +43,7 @@ def assert_same_metrics(a, b, rel=1e-5):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
+    """SuperNodes in process isolation, each with fedpeft's long-lived ClientApp worker (the default)."""
     with LocalDeployment(2, tmp_path_factory.mktemp("flower")) as d:
         yield d
 
@@ -102,7 +103,7 @@ def test_a_killed_server_resumes_from_its_checkpoint_and_ends_like_an_uninterrup
         except RuntimeError as exc:
             outcome["error"] = str(exc)
 
-    with LocalDeployment(2, tmp_path / "logs-1") as dep:
+    with LocalDeployment(2, tmp_path / "logs-1", warm=False) as dep:  # Flower's own ClientApp processes
         thread = threading.Thread(target=first_attempt, args=(dep,))
         thread.start()
         deadline = time.time() + 300
@@ -113,7 +114,7 @@ def test_a_killed_server_resumes_from_its_checkpoint_and_ends_like_an_uninterrup
     assert not thread.is_alive() and "without results" in outcome.get("error", "")
     done = checkpoint.load(tmp_path / "run")[0]
     assert 1 <= done < 4
-    with LocalDeployment(2, tmp_path / "logs-2") as dep:
+    with LocalDeployment(2, tmp_path / "logs-2") as dep:  # resumed with warm ClientApp workers
         summary = run_flower(cfg, tmp_path / "run", resume=True, deployment=dep, log=lambda m: None)
     assert summary["rounds"] == 4
     assert_same_metrics(comparable(read_metrics(tmp_path / "embedded")), comparable(read_metrics(tmp_path / "run")))

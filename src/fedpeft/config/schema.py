@@ -324,6 +324,11 @@ class FlowerRuntimeConfig(Section):
         "(loopback, free ports) for the run and stop them afterwards.",
     )
     num_supernodes: int = Field(2, ge=1, description="SuperNodes to start when superlink is None.")
+    warm_clients: bool = Field(
+        True, description="When starting SuperNodes here: run them in process isolation, each with a "
+        "long-lived fedpeft ClientApp worker (python -m fedpeft.runtime.flower.warm_worker) that keeps the "
+        "model loaded, instead of Flower's fresh ClientApp process per message.",
+    )
     root_certificates: str | None = Field(
         None, description="CA certificate (PEM) of a TLS SuperLink; None with a remote superlink means insecure."
     )

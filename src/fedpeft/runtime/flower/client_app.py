@@ -61,7 +61,10 @@ def describe(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     from fedpeft.runtime.embedded import train_client
 
-    born = psutil.Process().create_time()  # this ClientApp process started (Flower starts one per message)
+    # when this message's work started: the process start for a fresh ClientApp process (Flower starts one
+    # per message), the handler call in a warm worker that already served messages
+    born = time.time() if _cache.get("served") else psutil.Process().create_time()
+    _cache["served"] = True
     pid, n = node_partition(context)
     data, info = unpack(msg.content)
     rnd, cid = int(info["round"]), int(info["client"])

@@ -90,11 +90,13 @@ class LocalDeployment:
     """
 
     def __init__(self, num_supernodes: int, log_dir: str | Path, *, env: dict[str, str] | None = None,
-                 credentials: str | Path | None = None):
+                 credentials: str | Path | None = None, warm: bool = True):
         self.num_supernodes = num_supernodes
         self.log_dir = Path(log_dir)
         self.credentials = Path(credentials).resolve() if credentials else None
         self.cwd = os.getcwd()
+        self.warm = warm  # SuperNodes in process isolation, each with a long-lived fedpeft ClientApp worker
+        self.workers: list[subprocess.Popen | None] = []
         self.env = env or flower_env(self.log_dir / "home")
         self.port = 0
         self.superlink: subprocess.Popen | None = None
@@ -133,7 +135,9 @@ class LocalDeployment:
         wait_for_port(self.port, timeout, self.superlink)
         if self.credentials is not None:
             self._register_supernodes()
-        self.supernodes = [self.start_supernode(i) for i in range(self.num_supernodes)]
+        self.supernodes, self.workers = [], []
+        for i in range(self.num_supernodes):
+            self.start_supernode(i)
         return self
 
     def _register_supernodes(self) -> None:
@@ -152,12 +156,23 @@ class LocalDeployment:
         else:
             security = ["--root-certificates", str(self.credentials / "ca.crt"),
                         "--auth-supernode-private-key", str(self.credentials / f"supernode-{i}")]
-        proc = self._spawn([flower_executable("flower-supernode"), *security, "--superlink", self.address,
-                            "--host", "127.0.0.1", "--port", str(free_port()),
+        api_port = free_port()
+        isolation = ["--isolation", "process"] if self.warm else []
+        proc = self._spawn([flower_executable("flower-supernode"), *security, *isolation, "--superlink",
+                            self.address, "--host", "127.0.0.1", "--port", str(api_port),
                             "--node-config", f"partition-id={i} num-partitions={self.num_supernodes}"],
                            f"supernode-{i}.log", self.thread_env())
-        if i < len(self.supernodes):
-            self.supernodes[i] = proc
+        worker = None
+        if self.warm:
+            wait_for_port(api_port, 60, proc)
+            worker = self._spawn([sys.executable, "-m", "fedpeft.runtime.flower.warm_worker",
+                                  "--runtime-api-address", f"127.0.0.1:{api_port}"], f"worker-{i}.log",
+                                 self.thread_env())
+        for procs, p in ((self.supernodes, proc), (self.workers, worker)):
+            if i < len(procs):
+                procs[i] = p
+            else:
+                procs.append(p)
         return proc
 
     @staticmethod
@@ -195,15 +210,17 @@ class LocalDeployment:
         return {"OMP_NUM_THREADS": share, "MKL_NUM_THREADS": share}
 
     def kill_supernode(self, i: int) -> None:
-        """SIGKILL SuperNode i and everything it started (used to test client failures)."""
+        """SIGKILL SuperNode i, its ClientApp worker and everything they started (to test client failures)."""
         self._stop(self.supernodes[i], signal.SIGKILL)
+        if i < len(self.workers):
+            self._stop(self.workers[i], signal.SIGKILL)
 
     def kill_superlink(self) -> None:
         """SIGKILL the SuperLink with its SuperExec and ServerApp (used to test server crashes)."""
         self._stop(self.superlink, signal.SIGKILL)
 
     def close(self) -> None:
-        for proc in self.supernodes:
+        for proc in [*self.workers, *self.supernodes]:
             self._stop(proc)
         self._stop(self.superlink)
 
@@ -262,7 +279,7 @@ def run_flower(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: boo
         if deployment is not None:
             address, certs = deployment.address, deployment.root_certificates
         elif fl.superlink is None:
-            own = LocalDeployment(fl.num_supernodes, flower_dir, env=env).start()
+            own = LocalDeployment(fl.num_supernodes, flower_dir, env=env, warm=fl.warm_clients).start()
             address, certs = own.address, None
             log(f"started a SuperLink on {address} and {fl.num_supernodes} SuperNodes (logs: {flower_dir})")
         else:
