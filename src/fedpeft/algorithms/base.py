@@ -37,7 +37,8 @@ def check_update(
 ) -> None:
     """Raise UpdateRejected unless the update fits ``expected`` (name -> (shape, dtype)) for round rnd."""
     meta = payload.meta
-    if meta.get("round") != rnd:
+    r = meta.get("round")
+    if not isinstance(r, int) or isinstance(r, bool) or r != rnd:
         raise UpdateRejected(f"stale or missing round number {meta.get('round')!r} (current round {rnd})")
     n = meta.get("num_examples")
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:

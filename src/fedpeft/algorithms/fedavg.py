@@ -37,8 +37,15 @@ class FedAvgServer(ServerAlgorithm):
         ids = sorted(updates)
         ds = [A.deltas(self.global_state, updates[c].arrays) for c in ids]
         if self.private is not None:  # clipped, unweighted, fixed denominator, Gaussian noise
-            return self.private.mean(rnd, ds, clip_here=self.private.options.clipping == "server")
+            return self.private.mean(rnd, ds)
         return A.weighted_mean(ds, [updates[c].meta["num_examples"] for c in ids])
+
+    def select(self, rnd: int) -> list[int]:
+        if self.private is None:
+            return super().select(rnd)
+        # under differential privacy the sample must be secret from clients (who know the seed)
+        return sorted(int(c) for c in self.private.sampler.choice(self.num_clients, self.clients_per_round,
+                                                                   replace=False))
 
     def stop_reason(self) -> str | None:
         if self.private is not None and not self.private.budget_left():

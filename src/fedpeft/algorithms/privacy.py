@@ -10,8 +10,14 @@ post-processing.
 Building blocks from Flower: clipping (``clip_inputs_inplace``, the flat clipping of the paper above),
 the noise scale (``compute_stdv``), and the privacy accountant (``RdpAccountant``: Renyi DP over
 Google's dp-accounting, clients sampled K of N uniformly without replacement, replace-one neighbours).
-The noise is drawn from a generator seeded by (seed, round), not from NumPy's global state, so a
-resumed run adds the same noise as an uninterrupted one.
+The noise standard deviation on the sum of clipped updates is z C. Under replace-one neighbours (the
+relation that goes with sampling exactly K clients) the sum moves by up to 2 C when one client's
+data is replaced, so the accountant is given the noise multiplier z / 2.
+
+The noise comes from operating-system entropy, never from the run's seed: the config (and its seed)
+is sent to every client, and anyone who can reproduce the noise can subtract it. So runs with
+differential privacy are not bit-reproducible, and a resumed run draws fresh noise; the accountant's
+state is checkpointed, so the privacy spent carries over.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class PrivateMean:
         self.num_clients = num_clients
         self.k = clients_per_round
         self.seed = seed
+        self.sampler = np.random.default_rng()  # client sampling from OS entropy, secret from clients
         self.accountant: RdpAccountant | None = None
         if options.noise_multiplier > 0:
             self.accountant = RdpAccountant(PrivacyConfig(
@@ -56,7 +63,8 @@ class PrivateMean:
                 sampling_method=SamplingMethod.WITHOUT_REPLACEMENT, max_epsilon=options.max_epsilon))
 
     def event(self) -> GaussianPrivacyEvent:
-        return GaussianPrivacyEvent(self.options.noise_multiplier, self.k, self.num_clients)
+        # sensitivity of the clipped sum under replace-one neighbours is 2 C; the noise is z C
+        return GaussianPrivacyEvent(self.options.noise_multiplier / 2, self.k, self.num_clients)
 
     def budget_left(self) -> bool:
         """False when one more round would exceed algorithm.dp.max_epsilon."""
@@ -64,11 +72,11 @@ class PrivateMean:
             return True
         return not self.accountant.would_exceed(self.event())
 
-    def mean(self, rnd: int, deltas: list[Arrays], clip_here: bool) -> Arrays:
+    def mean(self, rnd: int, deltas: list[Arrays]) -> Arrays:
         C = self.options.clipping_norm
-        clipped = [clip(d, C) if clip_here else d for d in deltas]
+        clipped = [clip(d, C) for d in deltas]  # idempotent for updates the clients clipped already
         std = compute_stdv(self.options.noise_multiplier, C, self.k)
-        rng = np.random.default_rng([self.seed, rnd, 0xD1FF])
+        rng = np.random.default_rng()  # fresh OS entropy: see the module docstring
         out: Arrays = {}
         for name in sorted(clipped[0]):
             total = np.zeros(clipped[0][name].shape, dtype=np.float64)

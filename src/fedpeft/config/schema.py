@@ -174,6 +174,12 @@ class PrivacyOptions(Section):
     target_delta: float = Field(1e-5, gt=0, lt=1, description="delta at which epsilon is reported.")
     max_epsilon: float | None = Field(None, gt=0, description="Stop before a round would exceed this epsilon.")
 
+    @model_validator(mode="after")
+    def _budget_needs_noise(self) -> "PrivacyOptions":
+        if self.max_epsilon is not None and self.noise_multiplier == 0:
+            raise ValueError("max_epsilon needs noise_multiplier > 0: without noise there is no finite epsilon")
+        return self
+
 
 class FedAvgOptions(Section):
     """FedAvg with a server learning rate: x += server_lr * weighted mean of client deltas (Eq. 5)."""

@@ -128,6 +128,13 @@ class LocalDeployment:
             out.close()
 
     def start(self, timeout: float = 120.0) -> "LocalDeployment":
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.close()  # nothing started here outlives a failed start
+            raise
+
+    def _start(self, timeout: float) -> "LocalDeployment":
         self.port = free_port()
         self.superlink = self._spawn([flower_executable("flower-superlink"), *self._security(), "--host", "127.0.0.1",
                                       "--port", str(self.port), "--disable-runtime-dependency-installation"],
@@ -162,18 +169,19 @@ class LocalDeployment:
                             self.address, "--host", "127.0.0.1", "--port", str(api_port),
                             "--node-config", f"partition-id={i} num-partitions={self.num_supernodes}"],
                            f"supernode-{i}.log", self.thread_env())
-        worker = None
+        self._record(self.supernodes, i, proc)
         if self.warm:
             wait_for_port(api_port, 60, proc)
             worker = self._spawn([sys.executable, "-m", "fedpeft.runtime.flower.warm_worker",
-                                  "--runtime-api-address", f"127.0.0.1:{api_port}"], f"worker-{i}.log",
-                                 self.thread_env())
-        for procs, p in ((self.supernodes, proc), (self.workers, worker)):
-            if i < len(procs):
-                procs[i] = p
-            else:
-                procs.append(p)
+                                  "--runtime-api-address", f"127.0.0.1:{api_port}", "--supernode-pid", str(proc.pid)],
+                                 f"worker-{i}.log", self.thread_env())
+            self._record(self.workers, i, worker)
         return proc
+
+    @staticmethod
+    def _record(procs: list, i: int, proc: subprocess.Popen) -> None:
+        procs.extend([None] * (i + 1 - len(procs)))
+        procs[i] = proc
 
     @staticmethod
     def _stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, wait: float = 15.0) -> None:

@@ -66,6 +66,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
         """Ask SuperNodes not seen before which partition they serve."""
         online = {int(n) for n in self.grid.get_node_ids()}
         self.node_of_partition = {p: n for p, n in self.node_of_partition.items() if n in online}
+        self.described &= online  # a SuperNode that went away and came back (same id with auth) is asked again
         new = sorted(online - self.described)
         if not new:
             return
@@ -92,6 +93,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
             self.node_of_partition[pid] = node
 
     def forget_node(self, node: int) -> None:
+        self.described.discard(node)
         for partition in [p for p, n in self.node_of_partition.items() if n == node]:
             del self.node_of_partition[partition]
             log.warning("SuperNode %d (partition %d) is unavailable; waiting for a SuperNode to serve it", node, partition)
@@ -130,19 +132,26 @@ class FlowerServerRuntime(EmbeddedRuntime):
             if node is None:
                 results[cid] = (None, 0, 0, f"no SuperNode online serves partition {cid % (self.num_partitions or 1)}")
                 continue
+            # expires with the round: a late client does not keep working on a round that is over
             msg = Message(pack(data, round=rnd, client=cid), dst_node_id=node, message_type=MessageType.TRAIN,
-                          group_id=str(rnd))
+                          group_id=str(rnd), ttl=self.cfg.federation.round_timeout_s)
             sent.append((cid, len(data), msg))
         timeout = self.cfg.federation.round_timeout_s
         pushed_at = time.time()
         replies, ids = self._exchange([m for _, _, m in sent], timeout)
+        if len(ids) != len(sent):  # e.g. HTTP 413: the SuperLink refused the whole push
+            ids = [None] * len(sent)
         for (cid, n_down, msg), mid in zip(sent, ids):
             rep = replies.get(mid) if mid else None
             if not mid:
-                results[cid] = (None, 0, 0, "the SuperLink refused the message")
+                results[cid] = (None, n_down, 0, "the SuperLink refused the message (too large? see its log)")
             elif rep is None:
                 results[cid] = (None, n_down, 0, f"no reply within federation.round_timeout_s={timeout:g} s "
                                                  "(client stopped or disconnected)")
+            elif rep.has_error() and rep.error.code in (ErrorCode.MESSAGE_UNAVAILABLE,
+                                                         ErrorCode.REPLY_MESSAGE_UNAVAILABLE):
+                results[cid] = (None, n_down, 0, f"no reply within federation.round_timeout_s={timeout:g} s "
+                                                 "(the message expired: client stopped or disconnected)")
             elif rep.has_error():
                 results[cid] = (None, n_down, 0, f"client failed: {rep.error.reason}")
                 if rep.error.code == ErrorCode.NODE_UNAVAILABLE:  # gone: the next refresh looks for a replacement

@@ -23,6 +23,7 @@ import argparse
 import logging
 import time
 
+import psutil
 from flwr.app import Message
 from flwr.app.error import Error
 from flwr.cli.install import install_from_fab
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runtime-api-address", default="127.0.0.1:9094",
                     help="the SuperNode's local Runtime API (its --host:--port)")
     ap.add_argument("--poll", type=float, default=0.02, help="seconds between task polls")
+    ap.add_argument("--supernode-pid", type=int, help="exit when this process (the SuperNode) is gone")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from fedpeft.runtime.flower import client_app  # noqa: F401  (import torch & co. once, up front)
@@ -99,12 +101,17 @@ def main(argv: list[str] | None = None) -> None:
     load_app = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
     installed: set[str] = set()
     log.info("fedpeft ClientApp worker polling %s", args.runtime_api_address)
-    while True:
-        res = acquire.AcquireTask(AcquireTaskRequest(supported_task_types=[CLIENTAPP_TASK]))
-        if res.HasField("task") and res.token:
-            serve_one(args.runtime_api_address, res.token, load_app, installed)
-        else:
-            time.sleep(args.poll)
+    while args.supernode_pid is None or psutil.pid_exists(args.supernode_pid):
+        try:
+            res = acquire.AcquireTask(AcquireTaskRequest(supported_task_types=[CLIENTAPP_TASK]))
+            if res.HasField("task") and res.token:
+                serve_one(args.runtime_api_address, res.token, load_app, installed)
+                continue
+        except Exception:  # the SuperNode restarting, a failed push: logged, and the worker keeps serving
+            log.exception("ClientApp worker: task handling failed")
+            time.sleep(1.0)
+        time.sleep(args.poll)
+    log.info("SuperNode %d is gone; worker exits", args.supernode_pid)
 
 
 if __name__ == "__main__":
