@@ -28,26 +28,26 @@ def test_clip_bounds_the_norm_and_keeps_small_updates():
 def test_noiseless_mean_divides_by_the_sampled_count_and_noise_has_the_documented_scale():
     deltas = [{"w": np.full(20000, 3.0, np.float32)}, {"w": np.full(20000, 1.0, np.float32)}]
     opts = PrivacyOptions(noise_multiplier=0.0, clipping_norm=1.0)
-    pm = PrivateMean(opts, num_clients=10, clients_per_round=4, seed=0)
-    out = pm.mean(1, deltas)
+    pm = PrivateMean(opts, num_clients=10, clients_per_round=4)
+    out = pm.mean(deltas)
     per_client = 1.0 / math.sqrt(20000)  # each delta clipped to norm 1
     np.testing.assert_allclose(out["w"], 2 * per_client / 4, rtol=1e-5)  # sum / K, K = 4 sampled
     noisy = PrivateMean(PrivacyOptions(noise_multiplier=2.0, clipping_norm=1.0), num_clients=10,
-                        clients_per_round=4, seed=0)
-    first = noisy.mean(1, deltas)["w"]
+                        clients_per_round=4)
+    first = noisy.mean(deltas)["w"]
     resid = first - out["w"]
     assert abs(resid.std() - 2.0 * 1.0 / 4) < 0.01 and abs(resid.mean()) < 0.01
     again = PrivateMean(PrivacyOptions(noise_multiplier=2.0, clipping_norm=1.0), num_clients=10,
-                        clients_per_round=4, seed=0).mean(1, deltas)["w"]
+                        clients_per_round=4).mean(deltas)["w"]
     assert not np.array_equal(again, first)  # OS entropy: not reproducible from the (shared) seed
 
 
 def test_epsilon_grows_with_rounds_and_falls_with_noise():
     def eps_after(rounds, z):
         pm = PrivateMean(PrivacyOptions(noise_multiplier=z, clipping_norm=1.0), num_clients=100,
-                         clients_per_round=10, seed=0)
+                         clients_per_round=10)
         for r in range(rounds):
-            pm.mean(r + 1, [{"w": np.zeros(3, np.float32)}])
+            pm.mean([{"w": np.zeros(3, np.float32)}])
         return pm.spent()["dp_epsilon"]
 
     # replace-one neighbours: the clipped sum moves by up to 2C, so noise z*C is accounted as z/2.

@@ -13,13 +13,13 @@ new one, never a half-written file; a damaged file is refused with :class:`Check
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedpeft import wire
+from fedpeft.rundir import atomic_write
 
 FILENAME = "checkpoint.safetensors"
 FORMAT = 1
@@ -91,20 +91,7 @@ def save(run_dir: str | Path, rnd: int, state: dict[str, Any]) -> Path:
     path = Path(run_dir) / FILENAME
     arrays, tree = pack_state(state)
     data = wire.encode(wire.Payload(arrays, {"format": FORMAT, "round": int(rnd), "state": tree}))
-    tmp = path.with_name(f".{FILENAME}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    try:  # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    atomic_write(path, data)
     return path
 
 

@@ -41,11 +41,27 @@ def new_run_dir(cfg: RunConfig, run_dir: str | Path | None = None) -> Path:
     return path
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """Atomic write: a reader never sees a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, allow_nan=True))
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temporary file, flush it to disk, rename it over ``path``: a reader (or a run resumed
+    after a crash) sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
+    try:  # make the rename itself durable
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write(path, json.dumps(obj, indent=2, allow_nan=True).encode())
 
 
 class RunWriter:
@@ -82,10 +98,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def rewrite_metrics(run_dir: str | Path, rows: list[dict[str, Any]]) -> None:
     """Replace metrics.jsonl with these rows, atomically (used when a run resumes from a checkpoint)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
+    atomic_write(Path(run_dir) / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:

@@ -21,8 +21,8 @@ class FedAvgServer(ServerAlgorithm):
     def __init__(self, options: Any, initial_state, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
         dp = getattr(options, "dp", None)
-        self.private = (PrivateMean(dp, num_clients=self.num_clients, clients_per_round=self.clients_per_round,
-                                    seed=self.seed) if dp is not None else None)
+        self.private = (PrivateMean(dp, num_clients=self.num_clients, clients_per_round=self.clients_per_round)
+                        if dp is not None else None)
 
     def validate(self, rnd: int, payload: Payload) -> None:
         super().validate(rnd, payload)
@@ -33,11 +33,11 @@ class FedAvgServer(ServerAlgorithm):
                 raise UpdateRejected(f"update norm {norm:.6g} exceeds algorithm.dp.clipping_norm "
                                      f"{p.options.clipping_norm:g} (clients must clip)")
 
-    def pseudo_gradient(self, updates: dict[int, Payload], rnd: int = 0) -> A.Arrays:
+    def pseudo_gradient(self, updates: dict[int, Payload]) -> A.Arrays:
         ids = sorted(updates)
         ds = [A.deltas(self.global_state, updates[c].arrays) for c in ids]
         if self.private is not None:  # clipped, unweighted, fixed denominator, Gaussian noise
-            return self.private.mean(rnd, ds)
+            return self.private.mean(ds)
         return A.weighted_mean(ds, [updates[c].meta["num_examples"] for c in ids])
 
     def select(self, rnd: int) -> list[int]:
@@ -73,7 +73,7 @@ class FedAvgServer(ServerAlgorithm):
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
         if not updates:
             return {"update_norm": 0.0}
-        d = self.pseudo_gradient(updates, rnd)
+        d = self.pseudo_gradient(updates)
         self.step(d)
         return {"update_norm": float(np.sqrt(sum(float(np.sum(np.square(v, dtype=np.float64))) for v in d.values())))}
 

@@ -49,11 +49,10 @@ def clip(delta: Arrays, clipping_norm: float) -> Arrays:
 class PrivateMean:
     """Noisy mean of clipped client deltas, with the privacy spent so far."""
 
-    def __init__(self, options: Any, *, num_clients: int, clients_per_round: int, seed: int):
+    def __init__(self, options: Any, *, num_clients: int, clients_per_round: int):
         self.options = options
         self.num_clients = num_clients
         self.k = clients_per_round
-        self.seed = seed
         self.sampler = np.random.default_rng()  # client sampling from OS entropy, secret from clients
         self.accountant: RdpAccountant | None = None
         if options.noise_multiplier > 0:
@@ -72,7 +71,7 @@ class PrivateMean:
             return True
         return not self.accountant.would_exceed(self.event())
 
-    def mean(self, rnd: int, deltas: list[Arrays]) -> Arrays:
+    def mean(self, deltas: list[Arrays]) -> Arrays:
         C = self.options.clipping_norm
         clipped = [clip(d, C) for d in deltas]  # idempotent for updates the clients clipped already
         std = compute_stdv(self.options.noise_multiplier, C, self.k)
