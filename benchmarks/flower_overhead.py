@@ -4,9 +4,11 @@
 
 The same config (MiniLM-L6 + LoRA r=16 on MNLI, 100 clients, 2 per round, FedAvg, evaluation only
 after the last round) runs on the embedded runtime and on a local Flower deployment (a SuperLink and
-2 SuperNodes on loopback, each serving 50 clients, fedpeft's ServerApp and ClientApp) twice: with
-Flower's default of a fresh ClientApp process per message, and with fedpeft's long-lived ClientApp
-workers (``runtime.flower.warm_clients``, the default). All runs must reach the same accuracy to
+2 SuperNodes on loopback, each serving 50 clients, fedpeft's ServerApp and ClientApp) three times:
+stock Flower (a fresh ClientApp process per message, the SuperNode's fixed 3 s idle poll), with
+fedpeft's long-lived ClientApp workers (``runtime.flower.warm_clients``), and with those workers and
+SuperNodes started through ``fedpeft.runtime.flower.fast_supernode`` (0.05 s poll; both are the
+defaults). All runs must reach the same accuracy to
 within one evaluation example (checked; ClientApps train with one math thread each here). Per round (round 1 is left out as warm-up) we report:
 
 * round time: the server's wall time from sending the payloads to having every update back,
@@ -16,9 +18,16 @@ within one evaluation example (checked; ClientApps train with one math thread ea
   the start of training (interpreter, imports, model and data), per client; and Flower's latency
   around it: from the server pushing the message to the ClientApp process starting, and from the
   ClientApp's reply to the server pulling it;
-* overhead = round time - client compute;
+* round beyond training = round time - the training it waits for (embedded: the clients' sum, one after
+  another; Flower: the slowest client, since SuperNodes train at the same time);
+* bytes up and down per round (all clients; under SecAgg+ every message of the protocol);
 * peak memory: the largest total RSS of every process of the run (Flower: launcher, SuperLink,
-  SuperNodes, SuperExec, ServerApp and ClientApps), sampled every 0.1 s.
+  SuperNodes, SuperExec, ServerApp and ClientApps; simulation: also Ray's processes), sampled every 0.1 s.
+
+Then the same work on Flower's Ray simulation engine (2 virtual SuperNodes, one core per ClientApp
+actor), and, since SecAgg+ needs a SuperNode per client, 4 clients on 4 warm SuperNodes with and
+without secure aggregation, beside the embedded runtime on those 4 clients (360 training pairs, 90
+per client as in the 100-client runs; they train other clients, so they are compared among themselves).
 """
 
 from __future__ import annotations
@@ -74,19 +83,27 @@ class PeakRSS:
         self._thread.join()
 
 
-def per_round(rows: list[dict]) -> dict:
+def per_round(rows: list[dict], concurrent: bool) -> dict:
+    """Medians over rounds 2.. of a run's timings and bytes. ``concurrent``: the round's clients train at
+    the same time (Flower: one per SuperNode), so the round waits for the slowest, not for their sum."""
     body = [r for r in rows if r.get("round", 0) >= 2]  # round 1 is warm-up
     round_s = [r["time_client_s"] for r in body]
     compute = [sum(float(v) for v in r["client_train_seconds"].values()) for r in body]
+    critical = [max(float(v) for v in r["client_train_seconds"].values()) if concurrent else c
+                for r, c in zip(body, compute)]
     out = {
         "rounds_measured": len(body),
         "round_s_median": statistics.median(round_s),
         "client_compute_s_median": statistics.median(compute),
-        "overhead_s_median": statistics.median(a - b for a, b in zip(round_s, compute)),
+        "client_train_s_median": statistics.median(float(v) for r in body for v in r["client_train_seconds"].values()),
+        # round time beyond the training it waits for (the slowest client, or the sum when sequential)
+        "overhead_s_median": statistics.median(a - b for a, b in zip(round_s, critical)),
+        "bytes_up_per_round_median": statistics.median(r["bytes_up_total"] for r in body),
+        "bytes_down_per_round_median": statistics.median(r["bytes_down_total"] for r in body),
         "round_s": round_s,
         "client_compute_s": compute,
     }
-    if body and "client_process_s" in body[0]:
+    if body and body[0].get("client_process_s"):  # (not reported under SecAgg+)
         out["clientapp_process_s_median"] = statistics.median(
             float(v) for r in body for v in r["client_process_s"].values())
         out["clientapp_setup_s_median"] = statistics.median(
@@ -109,37 +126,64 @@ def main() -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results = {}
 
-    with PeakRSS() as mem:
-        t0 = time.perf_counter()
-        EmbeddedRuntime(cfg, runs / f"embedded-{stamp}").run()
-        wall = time.perf_counter() - t0
-    rows = read_metrics(runs / f"embedded-{stamp}")
-    results["embedded"] = {**per_round(rows), "wall_s": wall, "peak_rss_mib": mem.peak / 2**20,
-                           "final_accuracy": rows[-1]["eval_accuracy"]}
-
-    for name, warm in (("flower (Flower's ClientApp process per message)", False),
-                       ("flower (warm fedpeft ClientApp workers)", True)):
-        tag = "warm" if warm else "stock"
+    def embedded(name: str, tag: str, cfg) -> None:
         with PeakRSS() as mem:
             t0 = time.perf_counter()
-            with LocalDeployment(2, runs / f"flower-{tag}-{stamp}-logs", warm=warm) as dep:
-                run_flower(cfg, runs / f"flower-{tag}-{stamp}", deployment=dep, log=lambda m: None)
+            EmbeddedRuntime(cfg, runs / f"{tag}-{stamp}").run()
             wall = time.perf_counter() - t0
-        rows = read_metrics(runs / f"flower-{tag}-{stamp}")
-        results[name] = {**per_round(rows), "wall_s": wall, "peak_rss_mib": mem.peak / 2**20,
-                         "final_accuracy": rows[-1]["eval_accuracy"], "supernodes": 2, "warm_clients": warm}
-        if abs(results[name]["final_accuracy"] - results["embedded"]["final_accuracy"]) > 0.011:
-            raise SystemExit("the runtimes disagree on accuracy; the timing comparison would be meaningless")
+        rows = read_metrics(runs / f"{tag}-{stamp}")
+        results[name] = {**per_round(rows, concurrent=False), "wall_s": wall, "peak_rss_mib": mem.peak / 2**20,
+                         "final_accuracy": rows[-1]["eval_accuracy"]}
 
-    print("| runtime | round s (median) | client compute s | overhead s | ClientApp process s | ClientApp setup s "
-          "| push to process start s | reply to server s | peak RSS MiB | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    embedded("embedded", "embedded", cfg)
+
+    def flower(name: str, tag: str, cfg, reference: str, **deployment) -> None:
+        """Run cfg on Flower: on a LocalDeployment(**deployment), or (no arguments) as cfg says."""
+        with PeakRSS() as mem:
+            t0 = time.perf_counter()
+            if deployment:
+                with LocalDeployment(cfg.runtime.flower.num_supernodes, runs / f"{tag}-{stamp}-logs",
+                                     **deployment) as dep:
+                    run_flower(cfg, runs / f"{tag}-{stamp}", deployment=dep, log=lambda m: None)
+            else:
+                run_flower(cfg, runs / f"{tag}-{stamp}", log=lambda m: None)
+            wall = time.perf_counter() - t0
+        rows = read_metrics(runs / f"{tag}-{stamp}")
+        results[name] = {**per_round(rows, concurrent=True), "wall_s": wall, "peak_rss_mib": mem.peak / 2**20,
+                         "final_accuracy": rows[-1]["eval_accuracy"], "supernodes": cfg.runtime.flower.num_supernodes,
+                         "engine": cfg.runtime.flower.engine, **deployment}
+        if abs(results[name]["final_accuracy"] - results[reference]["final_accuracy"]) > 0.011:
+            raise SystemExit(f"{name} and {reference} disagree on accuracy; the timing comparison would be meaningless")
+
+    flower("flower, stock (a ClientApp process per message, 3 s SuperNode poll)", "flower-stock", cfg, "embedded",
+           warm=False, supernode_poll_s=None)
+    flower("flower, warm fedpeft ClientApp workers, 3 s SuperNode poll", "flower-warm", cfg, "embedded", warm=True,
+           supernode_poll_s=None)
+    flower("flower, warm workers + 0.05 s SuperNode poll (fedpeft default)", "flower-warm-fast", cfg, "embedded",
+           warm=True, supernode_poll_s=0.05)
+    simulation = load_config(None, [*BASE, f"federation.rounds={args.rounds}", "runtime.name=flower",
+                                    "runtime.flower.engine=simulation", "runtime.flower.client_cpus=1"])
+    flower("flower simulation engine (Ray, 2 virtual SuperNodes)", "flower-simulation", simulation, "embedded")
+    # SecAgg+ needs a SuperNode per client: 4 clients, 2 per round, on 4 warm SuperNodes, with and without it
+    # (360 training pairs: each client holds 90, as in the 100-client runs, so a round is the same work)
+    four = [*BASE, f"federation.rounds={args.rounds}", "federation.num_clients=4", "task.max_train_examples=360",
+            "runtime.name=flower", "runtime.flower.num_supernodes=4"]
+    embedded("embedded, 4 clients", "embedded-4", load_config(None, four))
+    flower("flower, 4 clients on 4 SuperNodes (warm)", "flower-4", load_config(None, four), "embedded, 4 clients",
+           warm=True)
+    flower("flower, 4 clients on 4 SuperNodes (warm) + SecAgg+", "flower-4-secagg",
+           load_config(None, [*four, "runtime.flower.secure_aggregation.clipping_range=1.0"]),
+           "flower, 4 clients on 4 SuperNodes (warm)", warm=True)
+
+    print("| runtime | round s | training s per client | round beyond training s | push to ClientApp s "
+          "| reply to server s | MB up / down per round | peak RSS MiB | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     nan = float("nan")
     for name, r in results.items():
-        print(f"| {name} | {r['round_s_median']:.2f} | {r['client_compute_s_median']:.2f} | "
-              f"{r['overhead_s_median']:.2f} | {r.get('clientapp_process_s_median', nan):.2f} | "
-              f"{r.get('clientapp_setup_s_median', nan):.2f} | {r.get('start_delay_s_median', nan):.2f} | "
-              f"{r.get('return_delay_s_median', nan):.2f} | {r['peak_rss_mib']:.0f} | {r['wall_s']:.0f} |")
+        print(f"| {name} | {r['round_s_median']:.2f} | {r['client_train_s_median']:.2f} | "
+              f"{r['overhead_s_median']:.2f} | {r.get('start_delay_s_median', nan):.2f} | "
+              f"{r.get('return_delay_s_median', nan):.2f} | {r['bytes_up_per_round_median'] / 2**20:.2f} / "
+              f"{r['bytes_down_per_round_median'] / 2**20:.2f} | {r['peak_rss_mib']:.0f} | {r['wall_s']:.0f} |")
     save(args.out, {"command": f"python benchmarks/flower_overhead.py --rounds {args.rounds}", "config": BASE,
                     "rounds": args.rounds, "results": results})
 

@@ -79,6 +79,9 @@ def test_resume_after_a_crash_ends_like_an_uninterrupted_run(algorithm, tmp_path
     monkeypatch.setattr(checkpoint, "save", real_save)
     assert [r["round"] for r in read_metrics(tmp_path / "cut")] == [0, 1, 2, 3]
     assert checkpoint.load(tmp_path / "cut")[0] == 2
+    with open(tmp_path / "cut" / "metrics.jsonl", "a") as f:  # and a row cut off mid-write by the crash
+        f.write('{"round": 4, "train_lo')
+    assert [r["round"] for r in read_metrics(tmp_path / "cut")] == [0, 1, 2, 3]
 
     resumed = EmbeddedRuntime.resume(tmp_path / "cut")
     assert resumed.start_round == 3

@@ -90,10 +90,25 @@ class RunWriter:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of metrics.jsonl. A last line without its newline that is not JSON is a row cut off by a
+    crash: it is left out with a warning (a resumed run writes that round again)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no metrics.jsonl)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text(encoding="utf-8").split("\n")
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                logging.getLogger("fedpeft").warning("%s: left out a last row cut off mid-write (%d characters)",
+                                                     path, len(line))
+                break
+            raise ValueError(f"{path}: line {i + 1} is not JSON; the file is damaged") from None
+    return rows
 
 
 def rewrite_metrics(run_dir: str | Path, rows: list[dict[str, Any]]) -> None:

@@ -126,6 +126,11 @@ class ServerAlgorithm(ABC):
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
         """Combine accepted updates into self.global_state; returns aggregation metrics."""
 
+    def aggregate_mean(self, rnd: int, mean_update: dict[str, np.ndarray]) -> dict[str, float]:
+        """Apply the sample-weighted mean of the clients' updates (x_c - x), all the server learns under
+        secure aggregation; only algorithms that aggregate that way (the FedAvg family) support it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot aggregate from the mean update alone")
+
     # Attributes that make up the server's state between rounds (checkpointed after every round).
     state_attrs: tuple[str, ...] = ("global_state",)
 

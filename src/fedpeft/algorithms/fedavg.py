@@ -75,7 +75,20 @@ class FedAvgServer(ServerAlgorithm):
             return {"update_norm": 0.0}
         d = self.pseudo_gradient(updates)
         self.step(d)
-        return {"update_norm": float(np.sqrt(sum(float(np.sum(np.square(v, dtype=np.float64))) for v in d.values())))}
+        return {"update_norm": l2_norm(d)}
+
+    def aggregate_mean(self, rnd: int, mean_update: dict[str, np.ndarray]) -> dict[str, float]:
+        if self.private is not None:
+            raise UpdateRejected("differential privacy needs the clipped updates, not their mean")
+        if set(mean_update) != set(self.expected):
+            raise UpdateRejected("the securely aggregated update does not hold this model's trainable parameters")
+        for name, arr in mean_update.items():
+            if tuple(arr.shape) != self.expected[name][0] or not np.all(np.isfinite(arr)):
+                raise UpdateRejected(f"the securely aggregated update of {name} has shape {tuple(arr.shape)} "
+                                     "or non-finite values")
+        d = {k: np.asarray(v, dtype=np.float32) for k, v in mean_update.items()}
+        self.step(d)
+        return {"update_norm": l2_norm(d)}
 
 
 class FedAvgMServer(FedAvgServer):

@@ -248,6 +248,7 @@ class HeadPruneOptions(Section):
         return data
 
 
+SECURE_AGGREGATION_ALGORITHMS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox")
 AlgorithmConfig = Annotated[
     Union[FedAvgOptions, FedAvgMOptions, FedAdamOptions, FedYogiOptions, FedProxOptions, HeadPruneOptions],
     Field(discriminator="name"),
@@ -321,24 +322,63 @@ class EvalConfig(Section):
     target: float | None = Field(None, description="Value of the primary metric for rounds/time-to-target.")
 
 
+class SecureAggregationOptions(Section):
+    """Flower's SecAgg+ (Bell et al. 2020) for the FedAvg family: each client masks its quantized update
+    with pairwise and private masks, and the server learns only the sample-weighted mean of the updates
+    of the clients that completed the protocol (dropped clients' masks are recovered from secret shares).
+    Each client must be a SuperNode of its own (num_supernodes = federation.num_clients)."""
+
+    num_shares: int | float = Field(
+        1.0, gt=0, description="How many clients hold shares of each client's secrets: an integer > 2, or a "
+        "fraction of the round's clients (1.0 = all of them).",
+    )
+    reconstruction_threshold: int | float = Field(
+        0.5, gt=0, description="Shares needed to recover a secret: an integer < num_shares, or a fraction of "
+        "num_shares (at least 2). Higher protects better against colluding clients, lower tolerates more dropouts.",
+    )
+    clipping_range: float = Field(
+        8.0, gt=0, description="Update entries (client parameters minus the global ones) are quantized in "
+        "[-clipping_range, clipping_range]; a client whose update has a larger entry fails the round "
+        "instead of being clipped silently.",
+    )
+
+
 class FlowerRuntimeConfig(Section):
     """The Flower deployment runtime (``runtime.name: flower``)."""
 
     superlink: str | None = Field(
         None, description="host:port of a running SuperLink to submit the run to (with its SuperNodes "
-        "already connected). None: start a SuperLink and num_supernodes SuperNodes on this machine "
-        "(loopback, free ports) for the run and stop them afterwards.",
+        "already connected); the ServerApp runs on the SuperLink's machine and writes the run directory "
+        "there, at the path given here. None: start a SuperLink and num_supernodes SuperNodes on this "
+        "machine (loopback, free ports) for the run and stop them afterwards.",
     )
-    num_supernodes: int = Field(2, ge=1, description="SuperNodes to start when superlink is None.")
+    engine: Literal["deployment", "simulation"] = Field(
+        "deployment", description="deployment: real SuperNodes (processes here, or machines of their own "
+        "behind runtime.flower.superlink). simulation: Flower's Ray simulation engine (a SuperLink started "
+        "with --simulation; num_supernodes virtual SuperNodes whose ClientApps run in Ray actors; needs "
+        "`pip install fedpeft[simulation]`).",
+    )
+    num_supernodes: int = Field(2, ge=1, description="SuperNodes to start when superlink is None (virtual "
+                                "SuperNodes with engine: simulation).")
+    client_cpus: float = Field(1.0, gt=0, description="engine: simulation: CPU cores Ray reserves for each "
+                               "ClientApp (so cores / client_cpus ClientApps train at once).")
     warm_clients: bool = Field(
         True, description="When starting SuperNodes here: run them in process isolation, each with a "
         "long-lived fedpeft ClientApp worker (python -m fedpeft.runtime.flower.warm_worker) that keeps the "
         "model loaded, instead of Flower's fresh ClientApp process per message.",
     )
+    supernode_poll_s: float | None = Field(
+        0.05, gt=0, description="When starting SuperNodes here: run them through "
+        "fedpeft.runtime.flower.fast_supernode, whose idle poll for new messages is this many seconds instead "
+        "of Flower 1.41's fixed 3 s (and 0.5 s reply waits). None: Flower's own flower-supernode.",
+    )
     root_certificates: str | None = Field(
         None, description="CA certificate (PEM) of a TLS SuperLink; None with a remote superlink means insecure."
     )
     poll_interval_s: float = Field(0.05, gt=0, description="How often the ServerApp polls for replies.")
+    secure_aggregation: SecureAggregationOptions | None = Field(
+        None, description="Secure aggregation with Flower's SecAgg+ (FedAvg family only; off by default)."
+    )
     startup_timeout_s: float = Field(180.0, gt=0, description="How long to wait for the SuperNodes to connect.")
 
 
@@ -382,7 +422,27 @@ class RunConfig(Section):
     def _cross_checks(self) -> "RunConfig":
         if self.runtime.precision == "fp16" and self.runtime.device == "cpu":
             raise ValueError("runtime.precision fp16 needs a GPU; use bf16 or fp32 on cpu")
+        if self.runtime.flower.secure_aggregation is not None:
+            self._check_secure_aggregation()
         return self
+
+    def _check_secure_aggregation(self) -> None:
+        where = "runtime.flower.secure_aggregation"
+        if self.runtime.name != "flower":
+            raise ValueError(f"{where} needs runtime.name: flower (in the embedded runtime the server runs the clients)")
+        if self.algorithm.name not in SECURE_AGGREGATION_ALGORITHMS:
+            raise ValueError(f"{where} covers the FedAvg family ({', '.join(SECURE_AGGREGATION_ALGORITHMS)}); "
+                             f"{self.algorithm.name} needs the clients' updates in the clear (headprune weights "
+                             "heads by each client's importance scores)")
+        if getattr(self.algorithm, "dp", None) is not None:
+            raise ValueError(f"{where} and algorithm.dp together are not supported (the private mean needs each "
+                             "clipped update; SecAgg+ reveals only the weighted mean): choose one")
+        if self.federation.clients_per_round < 2:
+            raise ValueError(f"{where} needs federation.clients_per_round >= 2")
+        fl = self.runtime.flower
+        if fl.superlink is None and fl.num_supernodes != self.federation.num_clients:
+            raise ValueError(f"{where} needs one SuperNode per client: set runtime.flower.num_supernodes to "
+                             f"federation.num_clients ({self.federation.num_clients})")
 
     def primary_metric(self) -> str:
         if self.task.metric:

@@ -13,6 +13,7 @@ import logging
 import math
 import resource
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,20 @@ TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time
 TRAINER_COUNTERS = ("flops_measured", "flops_tokens", "flops_steps")
 # What one client returns for a round: (decoded update or None, bytes down, bytes up, failure reason or None)
 ClientResult = tuple[wire.Payload | None, int, int, str | None]
+
+
+@dataclass
+class RoundOutcome:
+    """What the clients' work of one round amounted to, before evaluation."""
+
+    metas: dict[int, dict[str, Any]] = field(default_factory=dict)  # accepted clients -> their update's meta
+    agg: dict[str, float] = field(default_factory=dict)  # aggregation metrics (empty if nothing was aggregated)
+    rejected: dict[int, str] = field(default_factory=dict)  # client -> why its update was not aggregated
+    bytes_down: dict[int, int] = field(default_factory=dict)
+    bytes_up: dict[int, int] = field(default_factory=dict)
+    time_client_s: float = 0.0
+    time_aggregation_s: float = 0.0
+    failed: str | None = None  # why the round aggregated nothing (too few updates), or None
 
 
 def client_seed(seed: int, rnd: int, cid: int) -> int:
@@ -166,47 +181,51 @@ class EmbeddedRuntime:
         """Every selected client's result for the round; here one after another in this process."""
         return {cid: self.run_client(rnd, cid, payload) for cid, payload in payloads.items()}
 
-    def run_round(self, rnd: int, wall_start: float) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        selected = self.server.select(rnd)
-        payloads = self.server.configure(rnd, selected)
+    def train_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:
+        """Send the payloads, collect and check the updates, aggregate the accepted ones."""
+        out = RoundOutcome()
         updates: dict[int, wire.Payload] = {}
-        rejected: dict[int, str] = {}
-        bytes_down: dict[int, int] = {}
-        bytes_up: dict[int, int] = {}
         tc = time.perf_counter()
         results = self.run_clients(rnd, payloads)
-        t_client = time.perf_counter() - tc
+        out.time_client_s = time.perf_counter() - tc
         for cid in selected:
             update, n_down, n_up, failure = results[cid]
-            bytes_down[cid] = n_down
-            bytes_up[cid] = n_up
+            out.bytes_down[cid] = n_down
+            out.bytes_up[cid] = n_up
             if failure is not None:
-                rejected[cid] = failure
+                out.rejected[cid] = failure
                 log.warning("round %d: update of client %d rejected: %s", rnd, cid, failure)
             else:
                 updates[cid] = update
         ta = time.perf_counter()
         accepted, refused = self.server.accept(rnd, updates)
-        rejected.update(refused)
-        row: dict[str, Any] = {"round": rnd, "clients": selected}
-        need = self.cfg.federation.min_replies
-        if len(accepted) >= need:
-            agg = self.server.aggregate(rnd, accepted)
+        out.rejected.update(refused)
+        out.metas = {c: p.meta for c, p in accepted.items()}
+        if len(accepted) >= self.cfg.federation.min_replies:
+            out.agg = self.server.aggregate(rnd, accepted)
         else:
-            agg = {}
-            row["round_failed"] = (f"{len(accepted)} of {len(selected)} updates accepted, federation.min_replies is "
-                                   f"{need}: the global model is unchanged")
+            out.failed = (f"{len(accepted)} of {len(selected)} updates accepted, federation.min_replies is "
+                          f"{self.cfg.federation.min_replies}")
+        out.time_aggregation_s = time.perf_counter() - ta
+        return out
+
+    def run_round(self, rnd: int, wall_start: float) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        selected = self.server.select(rnd)
+        payloads = self.server.configure(rnd, selected)
+        out = self.train_round(rnd, selected, payloads)
+        row: dict[str, Any] = {"round": rnd, "clients": selected}
+        if out.failed is not None:
+            row["round_failed"] = f"{out.failed}: the global model is unchanged"
             log.warning("round %d failed: %s", rnd, row["round_failed"])
-        t_agg = time.perf_counter() - ta
-        metas = {c: p.meta for c, p in accepted.items()}
+        metas, bytes_down, bytes_up = out.metas, out.bytes_down, out.bytes_up
         if metas:
             n = np.array([m["num_examples"] for m in metas.values()], dtype=np.float64)
             losses = np.array([m["train_loss"] for m in metas.values()])
             row["train_loss"] = float((n * losses).sum() / n.sum())
         row["client_train_loss"] = {str(c): m["train_loss"] for c, m in metas.items()}
         row["client_num_examples"] = {str(c): m["num_examples"] for c, m in metas.items()}
-        row.update({f"agg_{k}": v for k, v in agg.items()})
+        row.update({f"agg_{k}": v for k, v in out.agg.items()})
         row.update(self.server.round_info())
         self.cum_up += sum(bytes_up.values())
         self.cum_down += sum(bytes_down.values())
@@ -223,7 +242,7 @@ class EmbeddedRuntime:
             "client_flops": {str(c): wire.clock_seconds(m, "train_flops") for c, m in metas.items()},
             "client_ops_analytic": {str(c): m.get("train_ops_analytic") for c, m in metas.items()},
             "client_train_seconds": {str(c): wire.clock_seconds(m, "train_seconds") for c, m in metas.items()},
-            "rejected": {str(c): r for c, r in rejected.items()},
+            "rejected": {str(c): r for c, r in out.rejected.items()},
         })
         t_eval = 0.0
         if self._eval_due(rnd):
@@ -233,6 +252,7 @@ class EmbeddedRuntime:
             row.update(evaluation)
             t_eval = time.perf_counter() - te
         t_round = time.perf_counter() - t0
+        t_client, t_agg = out.time_client_s, out.time_aggregation_s
         row.update({
             "time_client_s": t_client,
             "time_aggregation_s": t_agg,

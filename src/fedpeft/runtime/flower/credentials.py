@@ -11,6 +11,8 @@
   the kind Flower's SuperNode authentication takes (``flwr supernode register supernode-I.pub``,
   ``flower-supernode --auth-supernode-private-key supernode-I``).
 
+The certificates carry the key identifiers and key usages that strict X.509 checking (Python 3.13's
+default ``VERIFY_X509_STRICT``) requires. Private keys are created readable by their owner only.
 These are for tests and trials. In production use certificates from your own PKI.
 Written with the ``cryptography`` package (a Flower dependency), not by shelling out to openssl.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
 from pathlib import Path
 
 from cryptography import x509
@@ -45,9 +48,12 @@ def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
-    path.write_bytes(data)
-    if private:
-        path.chmod(0o600)
+    """Write ``data``; a private key is created owner-only (0600) before any byte of it is written."""
+    mode = 0o600 if private else 0o644
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), mode)  # an existing file keeps its old mode through O_CREAT
+        f.write(data)
 
 
 def make_credentials(out_dir: str | Path, *, hosts: list[str] | None = None, supernodes: int = 2,
@@ -64,6 +70,10 @@ def make_credentials(out_dir: str | Path, *, hosts: list[str] | None = None, sup
                .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
                .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+               .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                            data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                            crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
                .sign(ca_key, hashes.SHA256()))
     _write(out / "ca.key", ca_key.private_bytes(pem, pkcs8, plain), private=True)
     _write(out / "ca.crt", ca_cert.public_bytes(pem))
@@ -74,6 +84,10 @@ def make_credentials(out_dir: str | Path, *, hosts: list[str] | None = None, sup
                    .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
                    .add_extension(_san(list(hosts or [])), critical=False)
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+                   .add_extension(x509.SubjectKeyIdentifier.from_public_key(server_key.public_key()), critical=False)
+                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                                  critical=False)
                    .sign(ca_key, hashes.SHA256()))
     _write(out / "server.key", server_key.private_bytes(pem, pkcs8, plain), private=True)
     _write(out / "server.pem", server_cert.public_bytes(pem))

@@ -5,7 +5,9 @@ fedpeft's ServerApp and ClientApp and whose run config holds the resolved fedpef
 directory), then either starts a SuperLink and ``runtime.flower.num_supernodes`` SuperNodes on
 loopback (free ports, every process stopped afterwards) or uses the running SuperLink at
 ``runtime.flower.superlink``, and submits the app with ``flwr run --stream``. The ServerApp writes
-the usual run directory; Flower's own logs go to RUN_DIR/flower/.
+the usual run directory; Flower's own logs go to RUN_DIR/flower/. With ``runtime.flower.engine:
+simulation`` the SuperLink runs Flower's Ray simulation engine instead: the same ServerApp and
+ClientApp, with ``num_supernodes`` virtual SuperNodes whose ClientApps live in Ray actors.
 
 Every Flower process gets FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 (and the SuperLink
 ``--disable-runtime-dependency-installation``), so nothing is installed from the network: fedpeft
@@ -31,6 +33,7 @@ import tomli_w
 from fedpeft import checkpoint
 from fedpeft.config import RunConfig, dump_config
 from fedpeft.rundir import new_run_dir, read_summary
+from fedpeft.runtime.flower.fast_supernode import DEFAULT_POLL_S
 from fedpeft.runtime.flower.records import CONFIG_KEY
 
 SERVER_APP = "fedpeft.runtime.flower.server_app:app"
@@ -90,8 +93,13 @@ class LocalDeployment:
     """
 
     def __init__(self, num_supernodes: int, log_dir: str | Path, *, env: dict[str, str] | None = None,
-                 credentials: str | Path | None = None, warm: bool = True):
+                 credentials: str | Path | None = None, warm: bool = True, simulation: bool = False,
+                 supernode_poll_s: float | None = DEFAULT_POLL_S):
         self.num_supernodes = num_supernodes
+        # SuperNodes through fedpeft.runtime.flower.fast_supernode (this idle poll) or, with None, Flower's own
+        self.supernode_poll_s = supernode_poll_s
+        # simulation: a SuperLink with Flower's Ray simulation engine; its SuperNodes are virtual, none started
+        self.simulation = simulation
         self.log_dir = Path(log_dir)
         self.credentials = Path(credentials).resolve() if credentials else None
         self.cwd = os.getcwd()
@@ -136,10 +144,13 @@ class LocalDeployment:
 
     def _start(self, timeout: float) -> "LocalDeployment":
         self.port = free_port()
-        self.superlink = self._spawn([flower_executable("flower-superlink"), *self._security(), "--host", "127.0.0.1",
-                                      "--port", str(self.port), "--disable-runtime-dependency-installation"],
+        mode = ["--simulation"] if self.simulation else []
+        self.superlink = self._spawn([flower_executable("flower-superlink"), *self._security(), *mode, "--host",
+                                      "127.0.0.1", "--port", str(self.port), "--disable-runtime-dependency-installation"],
                                      "superlink.log")
         wait_for_port(self.port, timeout, self.superlink)
+        if self.simulation:
+            return self
         if self.credentials is not None:
             self._register_supernodes()
         self.supernodes, self.workers = [], []
@@ -165,7 +176,12 @@ class LocalDeployment:
                         "--auth-supernode-private-key", str(self.credentials / f"supernode-{i}")]
         api_port = free_port()
         isolation = ["--isolation", "process"] if self.warm else []
-        proc = self._spawn([flower_executable("flower-supernode"), *security, *isolation, "--superlink",
+        if self.supernode_poll_s is None:
+            supernode = [flower_executable("flower-supernode")]
+        else:
+            supernode = [sys.executable, "-m", "fedpeft.runtime.flower.fast_supernode", "--poll-interval",
+                         str(self.supernode_poll_s)]
+        proc = self._spawn([*supernode, *security, *isolation, "--superlink",
                             self.address, "--host", "127.0.0.1", "--port", str(api_port),
                             "--node-config", f"partition-id={i} num-partitions={self.num_supernodes}"],
                            f"supernode-{i}.log", self.thread_env())
@@ -190,22 +206,25 @@ class LocalDeployment:
         if proc is None or proc.poll() is not None:
             return
         try:
-            family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+            parent = psutil.Process(proc.pid)
+            family = [parent, *parent.children(recursive=True)]
         except psutil.NoSuchProcess:
-            family = [proc.pid]
-        for pid in family:
+            family = []
+        # psutil.Process checks a process's identity (pid and start time) before signalling it, so a pid
+        # reused by an unrelated process after one of these exited is never signalled
+        for p in family:
             try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
                 pass
         try:
             proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             pass
-        for pid in family:
+        for p in family:
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+                p.kill()
+            except psutil.NoSuchProcess:
                 pass
         proc.wait()
 
@@ -267,6 +286,18 @@ def write_connection(home: Path, address: str, root_certificates: str | None) ->
     (home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: conn}}))
 
 
+def simulation_options(cfg: RunConfig) -> list[str]:
+    """``flwr run`` options for Flower's simulation engine: virtual SuperNodes and Ray resources per ClientApp."""
+    fl = cfg.runtime.flower
+    if fl.engine != "simulation":
+        return []
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise RuntimeError("runtime.flower.engine: simulation needs Ray: pip install 'fedpeft[simulation]'") from None
+    return ["--federation-config", f"num-supernodes={fl.num_supernodes} client-resources-num-cpus={fl.client_cpus:g}"]
+
+
 def run_flower(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                deployment: LocalDeployment | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run (or resume) ``cfg`` on Flower; returns the run's summary.json."""
@@ -287,18 +318,24 @@ def run_flower(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: boo
         if deployment is not None:
             address, certs = deployment.address, deployment.root_certificates
         elif fl.superlink is None:
-            own = LocalDeployment(fl.num_supernodes, flower_dir, env=env, warm=fl.warm_clients).start()
+            simulation = fl.engine == "simulation"
+            own = LocalDeployment(fl.num_supernodes, flower_dir, env=env, warm=fl.warm_clients,
+                                  simulation=simulation, supernode_poll_s=fl.supernode_poll_s).start()
             address, certs = own.address, None
-            log(f"started a SuperLink on {address} and {fl.num_supernodes} SuperNodes (logs: {flower_dir})")
+            what = "simulation engine (Ray)" if simulation else f"{fl.num_supernodes} SuperNodes"
+            log(f"started a SuperLink on {address} with the {what} (logs: {flower_dir})")
         else:
             address, certs = fl.superlink, fl.root_certificates
+            if certs is None and not address.startswith(("127.", "localhost", "[::1]")):
+                log(f"warning: no runtime.flower.root_certificates: talking to the SuperLink at {address} without "
+                    "TLS, so configs and payloads cross the network unencrypted")
         write_connection(work / "home", address, certs)
         app_dir = write_app(work / "app", cfg, run_dir, resume=resume)
         flower_dir.mkdir(parents=True, exist_ok=True)
         log(f"run directory: {run_dir}")
         with open(flower_dir / "flwr-run.log", "ab") as out:
-            proc = subprocess.run([flower_executable("flwr"), "run", str(app_dir), CONNECTION, "--stream"],
-                                  stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work)
+            proc = subprocess.run([flower_executable("flwr"), "run", str(app_dir), CONNECTION, "--stream",
+                                   *simulation_options(cfg)], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work)
     finally:
         if own is not None:
             own.close()

@@ -19,6 +19,10 @@ WIRE_STYPE = "fedpeft.wire"
 PAYLOAD_KEY = "payload"
 INFO_KEY = "fedpeft"
 CONFIG_KEY = "fedpeft-config"  # run config entry holding the resolved fedpeft config (YAML text)
+# secure aggregation rounds travel as Flower's legacy FitIns / FitRes (what the SecAgg+ workflow and mod use)
+SECURE_FIT_KEY = "fitins.parameters"  # FitIns array record: the fedpeft payload bytes as one uint8 array
+ARRAY_NAMES_KEY = "fedpeft-arrays"  # FitIns config entry: names of the update's arrays, in the order sent
+META_KEY = "fedpeft-meta"  # FitRes metrics entry: the update's fedpeft metadata (JSON)
 
 
 def pack(data: bytes, **info: int | float | str | bool) -> RecordDict:

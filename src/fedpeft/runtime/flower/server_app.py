@@ -24,7 +24,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from fedpeft import wire
-from fedpeft.runtime.embedded import ClientResult, EmbeddedRuntime
+from fedpeft.runtime.embedded import ClientResult, EmbeddedRuntime, RoundOutcome
 from fedpeft.runtime.flower.records import config_from_run_config, pack, unpack
 
 log = logging.getLogger("fedpeft")
@@ -167,6 +167,55 @@ class FlowerServerRuntime(EmbeddedRuntime):
                     self.client_times["start_delay"][str(cid)] = info["started_at"] - pushed_at
                     self.client_times["return_delay"][str(cid)] = self.pulled_at.get(mid, 0.0) - info["replied_at"]
         return results
+
+    def train_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:
+        if self.cfg.runtime.flower.secure_aggregation is None:
+            return super().train_round(rnd, selected, payloads)
+        return self.secure_round(rnd, selected, payloads)
+
+    def secure_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:
+        """A round whose updates are summed with SecAgg+: the server sees only their weighted mean."""
+        from fedpeft.algorithms.base import UpdateRejected
+        from fedpeft.runtime.flower.secure import secure_mean
+
+        self.refresh_nodes(timeout=30.0)
+        if self.num_partitions != self.cfg.federation.num_clients:
+            raise RuntimeError(f"secure aggregation needs one SuperNode per client: {self.num_partitions} partitions "
+                               f"for {self.cfg.federation.num_clients} clients")
+        self.client_times = {}
+        out = RoundOutcome()
+        reachable: dict[int, bytes] = {}
+        for cid, payload in payloads.items():
+            if cid % self.num_partitions in self.node_of_partition:
+                reachable[cid] = wire.encode(payload)
+            else:
+                out.rejected[cid] = f"no SuperNode online serves partition {cid}"
+        tc = time.perf_counter()
+        mean, replies = None, {}
+        if len(reachable) >= 2:
+            mean, replies, dropped, out.bytes_down, out.bytes_up = secure_mean(self, rnd, reachable,
+                                                                               sorted(self.server.expected))
+            out.rejected.update(dropped)
+        else:
+            out.rejected.update({c: "fewer than 2 clients reachable: SecAgg+ needs at least 2" for c in reachable})
+        out.time_client_s = time.perf_counter() - tc
+        for cid in selected:
+            out.bytes_down.setdefault(cid, 0)
+            out.bytes_up.setdefault(cid, 0)
+            if cid in out.rejected:
+                log.warning("round %d: update of client %d rejected: %s", rnd, cid, out.rejected[cid])
+        ta = time.perf_counter()
+        out.metas = {cid: {**meta, "num_examples": n} for cid, (n, meta) in replies.items()}
+        if mean is not None and len(replies) >= self.cfg.federation.min_replies:
+            try:
+                out.agg = self.server.aggregate_mean(rnd, mean)
+            except UpdateRejected as exc:
+                out.failed = f"the secure aggregate was refused: {exc}"
+        else:
+            out.failed = (f"{len(replies)} of {len(selected)} updates securely aggregated, federation.min_replies "
+                          f"is {self.cfg.federation.min_replies}")
+        out.time_aggregation_s = time.perf_counter() - ta
+        return out
 
     def _decode_reply(self, rep: Message, n_down: int) -> ClientResult:
         try:

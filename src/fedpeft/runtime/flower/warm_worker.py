@@ -28,6 +28,7 @@ from flwr.app import Message
 from flwr.app.error import Error
 from flwr.cli.install import install_from_fab
 from flwr.clientapp.utils import get_load_client_app_fn
+from flwr.common.config import get_fab_config
 from flwr.common.constant import ErrorCode, SubStatus
 from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=no-name-in-module
 from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
@@ -57,6 +58,10 @@ def serve_one(address: str, token: str, load_app, installed: set[str]) -> None:
     status, details = SubStatus.FAILED, "the task failed before the ClientApp ran"
     try:
         message, context, run, fab = pull_task_input(client)
+        component = get_fab_config(fab.content).get("tool", {}).get("flwr", {}).get("app", {}).get(
+            "components", {}).get("clientapp")
+        if component != f"{ACCEPTED_APP}:app":  # checked before any of the app's code is installed or imported
+            raise RuntimeError(f"this worker runs only {ACCEPTED_APP}:app, not {component!r}")
         if fab.hash_str not in installed:
             install_from_fab(fab.content, skip_prompt=True)
             installed.add(fab.hash_str)
