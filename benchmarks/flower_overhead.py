@@ -7,8 +7,9 @@ after the last round) runs on the embedded runtime and on a local Flower deploym
 2 SuperNodes on loopback, each serving 50 clients, fedpeft's ServerApp and ClientApp) three times:
 stock Flower (a fresh ClientApp process per message, the SuperNode's fixed 3 s idle poll), with
 fedpeft's long-lived ClientApp workers (``runtime.flower.warm_clients``), and with those workers and
-SuperNodes started through ``fedpeft.runtime.flower.fast_supernode`` (0.05 s poll; both are the
-defaults). All runs must reach the same accuracy to
+SuperNodes started through ``fedpeft.runtime.flower.fast_supernode`` (0.1 s poll; both are the
+defaults). Last, the CPU an idle deployment burns on polling, with Flower's 3 s SuperNode poll and
+with 0.1 s. All runs must reach the same accuracy to
 within one evaluation example (checked; ClientApps train with one math thread each here). Per round (round 1 is left out as warm-up) we report:
 
 * round time: the server's wall time from sending the payloads to having every update back,
@@ -81,6 +82,21 @@ class PeakRSS:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def idle_cpu(supernode_poll_s: float | None, log_dir: Path, seconds: float = 20.0) -> float:
+    """CPU time that an idle local deployment (SuperLink, 2 SuperNodes with warm workers, and everything
+    they started) uses per second of wall time, in percent of one core, after 8 s to settle."""
+    with LocalDeployment(2, log_dir, supernode_poll_s=supernode_poll_s) as dep:
+        time.sleep(8)
+        family = []
+        for proc in [dep.superlink, *dep.supernodes, *dep.workers]:
+            parent = psutil.Process(proc.pid)
+            family += [parent, *parent.children(recursive=True)]
+        start = {p.pid: sum(p.cpu_times()[:2]) for p in family}
+        time.sleep(seconds)
+        used = sum(sum(p.cpu_times()[:2]) - start[p.pid] for p in family if p.is_running())
+    return 100.0 * used / seconds
 
 
 def per_round(rows: list[dict], concurrent: bool) -> dict:
@@ -159,8 +175,8 @@ def main() -> None:
            warm=False, supernode_poll_s=None)
     flower("flower, warm fedpeft ClientApp workers, 3 s SuperNode poll", "flower-warm", cfg, "embedded", warm=True,
            supernode_poll_s=None)
-    flower("flower, warm workers + 0.05 s SuperNode poll (fedpeft default)", "flower-warm-fast", cfg, "embedded",
-           warm=True, supernode_poll_s=0.05)
+    flower("flower, warm workers + 0.1 s SuperNode poll (fedpeft default)", "flower-warm-fast", cfg, "embedded",
+           warm=True, supernode_poll_s=0.1)
     simulation = load_config(None, [*BASE, f"federation.rounds={args.rounds}", "runtime.name=flower",
                                     "runtime.flower.engine=simulation", "runtime.flower.client_cpus=1"])
     flower("flower simulation engine (Ray, 2 virtual SuperNodes)", "flower-simulation", simulation, "embedded")
@@ -184,7 +200,11 @@ def main() -> None:
               f"{r['overhead_s_median']:.2f} | {r.get('start_delay_s_median', nan):.2f} | "
               f"{r.get('return_delay_s_median', nan):.2f} | {r['bytes_up_per_round_median'] / 2**20:.2f} / "
               f"{r['bytes_down_per_round_median'] / 2**20:.2f} | {r['peak_rss_mib']:.0f} | {r['wall_s']:.0f} |")
-    save(args.out, {"command": f"python benchmarks/flower_overhead.py --rounds {args.rounds}", "config": BASE,
+    idle = {("flower's 3 s" if poll is None else f"{poll:g} s"): idle_cpu(poll, runs / f"idle-{stamp}")
+            for poll in (None, 0.1)}
+    for poll, share in idle.items():
+        print(f"idle deployment (SuperLink + 2 warm SuperNodes), SuperNode poll {poll}: {share:.0f}% of one core")
+    save(args.out, {"idle_cpu_percent_of_one_core": idle, "command": f"python benchmarks/flower_overhead.py --rounds {args.rounds}", "config": BASE,
                     "rounds": args.rounds, "results": results})
 
 

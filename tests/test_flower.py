@@ -189,10 +189,10 @@ def test_secure_aggregation_survives_a_client_dropping_out(tmp_path):
     dropout is logged, and the run goes on with a new SuperNode. Losses at every stage are covered in
     test_secure_aggregation_protocol.py."""
     cfg = tiny_config("federation.num_clients=3", "federation.clients_per_round=3", "federation.rounds=3",
-                      "federation.round_timeout_s=15", "federation.min_replies=2", "train.local_steps=2",
+                      "federation.round_timeout_s=30", "federation.min_replies=2", "train.local_steps=2",
                       "runtime.name=flower", "runtime.flower.num_supernodes=3",
                       "runtime.flower.secure_aggregation.clipping_range=1.0")
-    # restarted 10 s later, well inside round 2 (a SecAgg+ stage waits up to 15 s for the dead node)
+    # restarted 10 s later, well inside round 2 (a SecAgg+ stage waits up to 30 s for the dead node)
     summary = run_killing_a_supernode(cfg, tmp_path, supernodes=3, victim=2, restart_after_s=10)
     assert summary["rounds"] == 3
     rows = read_metrics(tmp_path / "run")

@@ -368,7 +368,7 @@ class FlowerRuntimeConfig(Section):
         "model loaded, instead of Flower's fresh ClientApp process per message.",
     )
     supernode_poll_s: float | None = Field(
-        0.05, gt=0, description="When starting SuperNodes here: run them through "
+        0.1, gt=0, description="When starting SuperNodes here: run them through "
         "fedpeft.runtime.flower.fast_supernode, whose idle poll for new messages is this many seconds instead "
         "of Flower 1.41's fixed 3 s (and 0.5 s reply waits). None: Flower's own flower-supernode.",
     )

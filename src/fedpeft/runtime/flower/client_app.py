@@ -77,7 +77,10 @@ app = ClientApp(mods=[secure_aggregation_mod])
 
 @app.query("describe")
 def describe(msg: Message, context: Context) -> Message:
+    """Which clients this SuperNode serves. Also builds the model and data, so a long-lived ClientApp (warm
+    worker, simulation actor) is ready before round 1 rather than loading inside it."""
     pid, n = node_partition(context)
+    _experiment(context)
     return Message(RecordDict({"fedpeft": ConfigRecord({"partition-id": pid, "num-partitions": n})}), reply_to=msg)
 
 

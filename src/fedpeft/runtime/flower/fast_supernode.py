@@ -4,9 +4,9 @@ Flower 1.41's SuperNode loop (``flwr.supernode.start_client_internal``) sleeps a
 the SuperLink has no message for it, and 0.5 s at a time while it waits for the ClientApp's reply;
 neither is configurable. On loopback that fixed poll is most of what a round costs beyond training
 (BENCHMARKS.md). This launcher runs Flower's own SuperNode entry point unchanged, except that the
-``time`` module that loop sees sleeps at most ``--poll-interval`` seconds (default 0.05):
+``time`` module that loop sees sleeps at most ``--poll-interval`` seconds (default 0.1):
 
-    python -m fedpeft.runtime.flower.fast_supernode --poll-interval 0.05 <flower-supernode arguments>
+    python -m fedpeft.runtime.flower.fast_supernode --poll-interval 0.1 <flower-supernode arguments>
 
 The cost is more requests: an idle SuperNode asks the SuperLink for work 1 / poll-interval times a
 second instead of once every 3 s, so on a real network a larger interval (0.2-0.5 s) is kinder. It
@@ -24,7 +24,7 @@ from typing import Any
 
 from flwr.supernode import start_client_internal
 
-DEFAULT_POLL_S = 0.05
+DEFAULT_POLL_S = 0.1
 
 
 class ShortSleepClock:

@@ -43,7 +43,8 @@ FLOWER_ENV = {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05",  # SuperExec polls for new ServerApp/ClientApp tasks (default 1 s)
+    # SuperExec polls for new ServerApp/ClientApp tasks (default 1 s); every poll costs the SuperLink CPU
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
     "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
 }
 

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
                                              "(started with --isolation process).")
     ap.add_argument("--runtime-api-address", default="127.0.0.1:9094",
                     help="the SuperNode's local Runtime API (its --host:--port)")
-    ap.add_argument("--poll", type=float, default=0.02, help="seconds between task polls")
+    ap.add_argument("--poll", type=float, default=0.05, help="seconds between task polls")
     ap.add_argument("--supernode-pid", type=int, help="exit when this process (the SuperNode) is gone")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
