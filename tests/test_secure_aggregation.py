@@ -66,3 +66,11 @@ def test_a_reply_with_the_update_in_the_clear_is_refused_and_counted():
     assert 4 not in grid.dropped
     assert set(grid.bytes_down) == {1, 2, 3, 4} and all(b > 0 for b in grid.bytes_down.values())
     assert grid.bytes_up[1] > grid.bytes_up[4] > 0 and 2 not in grid.bytes_up and 3 not in grid.bytes_up
+
+
+def test_unreadable_clear_text_metrics_are_dropped_not_fatal():
+    from fedpeft.runtime.flower.secure import readable_meta
+
+    assert readable_meta('{"train_loss": 0.5, "round": 2, "x": [1]}') == {"train_loss": 0.5, "round": 2}
+    for bad in (None, "not json", "[1, 2]", '{"round": 2}', '{"train_loss": NaN}', '{"train_loss": "0.5"}'):
+        assert readable_meta(bad) == {}, bad

@@ -65,6 +65,19 @@ def message_bytes(msg: Message) -> int:
     return recorddict_to_proto(msg.content).ByteSize()
 
 
+def readable_meta(text: Any) -> dict[str, Any]:
+    """A client's clear-text training metadata, or {} when it is not a JSON object with a finite train_loss
+    (its masked update is in the sum regardless: SecAgg+ cannot leave one out)."""
+    try:
+        meta = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        meta = None
+    loss = meta.get("train_loss") if isinstance(meta, dict) else None
+    if not isinstance(loss, (int, float)) or isinstance(loss, bool) or not math.isfinite(loss):
+        return {}
+    return {k: v for k, v in meta.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)}
+
+
 class CountingGrid:
     """``send_and_receive`` for the SecAgg+ workflow over a FlowerServerRuntime's push/poll loop."""
 
@@ -153,7 +166,7 @@ class OneRoundStrategy(Strategy):
         if results:
             self.mean = parameters_to_ndarrays(results[0][1].parameters)  # the same unmasked mean in every result
         for proxy, res in results:
-            self.replies[proxy.node_id] = (int(res.num_examples), json.loads(str(res.metrics[META_KEY])))
+            self.replies[proxy.node_id] = (int(res.num_examples), readable_meta(res.metrics.get(META_KEY)))
         return None, {}
 
     # the workflow uses only the two methods above

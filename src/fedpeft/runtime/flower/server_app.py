@@ -205,7 +205,10 @@ class FlowerServerRuntime(EmbeddedRuntime):
             if cid in out.rejected:
                 log.warning("round %d: update of client %d rejected: %s", rnd, cid, out.rejected[cid])
         ta = time.perf_counter()
-        out.metas = {cid: {**meta, "num_examples": n} for cid, (n, meta) in replies.items()}
+        out.metas = {cid: {**meta, "num_examples": n} for cid, (n, meta) in replies.items() if meta}
+        for cid in sorted(set(replies) - set(out.metas)):
+            log.warning("round %d: client %d's training metrics were unreadable (its masked update is in the sum)",
+                        rnd, cid)
         if mean is not None and len(replies) >= self.cfg.federation.min_replies:
             try:
                 out.agg = self.server.aggregate_mean(rnd, mean)
