@@ -43,14 +43,20 @@ def check_update(
     n = meta.get("num_examples")
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
         raise UpdateRejected(f"num_examples must be a positive integer, got {n!r}")
-    unknown = sorted(set(payload.arrays) - set(expected))
+    check_arrays(payload.arrays, expected, partial=partial)
+
+
+def check_arrays(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[tuple[int, ...], str]], *,
+                 partial: bool = False) -> None:
+    """Raise UpdateRejected unless ``arrays`` have the expected names, shapes and dtypes and finite values."""
+    unknown = sorted(set(arrays) - set(expected))
     if unknown:
         raise UpdateRejected(f"unknown parameter {unknown[0]!r} ({len(unknown)} unknown)")
     if not partial:
-        missing = sorted(set(expected) - set(payload.arrays))
+        missing = sorted(set(expected) - set(arrays))
         if missing:
             raise UpdateRejected(f"missing parameter {missing[0]!r} ({len(missing)} missing)")
-    for name, arr in payload.arrays.items():
+    for name, arr in arrays.items():
         shape, dtype = expected[name]
         if tuple(arr.shape) != tuple(shape):
             raise UpdateRejected(f"{name}: shape {tuple(arr.shape)} != expected {tuple(shape)}")

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from fedpeft.algorithms import aggregate as A
-from fedpeft.algorithms.base import ClientAlgorithm, ClientContext, ServerAlgorithm, UpdateRejected
+from fedpeft.algorithms.base import ClientAlgorithm, ClientContext, ServerAlgorithm, UpdateRejected, check_arrays
 from fedpeft.algorithms.privacy import PrivateMean, clip, l2_norm
 from fedpeft.wire import Payload
 
@@ -80,15 +80,9 @@ class FedAvgServer(ServerAlgorithm):
     def aggregate_mean(self, rnd: int, mean_update: dict[str, np.ndarray]) -> dict[str, float]:
         if self.private is not None:
             raise UpdateRejected("differential privacy needs the clipped updates, not their mean")
-        if set(mean_update) != set(self.expected):
-            raise UpdateRejected("the securely aggregated update does not hold this model's trainable parameters")
-        for name, arr in mean_update.items():
-            if tuple(arr.shape) != self.expected[name][0] or not np.all(np.isfinite(arr)):
-                raise UpdateRejected(f"the securely aggregated update of {name} has shape {tuple(arr.shape)} "
-                                     "or non-finite values")
-        d = {k: np.asarray(v, dtype=np.float32) for k, v in mean_update.items()}
-        self.step(d)
-        return {"update_norm": l2_norm(d)}
+        check_arrays(mean_update, self.expected)
+        self.step(mean_update)
+        return {"update_norm": l2_norm(mean_update)}
 
 
 class FedAvgMServer(FedAvgServer):

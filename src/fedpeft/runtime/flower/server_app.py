@@ -24,6 +24,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from fedpeft import wire
+from fedpeft.algorithms.base import UpdateRejected
 from fedpeft.runtime.embedded import ClientResult, EmbeddedRuntime, RoundOutcome
 from fedpeft.runtime.flower.records import config_from_run_config, pack, unpack
 
@@ -175,8 +176,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
 
     def secure_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:
         """A round whose updates are summed with SecAgg+: the server sees only their weighted mean."""
-        from fedpeft.algorithms.base import UpdateRejected
-        from fedpeft.runtime.flower.secure import secure_mean
+        from fedpeft.runtime.flower.secure import secure_mean  # Flower's legacy server stack, only when used
 
         self.refresh_nodes(timeout=30.0)
         if self.num_partitions != self.cfg.federation.num_clients:
