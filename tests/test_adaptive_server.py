@@ -36,3 +36,14 @@ def test_the_first_round_is_fedavg_with_control_variates():
 def test_server_learning_rate_decays_to_a_floor():
     assert server_lr(1, 0.05, 0.99, 1e-4) == pytest.approx(0.0495)
     assert server_lr(1000, 0.05, 0.99, 1e-4) == 1e-4
+
+
+def test_without_control_variates_the_momentum_sees_only_the_update_difference():
+    w, m, cg, c, delta = adaptive_step(a(1.0), [a(0.2), a(-0.4)], num_examples=[1, 3], local_steps=[2, 4],
+                                       client_lr=0.1, c_clients=[None, None], c_global=None, momentum=a(1.0),
+                                       prev_update=a(0.1), beta=0.9, eta=0.5, sampled_fraction=0.5,
+                                       control_variates=False)
+    # m = 0.9 * 1 + 0.1 * (-0.25 - 0.1) = 0.865 for both clients; w = 0.75 - 0.5 * 0.865
+    assert m["p"][0] == pytest.approx(0.865)
+    assert w["p"][0] == pytest.approx(0.75 - 0.5 * 0.865)
+    assert cg["p"][0] == 0.0 and all(ci["p"][0] == 0.0 for ci in c)

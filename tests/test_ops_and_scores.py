@@ -55,6 +55,15 @@ def test_classification_scores_by_hand():
     assert scores.mcc([1, 1, 1, 0, 0], [1, 1, 0, 0, 0]) == pytest.approx(4 / np.sqrt(36))
 
 
+def test_binary_f1_and_glue_acc_and_f1_by_hand():
+    # pred [1,1,1,0,0] vs gold [1,1,0,0,0]: tp 2, fp 1, fn 0 -> F1 = 4/5; accuracy 4/5
+    out = scores.classification_scores([1, 1, 1, 0, 0], [1, 1, 0, 0, 0], num_labels=2)
+    assert out["f1"] == pytest.approx(0.8) and out["acc_and_f1"] == pytest.approx(0.8)
+    out = scores.classification_scores([1, 0, 0, 0, 0], [1, 1, 0, 0, 0], num_labels=2)  # F1 = 2/3, acc 4/5
+    assert out["acc_and_f1"] == pytest.approx((2 / 3 + 0.8) / 2)
+    assert "f1" not in scores.classification_scores([2, 0], [2, 1], num_labels=3)
+
+
 def test_rouge_identical_and_disjoint():
     r = scores.rouge(["the cat sat", "a b c"], [["the cat sat"], ["x y z", "a b c"]])
     assert r["rouge1"] == pytest.approx(1.0) and r["rougeL"] == pytest.approx(1.0)

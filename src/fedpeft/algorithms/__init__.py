@@ -13,6 +13,7 @@ from fedpeft.algorithms.base import (
     random_selection,
 )
 from fedpeft.algorithms.fedavg import FedAdamServer, FedAvgClient, FedAvgMServer, FedAvgServer, FedYogiServer
+from fedpeft.algorithms.fedpeptao import FedPepTAOClient, FedPepTAOServer
 from fedpeft.algorithms.fedprox import FedProxClient, FedProxServer
 from fedpeft.algorithms.headprune import HeadPruneClient, HeadPruneServer
 
@@ -24,6 +25,7 @@ REGISTRY: dict[str, tuple[type[ServerAlgorithm], Callable[[Any], ClientAlgorithm
     "fedyogi": (FedYogiServer, lambda o: FedAvgClient(o.dp)),
     "fedprox": (FedProxServer, lambda o: FedProxClient(o.mu, o.dp)),
     "headprune": (HeadPruneServer, HeadPruneClient),
+    "fedpeptao": (FedPepTAOServer, FedPepTAOClient),
 }
 
 
@@ -38,11 +40,15 @@ def needs_head_layout(options: Any) -> bool:
     return REGISTRY[options.name][0].needs_head_layout
 
 
+def needs_prefix_layout(options: Any) -> bool:
+    return REGISTRY[options.name][0].needs_prefix_layout
+
+
 def make_client(options: Any) -> ClientAlgorithm:
     return REGISTRY[options.name][1](options)
 
 
 __all__ = [
     "REGISTRY", "ClientAlgorithm", "ClientContext", "ServerAlgorithm", "UpdateRejected", "check_update",
-    "make_client", "make_server", "needs_head_layout", "random_selection",
+    "make_client", "make_server", "needs_head_layout", "needs_prefix_layout", "random_selection",
 ]

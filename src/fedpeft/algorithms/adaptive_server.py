@@ -48,29 +48,36 @@ def zeros_like(x: Mapping[str, np.ndarray]) -> Arrays:
 
 def adaptive_step(
     w: Mapping[str, np.ndarray], updates: Sequence[Mapping[str, np.ndarray]], num_examples: Sequence[int],
-    local_steps: Sequence[int], client_lr: float, c_clients: Sequence[Mapping[str, np.ndarray] | None],
+    local_steps: Sequence[int], client_lr: float | Sequence[float],
+    c_clients: Sequence[Mapping[str, np.ndarray] | None],
     c_global: Mapping[str, np.ndarray] | None, momentum: Mapping[str, np.ndarray] | None,
     prev_update: Mapping[str, np.ndarray] | None, *, beta: float, eta: float, sampled_fraction: float,
+    control_variates: bool = True,
 ) -> tuple[Arrays, Arrays | None, Arrays, list[Arrays], Arrays]:
     """One round of Algorithm 2 on the server.
 
-    ``c_clients[i]`` is client i's control variate (None: never seen, i.e. 0); ``sampled_fraction`` is
+    ``client_lr`` is alpha, one for all clients or one per client; ``c_clients[i]`` is client i's control
+    variate (None: never seen, i.e. 0); ``sampled_fraction`` is
     |S| / |M|. Returns (new w, new m or None in a round without a previous update, new c_g, the sampled
-    clients' new c_i, Delta^r)."""
+    clients' new c_i, Delta^r). With ``control_variates=False`` (the MomS baselines) the c terms are
+    left out of line 21 and the control variates are returned as zeros."""
     if not updates:
         raise ValueError("a round needs at least one update")
     n = np.asarray(num_examples, dtype=np.float64)
     p = n / n.sum()
     delta = weighted(updates, p)
     cg = dict(c_global) if c_global is not None else zeros_like(w)
+    lrs = np.broadcast_to(np.asarray(client_lr, dtype=np.float64), (len(updates),))
     c_new: list[Arrays] = []
-    for u, k_steps, c_old in zip(updates, local_steps, c_clients):
+    for u, k_steps, lr, c_old in zip(updates, local_steps, lrs, c_clients):
         if k_steps <= 0:
             raise ValueError("local_steps must be positive")
         c0 = c_old if c_old is not None else zeros_like(w)
-        c_new.append({k: (c0[k] - cg[k] - u[k] / (k_steps * client_lr)).astype(np.float32) for k in w})
+        c_new.append({k: (c0[k] - cg[k] - u[k] / (k_steps * lr)).astype(np.float32) for k in w})
     dc = weighted([{k: c1[k] - (c0[k] if c0 is not None else 0.0) for k in w} for c1, c0 in zip(c_new, c_clients)], p)
     cg_new = {k: (cg[k] + sampled_fraction * dc[k]).astype(np.float32) for k in w}
+    if not control_variates:
+        cg_new, c_new = zeros_like(w), [zeros_like(w) for _ in c_new]
     fedavg = {k: (w[k] + delta[k]).astype(np.float32) for k in w}
     if prev_update is None:  # first round: FedAvg, nothing to take a momentum step on yet
         return fedavg, None, cg_new, c_new, delta

@@ -84,6 +84,7 @@ class ServerAlgorithm(ABC):
     """Holds the global trainable state; subclasses define how updates are combined."""
 
     needs_head_layout = False  # True: the runtime builds a fedpeft.heads.HeadLayout and passes it as ``layout``
+    needs_prefix_layout = False  # True: ... a fedpeft.tuners.prefix_layers.PrefixLayout, as ``layout``
 
     def __init__(self, options: Any, initial_state: Arrays, *, num_clients: int, clients_per_round: int, seed: int,
                  layout: Any = None):

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 
-def hessian_vector_product(loss: torch.Tensor, params: Sequence[torch.Tensor],
+def hessian_vector_product(grads: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
                            vector: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    grads = torch.autograd.grad(loss, params, create_graph=True)
+    """H v from the gradients of the loss taken once with ``create_graph=True`` (one backward per product)."""
     dot = sum((g * v).sum() for g, v in zip(grads, vector))
     return [h.detach() for h in torch.autograd.grad(dot, params, retain_graph=True)]
 
@@ -47,7 +47,7 @@ def lanczos_spectrum(loss_fn: Callable[[], torch.Tensor], params: Sequence[torch
     params = list(params)
     dim = sum(p.numel() for p in params)
     gen = torch.Generator().manual_seed(seed)
-    loss = loss_fn()
+    grads = torch.autograd.grad(loss_fn(), params, create_graph=True)
     nodes, weights = [], []
     for _ in range(probes):
         v = [torch.randint(0, 2, p.shape, generator=gen).to(p) * 2 - 1 for p in params]
@@ -57,7 +57,7 @@ def lanczos_spectrum(loss_fn: Callable[[], torch.Tensor], params: Sequence[torch
         v = [x / norm for x in v]
         for i in range(min(steps, dim)):
             basis.append(v)
-            w = hessian_vector_product(loss, params, v)
+            w = hessian_vector_product(grads, params, v)
             alpha = sum(float((a * b).sum()) for a, b in zip(w, v))
             alphas.append(alpha)
             for q in basis:  # full re-orthogonalisation against every earlier Lanczos vector

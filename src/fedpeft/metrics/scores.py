@@ -26,8 +26,21 @@ def mcc(pred: Sequence[int], gold: Sequence[int]) -> float:
     return float(matthews_corrcoef(gold, pred))
 
 
-def classification_scores(pred: Sequence[int], gold: Sequence[int]) -> dict[str, float]:
-    return {"accuracy": accuracy(pred, gold), "macro_f1": macro_f1(pred, gold), "mcc": mcc(pred, gold)}
+def binary_f1(pred: Sequence[int], gold: Sequence[int]) -> float:
+    """F1 of class 1 (GLUE's F1 for MRPC and QQP, where 1 = paraphrase / duplicate)."""
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(gold, pred, average="binary", pos_label=1, zero_division=0))
+
+
+def classification_scores(pred: Sequence[int], gold: Sequence[int], num_labels: int | None = None) -> dict[str, float]:
+    """accuracy, macro_f1, mcc; for two-class tasks also f1 (of class 1) and acc_and_f1, their mean (the
+    number GLUE reports for MRPC)."""
+    out = {"accuracy": accuracy(pred, gold), "macro_f1": macro_f1(pred, gold), "mcc": mcc(pred, gold)}
+    if num_labels == 2:
+        out["f1"] = binary_f1(pred, gold)
+        out["acc_and_f1"] = (out["accuracy"] + out["f1"]) / 2
+    return out
 
 
 def rouge(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpeft.algorithms import needs_head_layout
+from fedpeft.algorithms import needs_head_layout, needs_prefix_layout
 from fedpeft.config import RunConfig
 from fedpeft.data.partition import partition, partition_stats
 from fedpeft.data.prepare import TaskData, prepare_task
@@ -23,6 +23,7 @@ from fedpeft.models import registry
 from fedpeft.models.layout import ModelShape, model_shape
 from fedpeft.training.local import LocalTrainer
 from fedpeft.tuners import TunedModel, apply_tuner
+from fedpeft.tuners.prefix_layers import prefix_layout
 
 log = logging.getLogger("fedpeft")
 
@@ -49,13 +50,20 @@ class Experiment:
     device: torch.device
     trainer: LocalTrainer
     head_layout: Any = None  # fedpeft.heads.HeadLayout, for algorithms that work per attention head
+    prefix_layout: Any = None  # fedpeft.tuners.prefix_layers.PrefixLayout, for algorithms that work per layer
+
+    @property
+    def algorithm_layout(self) -> Any:
+        """The layout the algorithm asked for (see ServerAlgorithm.needs_*_layout), or None."""
+        return self.head_layout if self.head_layout is not None else self.prefix_layout
 
     @functools.cached_property
     def client_resources(self) -> dict[str, Any]:
         """What a client half may need besides its data: see fedpeft.algorithms.base.ClientContext."""
         special = {getattr(self.tokenizer, a, None) for a in ("eos_token_id", "sep_token_id")} - {None}
-        return {"layout": self.head_layout, "pad_id": self.tokenizer.pad_token_id, "exclude_token_ids": special,
-                "device": self.device, "batch_size": self.cfg.eval.batch_size, "seed": self.cfg.seed}
+        return {"layout": self.algorithm_layout, "pad_id": self.tokenizer.pad_token_id, "exclude_token_ids": special,
+                "device": self.device, "batch_size": self.cfg.eval.batch_size, "seed": self.cfg.seed,
+                "client_lr": self.cfg.train.lr}
 
     def client_data(self, cid: int):
         return self.data.train.subset(self.parts[cid])
@@ -98,4 +106,5 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     layout = None
     if needs_head_layout(cfg.algorithm):
         layout = build_layout(tuned.spec(), mconfig, cfg.peft.method)
-    return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout)
+    prefix = prefix_layout(tuned) if needs_prefix_layout(cfg.algorithm) else None
+    return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout, prefix)

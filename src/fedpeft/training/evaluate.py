@@ -80,14 +80,16 @@ def _lm_loss(model, data: Encoded, *, pad_id, device, batch_size, encoder_decode
 def evaluate_classification(model, data: Encoded, *, pad_id, device, batch_size, precision="fp32") -> dict[str, float]:
     preds = np.zeros(len(data), dtype=np.int64)
     loss_sum = 0.0
+    num_labels = None
     for idx in sequential_batches(data.lengths(), batch_size):
         batch = {k: v.to(device) for k, v in collate(data, idx, pad_id).items()}
         with _autocast(device, precision):
             out = model(**batch)
         loss_sum += float(out.loss) * len(idx)
         preds[idx] = out.logits.argmax(-1).cpu().numpy()
+        num_labels = int(out.logits.shape[-1])
     gold = np.asarray(data.labels)
-    return {"eval_loss": loss_sum / len(data), **scores.classification_scores(preds, gold)}
+    return {"eval_loss": loss_sum / len(data), **scores.classification_scores(preds, gold, num_labels)}
 
 
 @torch.no_grad()

@@ -1,7 +1,8 @@
 """Local training on one client: a plain PyTorch loop over dynamically padded batches.
 
-The optimizer and learning-rate schedule are created fresh every round (stateless clients), over
-the trainable parameters only. FLOPs are measured with ``torch.utils.flop_counter.FlopCounterMode``
+The optimizer and learning-rate schedule are created fresh every round over the trainable parameters
+only (stateless clients); an algorithm that keeps a client's optimizer moments between rounds passes
+them in and gets them back through ``optimizer_state``. FLOPs are measured with ``torch.utils.flop_counter.FlopCounterMode``
 on sampled steps: the first step of each client training until the run's budget of
 ``flops_sample_steps`` is used (counting costs about two extra steps' time, so it is not done on every
 step). Every step is then charged (measured FLOPs / measured tokens) x its padded tokens; the rate
@@ -56,6 +57,31 @@ def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def read_optimizer_state(optimizer: torch.optim.Optimizer,
+                         params: dict[str, torch.nn.Parameter]) -> dict[str, dict[str, np.ndarray]]:
+    """The optimizer's per-parameter state (e.g. Adam's exp_avg, exp_avg_sq, step) as numpy, by name."""
+    return {name: {k: v.detach().to("cpu").numpy().copy() if torch.is_tensor(v) else np.asarray(v)
+                   for k, v in optimizer.state[p].items()}
+            for name, p in params.items() if p in optimizer.state}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
+                         state: dict[str, dict[str, np.ndarray]]) -> None:
+    """Write back what :func:`read_optimizer_state` returned (parameters of the same names and shapes)."""
+    for name, entries in state.items():
+        p = params.get(name)
+        if p is None:
+            raise ValueError(f"optimizer state for unknown parameter {name!r}")
+        loaded = {}
+        for k, v in entries.items():
+            t = torch.from_numpy(np.array(v))
+            if t.ndim and tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"optimizer state {name}.{k}: shape {tuple(t.shape)} != parameter {tuple(p.shape)}")
+            # Adam's step counter lives on the CPU unless the optimizer is capturable
+            loaded[k] = t.to(torch.float32) if k == "step" else t.to(p.device, p.dtype)
+        optimizer.state[p] = loaded
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
@@ -141,16 +167,21 @@ class LocalTrainer:
         before_step: Callable[[], None] | None = None,
         after_step: Callable[[], None] | None = None,
         head_fraction: float = 1.0,
+        optimizer_state: dict[str, dict[str, np.ndarray]] | None = None,
     ) -> TrainResult:
         """Train ``tuned.module`` on ``data``; ``before_step`` may edit gradients (e.g. masking) before clipping
         and the optimizer step, ``after_step`` may edit parameters right after it. ``head_fraction`` (kept
-        heads / all heads) only changes the analytic OPs count (fedpeft.metrics.ops)."""
+        heads / all heads) only changes the analytic OPs count (fedpeft.metrics.ops). ``optimizer_state``
+        (parameter name -> the optimizer's per-parameter state, e.g. Adam's moments and step) is loaded
+        before the first step when given and replaced by the state after the last step."""
         model = tuned.module
         params = list(tuned.params.values())
         cfg = self.cfg
         epochs = plan_batches(data, cfg, rng)
         total = sum(len(e) for e in epochs)
         optimizer = make_optimizer(params, cfg)
+        if optimizer_state:
+            load_optimizer_state(optimizer, tuned.params, optimizer_state)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total))
         scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
         model.train()
@@ -204,6 +235,9 @@ class LocalTrainer:
                 ops += self._ops(len(idx), int(batch["input_ids"].shape[1]), head_fraction)
             last_epoch_losses = epoch_losses if cfg.local_steps is None else last_epoch_losses + epoch_losses
         seconds = time.perf_counter() - start
+        if optimizer_state is not None:
+            optimizer_state.clear()
+            optimizer_state.update(read_optimizer_state(optimizer, tuned.params))
         rate = self.flops_per_token()
         flops = rate * tokens if rate is not None else None
         return TrainResult(
