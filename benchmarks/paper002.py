@@ -31,7 +31,7 @@ Reported per run: best metric and its round, rounds to the paper's target (Table
 MRPC 77% acc_and_f1, SST-2 92.5%, CoLA 3% MCC) and the training time to it (the reference code's
 ``training_time``: per round the slowest selected client's local training seconds, summed over rounds),
 parameters exchanged per client per round (counted from the payload arrays of the last round) and the
-measured MiB up per client per round.
+measured MiB up per client per round after the layer selection (all rounds for methods without one).
 """
 
 from __future__ import annotations
@@ -96,13 +96,13 @@ class Bench:
         self.runs = Path(a.runs)
         self.common = [f"federation.rounds={a.rounds}", f"algorithm.selection_round={a.selection_round}",
                        f"model.name={a.model}", f"peft.num_virtual_tokens={a.prefix_tokens}",
-                       "runtime.progress=false", "eval.every=1", *a.set]
+                       "runtime.progress=false", "eval.every=1"]
 
     def run(self, task: str, key: str, overrides: list[str]) -> dict[str, Any]:
         data, metric, target = TASKS[task]
         # the method's own options (e.g. peft={...}) come after the shared ones so that they win
         cfg = load_config(self.a.config, [*self.common, *data, f"task.metric={metric}", f"eval.target={target}",
-                                          *overrides, f"name=paper002-{task}-{key}"])
+                                          *overrides, *self.a.set, f"name=paper002-{task}-{key}"])
         run_dir = self.runs / task / key
         if (run_dir / "summary.json").exists() and (run_dir / "config.yaml").read_text() == dump_config(cfg):
             print(f"[{task}/{key}] reusing {run_dir}", flush=True)
@@ -139,16 +139,17 @@ def describe(task: str, key: str, run_dir: Path, metric: str, target: float, exc
     hit = next((rnd for rnd, v in curve if v >= target), None)
     train_rows = [r for r in rows if r["round"] > 0]
     slowest = [max((s for s in r["client_train_seconds"].values() if s is not None), default=0.0) for r in train_rows]
-    ups = [b for r in train_rows for b in r["bytes_up"].values()]
     sel = next((r for r in rows if "selected_layers" in r), None)
+    after = sel["round"] if sel else 0  # rounds after the layer selection (all rounds without one)
+    ups = [b for r in train_rows if r["round"] > after for b in r["bytes_up"].values() if b > 0]
     return {
         "task": task, "method": key, "run_dir": str(run_dir), "metric": metric, "target": target,
         "initial": summary.get("initial"), "best": summary["best"], "best_round": summary["best_round"],
         "final": summary["final"], "rounds_to_target": hit,
-        "train_time_to_target_s": float(sum(slowest[:hit])) if hit else None,
+        "train_time_to_target_s": float(sum(slowest[:hit])) if hit is not None else None,
         "train_time_total_s": float(sum(slowest)), "wall_s": summary.get("wall_s"),
         "trainable_parameters": summary["trainable_parameters"], "params_exchanged_per_client_round": exchanged,
-        "mib_up_per_client_round": float(np.mean(ups)) / 2**20 if ups else None,
+        "mib_up_per_client_round": float(np.mean(ups)) / 2**20 if ups else None,  # after the selection
         "selected_layers": sel.get("selected_layers") if sel else None,
         "kept_ratio": sel.get("kept_ratio") if sel else None,
         "layer_scores": sel.get("layer_scores") if sel else None,
@@ -162,7 +163,7 @@ def _f(x: Any, spec: str = ".4f") -> str:
 
 def report(rows: list[dict[str, Any]]) -> None:
     print_table(["task", "method", "best", "round", "rounds to target", "train s to target", "params exchanged / client / round",
-                 "MiB up / client / round", "trainable params", "layers kept"],
+                 "MiB up / client / round (after selection)", "trainable params", "layers kept"],
                 [[r["task"], r["method"], f"{_f(r['best'])} ({r['metric']})", r["best_round"], _f(r["rounds_to_target"]),
                   _f(r["train_time_to_target_s"], ".0f"), _f(r["params_exchanged_per_client_round"]),
                   _f(r["mib_up_per_client_round"], ".3f"), r["trainable_parameters"],

@@ -61,6 +61,34 @@ def test_layers_are_selected_by_score_after_the_selection_round_and_only_they_tr
     np.testing.assert_allclose(g[:, :4], 2.5)  # the others keep their last aggregated value
 
 
+def test_a_first_contact_client_after_the_selection_returns_the_selected_layers():
+    srv = server(ratio=0.3, selection_round=1, layer_selection="descending")
+    srv.aggregate(1, {0: update(1, full(1.0))})
+    assert srv.selected == [2] and set(srv.configure(2, [7])[7].arrays) == {NAME, "head"}
+    blk = {block_name(NAME, 2): np.ones((4, 2), np.float32), "head": np.ones(2, np.float32)}
+    ok, rejected = srv.accept(2, {7: update(2, blk)})
+    assert not rejected
+    srv.aggregate(2, ok)
+    assert set(srv.configure(3, [7])[7].arrays) == set(blk)
+    srv.observe_failures(3, {7: "client lost its state"})  # a failed holder gets the whole prompt again
+    assert set(srv.configure(4, [7])[7].arrays) == {NAME, "head"}
+
+
+def test_hostile_numbers_are_rejected_and_an_overflowing_step_is_not_applied():
+    srv = server(ratio=0.5, selection_round=1)
+    srv.client_lr = 0.1
+    hostile = [update(1, full(0.0), layer_scores=[10**400, 1.0, 2.0]), update(1, full(0.0), steps=10**30),
+               Payload(full(0.0), {"round": 1, "num_examples": 3, "train_steps": 2, "client_lr": 10**400}),
+               Payload(full(0.0), {"round": 1, "num_examples": 3, "train_steps": 2, "client_lr": 1e-300})]
+    ok, rejected = srv.accept(1, dict(enumerate(hostile)))
+    assert not ok and len(rejected) == 4
+    before = {k: v.copy() for k, v in srv.global_state.items()}
+    huge = {NAME: np.full((4, 6), 3e38, np.float32), "head": np.full(2, 3e38, np.float32)}
+    srv.aggregate(1, {0: update(1, huge), 1: update(1, huge)})  # c_i = delta / (K alpha) overflows float32
+    for k in before:
+        np.testing.assert_array_equal(srv.global_state[k], before[k])
+
+
 def test_bad_measurements_are_rejected():
     srv = server(ratio="hessian", selection_round=1)
     bad = [update(1, full(0.0), layer_scores=[1.0, 2.0]), update(1, full(0.0), layer_scores=[1.0, float("nan"), 2.0]),
@@ -132,16 +160,22 @@ def test_server_state_survives_a_checkpoint():
     assert set(other.configure(2, [0])[0].arrays) == set(srv.configure(2, [0])[0].arrays)
 
 
-def test_fedpeptao_needs_prefix_tuning_without_projection():
+def test_fedpeptao_needs_prefix_tuning_without_projection_on_a_model_with_one_stack():
     with pytest.raises(ValueError, match="prefix_tuning"):
         tiny_config("algorithm.name=fedpeptao")
     with pytest.raises(ValueError, match="projection"):
         tiny_config("algorithm.name=fedpeptao", "peft.method=prefix_tuning", "peft.projection=true")
+    from fedpeft.runtime.setup import build_experiment
+
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        build_experiment(tiny_config("algorithm.name=fedpeptao", "peft.method=prefix_tuning", "model.name=tiny-t5",
+                                     "task.type=generation", "task.dataset=e2e_nlg",
+                                     "task.train_split=validation_pairs", "task.eval_split=test"))
 
 
 def test_a_run_exchanges_selected_layers_and_clients_keep_the_others(tmp_path):
     cfg = tiny_config("algorithm.name=fedpeptao", "peft.method=prefix_tuning", "peft.num_virtual_tokens=4",
-                      "algorithm.selection_round=1", "algorithm.hessian_steps=8", "federation.rounds=3",
+                      "algorithm.selection_round=1", "algorithm.ratio=0.5", "federation.rounds=3",
                       "algorithm.keep_client_moments=true", "train.lr=0.04")
     rt = EmbeddedRuntime(cfg, tmp_path / "run")
     sent = []
@@ -152,22 +186,32 @@ def test_a_run_exchanges_selected_layers_and_clients_keep_the_others(tmp_path):
     layout = rt.exp.prefix_layout
     assert layout.num_layers == 2
     selected = rows[1]["selected_layers"]
-    assert 0 < rows[1]["kept_ratio"] <= 1 and len(rows[1]["layer_scores"]) == 2 and len(selected) >= 1
-    assert rows[3]["exchanged_layers"] == len(selected)
+    assert len(selected) == 1 and len(rows[1]["layer_scores"]) == 2 and rows[3]["exchanged_layers"] == 1
+    holders = set(rows[1]["clients"])
     for payloads in sent[1:]:
         for c, p in payloads.items():
-            if c in rows[1]["clients"]:
-                assert p.meta["layers"] == selected and layout.name not in p.arrays
-    for c in rows[1]["clients"]:
+            if c in holders:  # holds its prompt: only the selected layer travels
+                assert p.meta["layers"] == selected and set(p.arrays) == {block_name(layout.name, selected[0])} | {
+                    k for k in p.arrays if "#layer" not in k} and layout.name not in p.arrays
+            else:  # first contact: the whole prompt, once
+                assert layout.name in p.arrays
+            holders.add(c)
+    assert rows[3]["bytes_up_total"] < rows[1]["bytes_up_total"]
+    other = 1 - selected[0]
+    later = {c for r in (2, 3) for c in rows[r]["clients"]}
+    assert later
+    for c in later:  # the personal layer has moved away from the server's copy, the selected one has not
         st = rt.client_states[c]
-        assert set(st) == {"prefix", "optimizer"} and layout.name in st["optimizer"]
-        assert int(st["optimizer"][layout.name]["step"]) > 0
-    if len(selected) < 2:  # a personal layer differs from the server's copy once its client trained it
-        other = next(l for l in range(2) if l not in selected)
-        trained_later = {c for r in (2, 3) for c in rows[r]["clients"]}
-        c = next(iter(trained_later))
-        assert not np.allclose(rt.client_states[c]["prefix"][:, layout.columns(other)],
+        assert set(st) == {"prefix", "optimizer"} and st["optimizer"][layout.name]["step"] > 0
+        assert not np.allclose(st["prefix"][:, layout.columns(other)],
                                rt.server.global_state[layout.name][:, layout.columns(other)])
+    # client state survives the encoding Flower SuperNodes and checkpoints keep it in, and training goes on from it
+    c = next(iter(later))
+    restored = checkpoint.decode_tree(checkpoint.encode_tree(rt.client_states[c]))
+    steps = restored["optimizer"][layout.name]["step"]
+    rt.exp.trainer.train(rt.exp.tuned, rt.exp.client_data(c), np.random.default_rng(0),
+                         optimizer_state=restored["optimizer"])
+    assert restored["optimizer"][layout.name]["step"] > steps
 
 
 def test_layer_scores_are_eq3_on_the_unpadded_hidden_states():

@@ -30,10 +30,10 @@ REGISTRY: dict[str, tuple[type[ServerAlgorithm], Callable[[Any], ClientAlgorithm
 
 
 def make_server(options: Any, initial_state, *, num_clients: int, clients_per_round: int, seed: int,
-                layout: Any = None) -> ServerAlgorithm:
+                layout: Any = None, client_lr: float | None = None) -> ServerAlgorithm:
     server_cls, _ = REGISTRY[options.name]
     return server_cls(options, initial_state, num_clients=num_clients, clients_per_round=clients_per_round, seed=seed,
-                      layout=layout)
+                      layout=layout, client_lr=client_lr)
 
 
 def needs_head_layout(options: Any) -> bool:

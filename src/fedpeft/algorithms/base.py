@@ -87,9 +87,10 @@ class ServerAlgorithm(ABC):
     needs_prefix_layout = False  # True: ... a fedpeft.tuners.prefix_layers.PrefixLayout, as ``layout``
 
     def __init__(self, options: Any, initial_state: Arrays, *, num_clients: int, clients_per_round: int, seed: int,
-                 layout: Any = None):
+                 layout: Any = None, client_lr: float | None = None):
         self.options = options
         self.layout = layout
+        self.client_lr = client_lr  # the run's train.lr, for algorithms whose server maths uses it
         self.global_state: Arrays = {k: v.astype(np.float32).copy() for k, v in initial_state.items()}
         self.num_clients = num_clients
         self.clients_per_round = clients_per_round
@@ -117,6 +118,9 @@ class ServerAlgorithm(ABC):
                 rejected[cid] = str(exc)
                 log.warning("round %d: update of client %d rejected: %s", rnd, cid, exc)
         return ok, rejected
+
+    def observe_failures(self, rnd: int, failures: dict[int, str]) -> None:
+        """Called with the selected clients whose update did not arrive or was refused (client -> reason)."""
 
     def observe_evaluation(self, rnd: int, metrics: dict[str, Any]) -> None:
         """Called with the global model's evaluation metrics (e.g. for loss-based selection)."""

@@ -32,7 +32,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from fedpeft.algorithms import adaptive_server as AS
-from fedpeft.algorithms.base import ClientAlgorithm, ClientContext, ServerAlgorithm, UpdateRejected, check_update
+from fedpeft.algorithms.base import (ClientAlgorithm, ClientContext, ServerAlgorithm, UpdateRejected, check_update,
+                                    log)
 from fedpeft.algorithms.layer_selection import aggregate_scores, layer_order, select_layers
 from fedpeft.algorithms.privacy import l2_norm
 from fedpeft.algorithms.prompt_probes import client_kept_ratio, client_layer_scores, sample_batch
@@ -40,6 +41,24 @@ from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload
 
 Arrays = dict[str, np.ndarray]
+MAX_LOCAL_STEPS = 10**7
+
+
+def finite_number(value: Any, what: str) -> float:
+    """``value`` as a float, or UpdateRejected if it is not a finite JSON number (huge integers included)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise UpdateRejected(f"{what} must be a number, got {value!r}")
+    try:
+        x = float(value)
+    except OverflowError:
+        raise UpdateRejected(f"{what} is out of range") from None
+    if not math.isfinite(x):
+        raise UpdateRejected(f"{what} must be finite, got {value!r}")
+    return x
+
+
+def all_finite(*trees: Mapping[str, np.ndarray] | None) -> bool:
+    return all(tree is None or all(np.all(np.isfinite(v)) for v in tree.values()) for tree in trees)
 
 
 def block_name(prefix_name: str, layer: int) -> str:
@@ -120,21 +139,27 @@ class FedPepTAOServer(ServerAlgorithm):
     def validate(self, rnd: int, payload: Payload) -> None:
         check_update(payload, self.expected_update(), rnd)
         meta = payload.meta
-        steps, lr = meta.get("train_steps"), meta.get("client_lr")
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
-            raise UpdateRejected(f"train_steps must be a positive integer, got {steps!r}")
-        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
-            raise UpdateRejected(f"client_lr must be a positive number, got {lr!r}")
+        steps = meta.get("train_steps")
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 0 < steps <= MAX_LOCAL_STEPS:
+            raise UpdateRejected(f"train_steps must be an integer in [1, {MAX_LOCAL_STEPS}], got {steps!r}")
+        lr = finite_number(meta.get("client_lr"), "client_lr")
+        if lr <= 0 or (self.client_lr is not None and not math.isclose(lr, self.client_lr, rel_tol=1e-6)):
+            raise UpdateRejected(f"client_lr {lr!r} is not the run's train.lr {self.client_lr!r}")
         scores = meta.get("layer_scores")
         if scores is not None:
-            if (not isinstance(scores, list) or len(scores) != self.layout.num_layers
-                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                               for x in scores)):
-                raise UpdateRejected(f"layer_scores must be {self.layout.num_layers} finite numbers")
-        ratio = meta.get("kept_ratio")
-        if ratio is not None and (not isinstance(ratio, (int, float)) or isinstance(ratio, bool)
-                                  or not 0 <= ratio <= 1):
-            raise UpdateRejected(f"kept_ratio must be a number in [0, 1], got {ratio!r}")
+            if not isinstance(scores, list) or len(scores) != self.layout.num_layers:
+                raise UpdateRejected(f"layer_scores must be a list of {self.layout.num_layers} numbers")
+            for x in scores:
+                finite_number(x, "layer_scores")
+        if meta.get("kept_ratio") is not None:
+            ratio = finite_number(meta["kept_ratio"], "kept_ratio")
+            if not 0 <= ratio <= 1:
+                raise UpdateRejected(f"kept_ratio must be in [0, 1], got {ratio!r}")
+
+    def observe_failures(self, rnd: int, failures: dict[int, str]) -> None:
+        # a client whose round failed may have lost its personal prompt: it gets the whole prompt next time
+        if failures:
+            self.holders = sorted(set(self.holders) - set(failures))
 
     # -- aggregation ----------------------------------------------------------------------------------
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
@@ -153,15 +178,22 @@ class FedPepTAOServer(ServerAlgorithm):
             p = np.asarray(n, dtype=np.float64) / sum(n)
             delta = AS.weighted(deltas, p)
             new = {k: (w[k] + delta[k]).astype(np.float32) for k in keys}
+            if not all_finite(new):
+                log.warning("round %d: the mean update overflowed float32; the global state is left unchanged", rnd)
+                return {"server_step_skipped": 1.0}
         else:
             new, m, cg, c_new, delta = AS.adaptive_step(
                 w, deltas, n, [updates[c].meta["train_steps"] for c in ids],
-                [float(updates[c].meta["client_lr"]) for c in ids],
+                [self.client_lr or float(updates[c].meta["client_lr"]) for c in ids],
                 [self._restrict(self.c_clients.get(c), w) for c in ids], self._restrict(self.c_global, w),
                 self._restrict(self.momentum, w), self._restrict(self.prev_update, w),
                 beta=o.beta, eta=eta, sampled_fraction=len(ids) / self.num_clients,
                 control_variates=o.server_optimizer == "adaptive",
             )
+            if not all_finite(new, m, cg, *c_new):
+                log.warning("round %d: the server step overflowed (updates too large for the control variates); "
+                            "the global state is left unchanged", rnd)
+                return {"server_step_skipped": 1.0}
             if o.server_optimizer == "adaptive":
                 for c, ci in zip(ids, c_new):
                     self.c_clients[c] = {**self.c_clients.get(c, {}), **ci}

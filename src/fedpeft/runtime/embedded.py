@@ -97,7 +97,7 @@ class EmbeddedRuntime:
         self.writer.partition(self.exp.partition_stats)
         self.server = algorithms.make_server(
             cfg.algorithm, self.exp.tuned.state(), num_clients=cfg.federation.num_clients,
-            clients_per_round=cfg.federation.clients_per_round, seed=cfg.seed, layout=self.exp.algorithm_layout,
+            clients_per_round=cfg.federation.clients_per_round, seed=cfg.seed, layout=self.exp.algorithm_layout, client_lr=cfg.train.lr,
         )
         self.client = algorithms.make_client(cfg.algorithm)
         self.client_states: dict[int, dict[str, Any]] = {}
@@ -200,6 +200,7 @@ class EmbeddedRuntime:
         ta = time.perf_counter()
         accepted, refused = self.server.accept(rnd, updates)
         out.rejected.update(refused)
+        self.server.observe_failures(rnd, out.rejected)
         out.metas = {c: p.meta for c, p in accepted.items()}
         if len(accepted) >= self.cfg.federation.min_replies:
             out.agg = self.server.aggregate(rnd, accepted)

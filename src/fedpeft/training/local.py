@@ -62,8 +62,12 @@ def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.
 def read_optimizer_state(optimizer: torch.optim.Optimizer,
                          params: dict[str, torch.nn.Parameter]) -> dict[str, dict[str, np.ndarray]]:
     """The optimizer's per-parameter state (e.g. Adam's exp_avg, exp_avg_sq, step) as numpy, by name."""
-    return {name: {k: v.detach().to("cpu").numpy().copy() if torch.is_tensor(v) else np.asarray(v)
-                   for k, v in optimizer.state[p].items()}
+    def plain(value):  # scalars (Adam's step) as floats, tensors as float32 arrays (numpy has no bfloat16)
+        if torch.is_tensor(value) and value.ndim:
+            return value.detach().to("cpu", torch.float32).numpy().copy()
+        return float(value)
+
+    return {name: {k: plain(v) for k, v in optimizer.state[p].items()}
             for name, p in params.items() if p in optimizer.state}
 
 
@@ -76,11 +80,13 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, params: dict[str, tor
             raise ValueError(f"optimizer state for unknown parameter {name!r}")
         loaded = {}
         for k, v in entries.items():
-            t = torch.from_numpy(np.array(v))
-            if t.ndim and tuple(t.shape) != tuple(p.shape):
+            t = torch.from_numpy(np.array(v, dtype=np.float32))
+            if t.ndim == 0:  # a scalar such as Adam's step counter, on the CPU unless the optimizer is capturable
+                loaded[k] = t
+                continue
+            if tuple(t.shape) != tuple(p.shape):
                 raise ValueError(f"optimizer state {name}.{k}: shape {tuple(t.shape)} != parameter {tuple(p.shape)}")
-            # Adam's step counter lives on the CPU unless the optimizer is capturable
-            loaded[k] = t.to(torch.float32) if k == "step" else t.to(p.device, p.dtype)
+            loaded[k] = t.to(p.device, p.dtype)
         optimizer.state[p] = loaded
 
 

@@ -46,6 +46,10 @@ def prefix_layout(tuned) -> PrefixLayout:
     """The per-layer layout of a TunedModel with ``prefix_tuning`` (projection off)."""
     if tuned.method != "prefix_tuning" or tuned.options.get("projection"):
         raise ValueError("per-layer prompts need peft.method prefix_tuning with projection: false")
+    config = tuned.module.config
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError("per-layer prompts are mapped for encoder-only and decoder-only models; "
+                         f"{config.model_type} is an encoder-decoder: choose another model or algorithm")
     names = [n for n in tuned.params if n.endswith(PREFIX_PARAM_SUFFIX)]
     if len(names) != 1:
         raise ValueError(f"expected one prefix embedding named *{PREFIX_PARAM_SUFFIX}, found {names}")
