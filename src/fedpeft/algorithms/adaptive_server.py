@@ -29,17 +29,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from fedpeft.algorithms.aggregate import weighted_mean
+
 Arrays = dict[str, np.ndarray]
 
 
 def server_lr(rnd: int, initial: float, decay: float, minimum: float) -> float:
     """eta_r = max(initial * decay^r, minimum) for round r >= 1 (the reference decays before first use)."""
     return max(initial * decay**rnd, minimum)
-
-
-def weighted(arrays: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> Arrays:
-    w = np.asarray(weights, dtype=np.float64)
-    return {k: sum(wi * a[k].astype(np.float64) for wi, a in zip(w, arrays)).astype(np.float32) for k in arrays[0]}
 
 
 def zeros_like(x: Mapping[str, np.ndarray]) -> Arrays:
@@ -65,7 +62,7 @@ def adaptive_step(
         raise ValueError("a round needs at least one update")
     n = np.asarray(num_examples, dtype=np.float64)
     p = n / n.sum()
-    delta = weighted(updates, p)
+    delta = weighted_mean(updates, p)
     cg = dict(c_global) if c_global is not None else zeros_like(w)
     lrs = np.broadcast_to(np.asarray(client_lr, dtype=np.float64), (len(updates),))
     c_new: list[Arrays] = []
@@ -74,7 +71,7 @@ def adaptive_step(
             raise ValueError("local_steps must be positive")
         c0 = c_old if c_old is not None else zeros_like(w)
         c_new.append({k: (c0[k] - cg[k] - u[k] / (k_steps * lr)).astype(np.float32) for k in w})
-    dc = weighted([{k: c1[k] - (c0[k] if c0 is not None else 0.0) for k in w} for c1, c0 in zip(c_new, c_clients)], p)
+    dc = weighted_mean([{k: c1[k] - (c0[k] if c0 is not None else 0.0) for k in w} for c1, c0 in zip(c_new, c_clients)], p)
     cg_new = {k: (cg[k] + sampled_fraction * dc[k]).astype(np.float32) for k in w}
     if not control_variates:
         cg_new, c_new = zeros_like(w), [zeros_like(w) for _ in c_new]
@@ -85,4 +82,4 @@ def adaptive_step(
     g = {k: delta[k] - prev_update[k] for k in w}
     m_i = [{k: (beta * m0[k] + (1 - beta) * g[k] + cg_new[k] - ci[k]).astype(np.float32) for k in w} for ci in c_new]
     w_i = [{k: (fedavg[k] - eta * mi[k]).astype(np.float32) for k in w} for mi in m_i]
-    return weighted(w_i, p), weighted(m_i, p), cg_new, c_new, delta
+    return weighted_mean(w_i, p), weighted_mean(m_i, p), cg_new, c_new, delta

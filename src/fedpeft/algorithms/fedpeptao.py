@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from fedpeft.algorithms import adaptive_server as AS
+from fedpeft.algorithms import aggregate as A
 from fedpeft.algorithms.base import (ClientAlgorithm, ClientContext, ServerAlgorithm, UpdateRejected, check_update,
                                     log)
 from fedpeft.algorithms.layer_selection import aggregate_scores, layer_order, select_layers
@@ -168,16 +169,14 @@ class FedPepTAOServer(ServerAlgorithm):
         if not updates:
             return {"update_norm": 0.0}
         ids = sorted(updates)
-        keys = self.exchanged_keys()
         w = self.global_blocks()
         client_blocks = [to_blocks(updates[c].arrays, self.layout) for c in ids]
-        deltas = [{k: u[k] - w[k] for k in keys} for u in client_blocks]
+        deltas = [A.deltas(w, u) for u in client_blocks]
         n = [updates[c].meta["num_examples"] for c in ids]
         eta = AS.server_lr(rnd, o.server_lr, o.server_lr_decay, o.server_lr_min)
         if o.server_optimizer == "fedavg":
-            p = np.asarray(n, dtype=np.float64) / sum(n)
-            delta = AS.weighted(deltas, p)
-            new = {k: (w[k] + delta[k]).astype(np.float32) for k in keys}
+            delta = A.weighted_mean(deltas, n)
+            new = A.fedavg_step(w, delta, 1.0)
             if not all_finite(new):
                 log.warning("round %d: the mean update overflowed float32; the global state is left unchanged", rnd)
                 return {"server_step_skipped": 1.0}
