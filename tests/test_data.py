@@ -115,8 +115,50 @@ def test_generation_and_choice_encoding_on_real_data(tok):
     ids, labels = gen.train.input_ids[0], gen.train.labels[0]
     assert len(ids) == len(labels) and labels[0] == -100 and labels[-1] == tok.sep_token_id
     assert len(gen.eval.references[0]) >= 1 and len(gen.eval.prompts) == 10
-    mc = prepare_task(TaskConfig(type="multiple_choice", dataset="arc_easy", train_split="test", eval_split="test",
+    mc = prepare_task(TaskConfig(type="multiple_choice", dataset="arc_easy", train_split="test[:80%]", eval_split="test[80%:]",
                                  max_train_examples=20), tok, encoder_decoder=False, seed=0, eval_max_examples=10)
     assert len(mc.train) == 20  # gold choice only
     assert len(mc.eval.sequences) == int(mc.eval.num_choices.sum()) and len(mc.eval.gold) == 10
     assert "question :" in tok.decode(mc.train.input_ids[0])
+
+
+def test_split_slices_are_disjoint_and_cover_the_split(tmp_path):
+    d = tmp_path / "ds"
+    d.mkdir()
+    rows = [{"text": f"t{i}", "label": i % 2} for i in range(7)]
+    (d / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    head, tail = load_rows(str(d), "test[:50%]"), load_rows(str(d), "test[50%:]")
+    assert [r["text"] for r in head] == ["t0", "t1", "t2", "t3"]  # round(3.5) = 4, as datasets rounds
+    assert [r["text"] for r in tail] == ["t4", "t5", "t6"]
+    assert [r["text"] for r in load_rows(str(d), "test[-2:]")] == ["t5", "t6"]
+    assert [r["text"] for r in load_rows(str(d), "test[1:3]+test[6:]")] == ["t1", "t2", "t6"]
+    a = load_rows(str(d), "test[:3]", shuffle_seed=4)
+    b = load_rows(str(d), "test[3:]", shuffle_seed=4)
+    assert sorted(r["text"] for r in a + b) == [f"t{i}" for i in range(7)]
+    assert [r["text"] for r in a] != ["t0", "t1", "t2"] or [r["text"] for r in b] != ["t3", "t4", "t5", "t6"]
+    assert load_rows(str(d), "test[:3]", shuffle_seed=4) == a  # the same order every time
+    with pytest.raises(DataError, match="selects no rows"):
+        load_rows(str(d), "test[5:2]")
+    with pytest.raises(DataError, match=r"name\[start:end\]"):
+        load_rows(str(d), "test[a:b]")
+    with pytest.raises(DataError, match="twice"):
+        load_rows(str(d), "test[:5]+test[4:]")
+
+
+def test_train_and_eval_sharing_rows_is_an_error(tok):
+    task = TaskConfig(type="multiple_choice", dataset="arc_easy", train_split="test[:60%]", eval_split="test[50%:]")
+    with pytest.raises(DataError, match="share rows"):
+        prepare_task(task, tok, encoder_decoder=False, seed=0, eval_max_examples=None)
+    with pytest.raises(DataError, match="share rows"):
+        prepare_task(TaskConfig(dataset="rte", train_split="train", eval_split="train[:10]"), tok,
+                     encoder_decoder=False, seed=0, eval_max_examples=None)
+
+
+def test_one_file_datasets_cannot_train_and_evaluate_on_the_same_rows(tmp_path, tok):
+    f = tmp_path / "pairs.jsonl"
+    f.write_text("\n".join(json.dumps({"text": f"t{i}", "label": i % 2}) for i in range(10)))
+    with pytest.raises(DataError, match="share rows"):  # every split name reads the whole file
+        prepare_task(TaskConfig(dataset=str(f)), tok, encoder_decoder=False, seed=0, eval_max_examples=None)
+    data = prepare_task(TaskConfig(dataset=str(f), train_split="all[:70%]", eval_split="all[70%:]", split_shuffle_seed=1),
+                        tok, encoder_decoder=False, seed=0, eval_max_examples=None)
+    assert len(data.train) == 7

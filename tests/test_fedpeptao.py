@@ -112,8 +112,10 @@ def test_hessian_ratio_is_the_sample_weighted_mean_and_orders_are_the_baselines(
     assert srv.selected is None and set(srv.configure(9, [3])[3].arrays) == {NAME, "head"}
 
 
-def test_the_adaptive_step_runs_on_the_exchanged_arrays_with_state_per_seen_client():
-    srv = server(ratio=1.0, selection_round=1, layer_selection="ascending", server_lr=0.5, server_lr_decay=1.0)
+@pytest.mark.parametrize("head_step", ["same", "fedavg"])
+def test_the_adaptive_step_runs_on_the_exchanged_arrays_with_state_per_seen_client(head_step):
+    srv = server(ratio=1.0, selection_round=1, layer_selection="ascending", server_lr=0.5, server_lr_decay=1.0,
+                 head_server_step=head_step)
     r1 = {0: update(1, full(1.0), n=10, steps=4), 1: update(1, full(-1.0), n=30, steps=2)}
     srv.aggregate(1, r1)
     r2 = {1: update(2, full(0.0), n=30, steps=2), 2: update(2, full(2.0), n=10, steps=1)}
@@ -122,13 +124,17 @@ def test_the_adaptive_step_runs_on_the_exchanged_arrays_with_state_per_seen_clie
     cg, m, prev = dict(srv.c_global), srv.momentum, dict(srv.prev_update)
     srv.aggregate(2, r2)
     # the same step by adaptive_step on the whole arrays, with layer blocks joined back
-    w = {k: before[k] for k in (NAME, "head")}
-    join = lambda blocks: {NAME: np.concatenate([blocks[block_name(NAME, l)] for l in range(3)], axis=1),  # noqa: E731
-                           "head": blocks["head"]}
+    keys = (NAME, "head") if head_step == "same" else (NAME,)
+    w = {k: before[k] for k in keys}
+    join = lambda blocks: {k: np.concatenate([blocks[block_name(NAME, l)] for l in range(3)], axis=1)  # noqa: E731
+                           if k == NAME else blocks[k] for k in keys}
     expect, *_ = adaptive_step(w, [{k: r2[c].arrays[k] - w[k] for k in w} for c in (1, 2)], [30, 10], [2, 1], 0.1,
-                               [join(c_before[1]), None], join(cg), m, join(prev), beta=0.9, eta=0.5,
+                               [join(c_before[1]), None], join(cg), m and join(m), join(prev), beta=0.9, eta=0.5,
                                sampled_fraction=0.2)
-    for k in w:
+    if head_step == "fedavg":  # the head takes the sample-weighted mean of the clients' heads
+        expect["head"] = (30 * r2[1].arrays["head"] + 10 * r2[2].arrays["head"]) / 40
+        assert "head" not in srv.c_global and "head" not in srv.momentum
+    for k in (NAME, "head"):
         np.testing.assert_allclose(srv.global_state[k], expect[k], rtol=1e-6, atol=1e-6)
     assert sorted(srv.c_clients) == [0, 1, 2] and srv.holders == [0, 1, 2]
 

@@ -70,7 +70,7 @@ def test_generation_runs_with_rouge(model, method, tmp_path):
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-t5"])
 def test_multiple_choice_runs(model, tmp_path):
     cfg = tiny_config(f"model.name={model}", "task.type=multiple_choice", "task.dataset=arc_easy",
-                      "task.train_split=test", "task.eval_split=test", "eval.max_examples=16", "federation.rounds=1",
+                      "task.train_split=test[:80%]", "task.eval_split=test[80%:]", "eval.max_examples=16", "federation.rounds=1",
                       "task.max_length=96")
     run(cfg, tmp_path / "run")
     last = read_metrics(tmp_path / "run")[-1]

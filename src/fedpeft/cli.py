@@ -147,7 +147,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
         tok = registry.load_tokenizer(cfg.model.name)
         encdec = bool(getattr(registry.load_config(cfg.model.name), "is_encoder_decoder", False))
         data = prepare_task(cfg.task, tok, encoder_decoder=encdec, seed=cfg.seed, eval_max_examples=cfg.eval.max_examples)
-        stats = partition_stats(build_partition(cfg, data), data.train_labels)
+        stats = partition_stats(build_partition(cfg, data)[0], data.train_labels)
     print(format_stats(stats, args.rows))
     return 0
 

@@ -85,11 +85,13 @@ class ServerAlgorithm(ABC):
 
     needs_head_layout = False  # True: the runtime builds a fedpeft.heads.HeadLayout and passes it as ``layout``
     needs_prefix_layout = False  # True: ... a fedpeft.tuners.prefix_layers.PrefixLayout, as ``layout``
+    needs_server_model = False  # True: the runtime passes a fedpeft.runtime.setup.ServerModel as ``server_model``
 
     def __init__(self, options: Any, initial_state: Arrays, *, num_clients: int, clients_per_round: int, seed: int,
-                 layout: Any = None, client_lr: float | None = None):
+                 layout: Any = None, client_lr: float | None = None, server_model: Any = None):
         self.options = options
         self.layout = layout
+        self.server_model = server_model  # the server's own model and data shard (FedSP), else None
         self.client_lr = client_lr  # the run's train.lr, for algorithms whose server maths uses it
         self.global_state: Arrays = {k: v.astype(np.float32).copy() for k, v in initial_state.items()}
         self.num_clients = num_clients

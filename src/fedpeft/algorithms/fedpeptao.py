@@ -174,14 +174,18 @@ class FedPepTAOServer(ServerAlgorithm):
         deltas = [A.deltas(w, u) for u in client_blocks]
         n = [updates[c].meta["num_examples"] for c in ids]
         eta = AS.server_lr(rnd, o.server_lr, o.server_lr_decay, o.server_lr_min)
-        if o.server_optimizer == "fedavg":
-            delta = A.weighted_mean(deltas, n)
-            new = A.fedavg_step(w, delta, 1.0)
-            if not all_finite(new):
-                log.warning("round %d: the mean update overflowed float32; the global state is left unchanged", rnd)
-                return {"server_step_skipped": 1.0}
-        else:
-            new, m, cg, c_new, delta = AS.adaptive_step(
+        # what takes the plain FedAvg step: everything (server_optimizer fedavg) or the task head
+        plain = set(w) if o.server_optimizer == "fedavg" else set(self.head_names if o.head_server_step == "fedavg" else [])
+        plain_delta = A.weighted_mean([{k: d[k] for k in plain} for d in deltas], n) if plain else {}
+        new = A.fedavg_step({k: w[k] for k in plain}, plain_delta, 1.0)
+        delta = dict(plain_delta)
+        if not all_finite(new):
+            log.warning("round %d: the mean update overflowed float32; the global state is left unchanged", rnd)
+            return {"server_step_skipped": 1.0}
+        if o.server_optimizer != "fedavg":
+            w = {k: v for k, v in w.items() if k not in plain}
+            deltas = [{k: d[k] for k in w} for d in deltas]
+            stepped, m, cg, c_new, momentum_delta = AS.adaptive_step(
                 w, deltas, n, [updates[c].meta["train_steps"] for c in ids],
                 [self.client_lr or float(updates[c].meta["client_lr"]) for c in ids],
                 [self._restrict(self.c_clients.get(c), w) for c in ids], self._restrict(self.c_global, w),
@@ -189,6 +193,8 @@ class FedPepTAOServer(ServerAlgorithm):
                 beta=o.beta, eta=eta, sampled_fraction=len(ids) / self.num_clients,
                 control_variates=o.server_optimizer == "adaptive",
             )
+            new.update(stepped)
+            delta.update(momentum_delta)
             if not all_finite(new, m, cg, *c_new):
                 log.warning("round %d: the server step overflowed (updates too large for the control variates); "
                             "the global state is left unchanged", rnd)

@@ -34,8 +34,15 @@ class TaskConfig(Section):
         description="Where catalog datasets are looked for offline. Default: $FEDPEFT_DATA_DIR, "
         "then ./data, then ../shared/data; the Hub is used when none has the dataset.",
     )
-    train_split: str = Field("train", description="Split to partition among clients; 'a+b' joins splits.")
-    eval_split: str = Field("validation", description="Split the server evaluates on; 'a+b' joins splits.")
+    train_split: str = Field(
+        "train", description="Split to partition among clients; 'a+b' joins splits, 'test[:80%]' or 'train[:1000]' "
+        "takes part of one (Hugging Face datasets' slice syntax). Must not share rows with eval_split.",
+    )
+    eval_split: str = Field("validation", description="Split the server evaluates on; same syntax as train_split.")
+    split_shuffle_seed: int | None = Field(
+        None, ge=0, description="Put a sliced split in this seeded random order before slicing, so that "
+        "'test[:80%]' / 'test[80%:]' are random yet disjoint parts. None: file order, as Hugging Face datasets.",
+    )
     columns: dict[str, str] = Field(
         default_factory=dict,
         description="Map fedpeft's field names (text, text_pair, label, input, target, question, "
@@ -279,6 +286,10 @@ class FedPepTAOOptions(Section):
     server_lr_decay: float = Field(0.99, gt=0, le=1, description="eta_r = max(eta_0 * decay^r, server_lr_min).")
     server_lr_min: float = Field(1e-4, ge=0)
     beta: float = Field(0.9, ge=0, lt=1, description="Server momentum.")
+    head_server_step: Literal["fedavg", "same"] = Field(
+        "fedavg", description="The task head (the paper has none: it scores with a verbalizer) takes the plain "
+        "FedAvg step; 'same': it goes through server_optimizer with the prompts.",
+    )
     keep_client_moments: bool = Field(
         False, description="Keep each client's optimizer moments between its rounds (the reference code does; "
         "the paper resets them every round).",
@@ -286,10 +297,50 @@ class FedPepTAOOptions(Section):
     dp: None = Field(None, description="Not available for fedpeptao.")
 
 
+class FedSPOptions(Section):
+    """Paper 003 (FedSP): the global model stays on the server; clients receive once an auxiliary model built
+    from k of its blocks (applied L/k times with cross-layer sharing) and distilled from it on the server's
+    data shard, then only prefix prompts (peft.method prefix_tuning). Each round a client trains its
+    auxiliary model with the prompts frozen, then the prompts with the model frozen, and returns the prompts;
+    the server averages them, tunes them on the global model with its shard and sends them out. Causal LMs
+    only (task.type generation or multiple_choice with a decoder-only model); embedded runtime only."""
+
+    name: Literal["fedsp"] = "fedsp"
+    aux_layers: int = Field(1, ge=1, description="k: blocks of the global model in the auxiliary model.")
+    aux_position: Literal["bottom", "middle", "top"] = Field(
+        "bottom", description="Where the k consecutive blocks are taken from (paper Table 3).")
+    share_layers: bool = Field(
+        True, description="Cross-layer sharing: apply the k blocks L/k times so that all L layers' prompts plug "
+        "in (k must divide L). false: k positions taking k layers' prompts (the 'w/o CS' ablation).")
+    distill_steps: int = Field(
+        200, ge=0, description="Knowledge distillation steps on the server's shard before round 1 (0: none, "
+        "the 'w/o KD' ablation; the paper runs 5000 on a GPU).")
+    distill_lr: float = Field(5e-4, gt=0, description="AdamW lr of the distillation (paper: 5e-4).")
+    distill_batch_size: int = Field(8, ge=1)
+    client_training: Literal["alternating", "joint", "prompts"] = Field(
+        "alternating", description="alternating: auxiliary model (prompts frozen), then prompts (model frozen), "
+        "each for the train section's epochs or steps; joint: both at once ('w/o AT'); prompts: the auxiliary "
+        "model is never updated (FedPrompt-Single).")
+    aux_lr: float | None = Field(
+        None, gt=0, description="Learning rate of the auxiliary model's training on the clients (None: train.lr, "
+        "which is tuned for the prompts).")
+    client_trains: Literal["blocks", "all"] = Field(
+        "blocks", description="Auxiliary parameters a client updates: blocks (everything but the embeddings and "
+        "the LM head, which stay as distilled) or all (as the reference code; a client then keeps a copy of "
+        "the embeddings in its state).")
+    server_data_fraction: float = Field(
+        1 / 11, ge=0, lt=1, description="Share of the training split the server keeps for distillation and its "
+        "own prompt tuning (the reference: 1 of client_num + 1 equal shards); the clients share the rest.")
+    server_steps: int = Field(
+        10, ge=0, description="Steps the server tunes the aggregated prompts on the global model and its shard, "
+        "each round (0: none).")
+    dp: None = Field(None, description="Not available for fedsp.")
+
+
 SECURE_AGGREGATION_ALGORITHMS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox")
 AlgorithmConfig = Annotated[
     Union[FedAvgOptions, FedAvgMOptions, FedAdamOptions, FedYogiOptions, FedProxOptions, HeadPruneOptions,
-          FedPepTAOOptions],
+          FedPepTAOOptions, FedSPOptions],
     Field(discriminator="name"),
 ]
 
@@ -466,7 +517,26 @@ class RunConfig(Section):
         if self.algorithm.name == "fedpeptao" and (self.peft.method != "prefix_tuning" or self.peft.projection):
             raise ValueError("algorithm fedpeptao exchanges deep prompts layer by layer: set peft.method: "
                              "prefix_tuning with peft.projection: false")
+        if self.algorithm.name == "fedsp":
+            self._check_fedsp()
         return self
+
+    def _check_fedsp(self) -> None:
+        o = self.algorithm
+        assert isinstance(o, FedSPOptions)
+        if self.peft.method != "prefix_tuning":
+            raise ValueError("algorithm fedsp exchanges prefix prompts: set peft.method: prefix_tuning")
+        if self.task.type == "classification":
+            raise ValueError("algorithm fedsp trains causal language models: set task.type to generation or "
+                             "multiple_choice")
+        if self.runtime.name != "embedded":
+            raise ValueError("algorithm fedsp runs in the embedded runtime only (a Flower ClientApp would load the "
+                             "global model, which FedSP keeps on the server): set runtime.name: embedded")
+        if not o.share_layers and self.peft.projection:
+            raise ValueError("fedsp without cross-layer sharing maps prompts layer by layer: set peft.projection: false")
+        if (o.distill_steps or o.server_steps) and o.server_data_fraction == 0:
+            raise ValueError("fedsp distils and tunes on the server's data: set algorithm.server_data_fraction > 0, "
+                             "or distill_steps and server_steps to 0")
 
     def _check_secure_aggregation(self) -> None:
         where = "runtime.flower.secure_aggregation"

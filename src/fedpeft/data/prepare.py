@@ -11,7 +11,7 @@ from fedpeft.config.schema import TaskConfig
 from fedpeft.data import features as F
 from fedpeft.data.batching import Encoded
 from fedpeft.data.catalog import CATALOG
-from fedpeft.data.sources import DataError, load_rows
+from fedpeft.data.sources import DataError, load_rows, shared_rows
 
 EvalSet = Union[Encoded, F.GenerationEval, F.ChoiceEval]
 
@@ -42,9 +42,18 @@ def prepare_task(
     seed: int,
     eval_max_examples: int | None,
 ) -> TaskData:
-    kw = dict(dataset_config=task.dataset_config, data_dir=task.data_dir, columns=task.columns)
-    train_rows = load_rows(task.dataset, task.train_split, **kw)
-    eval_rows = load_rows(task.dataset, task.eval_split, **kw)
+    kw = dict(dataset_config=task.dataset_config, data_dir=task.data_dir, columns=task.columns,
+              shuffle_seed=task.split_shuffle_seed)
+    train_spans: dict[str, list[tuple[int, int]]] = {}
+    eval_spans: dict[str, list[tuple[int, int]]] = {}
+    train_rows = load_rows(task.dataset, task.train_split, spans=train_spans, **kw)
+    eval_rows = load_rows(task.dataset, task.eval_split, spans=eval_spans, **kw)
+    shared = shared_rows(train_spans, eval_spans)
+    if shared is not None:
+        raise DataError(
+            f"task.train_split {task.train_split!r} and task.eval_split {task.eval_split!r} share rows (of "
+            f"{shared}); carve disjoint parts of one split, e.g. 'test[:80%]' and 'test[80%:]'"
+        )
     where_train = f"dataset {task.dataset!r} split {task.train_split!r}"
     where_eval = f"dataset {task.dataset!r} split {task.eval_split!r}"
     if not train_rows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -126,6 +127,50 @@ def _load_hub_split(dataset: str, config: str | None, split: str) -> list[Row]:
     return [convert(r) for r in rows] if convert is not None else rows
 
 
+_SLICE = re.compile(r"^(?P<name>[^\[\]]+?)\s*(?:\[\s*(?P<start>-?\d+%?)?\s*:\s*(?P<end>-?\d+%?)?\s*\])?$")
+
+
+def parse_split(part: str) -> tuple[str, str | None, str | None]:
+    """'test[:80%]' -> ('test', None, '80%'); 'train' -> ('train', None, None). The slice syntax of Hugging
+    Face datasets: integers count rows (negative from the end), 'N%' is a share of the split's rows."""
+    m = _SLICE.match(part.strip())
+    if m is None:
+        raise DataError(f"split {part!r}: write a split name, optionally sliced as name[start:end] with rows or "
+                        "percentages, e.g. 'test[:80%]' or 'train[1000:]'")
+    return m["name"].strip(), m["start"], m["end"]
+
+
+def _bound(spec: str | None, n: int, default: int) -> int:
+    if spec is None:
+        return default
+    if spec.endswith("%"):
+        pct = int(spec[:-1])
+        if not -100 <= pct <= 100:
+            raise DataError(f"split slice {spec!r}: a percentage must lie in [-100%, 100%]")
+        pos = int(round(abs(pct) * n / 100))  # nearest row, as datasets' "closest" rounding
+        return n - pos if pct < 0 else pos
+    value = int(spec)
+    return max(0, n + value) if value < 0 else min(value, n)
+
+
+def slice_rows(rows: list[Row], start: str | None, end: str | None, shuffle_seed: int | None,
+               split: str) -> tuple[list[Row], tuple[int, int]]:
+    """The rows of ``split[start:end]`` and their [lo, hi) positions; with ``shuffle_seed`` a sliced split is
+    first put in a seeded random order (the same for every slice of it, so complementary slices are disjoint)."""
+    n = len(rows)
+    if start is None and end is None:
+        return rows, (0, n)
+    if shuffle_seed is not None:
+        import numpy as np
+
+        order = np.random.default_rng([shuffle_seed, n]).permutation(n)
+        rows = [rows[i] for i in order]
+    lo, hi = _bound(start, n, 0), _bound(end, n, n)
+    if lo >= hi:
+        raise DataError(f"split {split!r} selects no rows ({n} rows, slice [{lo}:{hi}]); widen the slice")
+    return rows[lo:hi], (lo, hi)
+
+
 def load_rows(
     dataset: str,
     split: str,
@@ -133,19 +178,52 @@ def load_rows(
     dataset_config: str | None = None,
     data_dir: str | None = None,
     columns: dict[str, str] | None = None,
+    shuffle_seed: int | None = None,
+    spans: dict[str, list[tuple[int, int]]] | None = None,
 ) -> list[Row]:
-    """All rows of ``split`` ('a+b' joins splits) in fedpeft's schema, with column renames applied."""
+    """All rows of ``split`` in fedpeft's schema, with column renames applied. 'a+b' joins splits; each part
+    may be sliced as Hugging Face datasets does ('test[:80%]', 'train[100:200]'), after a seeded shuffle of
+    that split when ``shuffle_seed`` is given. ``spans``, when given, receives source -> [lo, hi) row ranges
+    taken (to check that two selections are disjoint; a source is a file, or a Hub split)."""
     rows: list[Row] = []
     location = locate_local(dataset, data_dir)
+    taken_spans: dict[str, list[tuple[int, int]]] = {}
     for part in split.split("+"):
-        part = part.strip()
+        name, start, end = parse_split(part)
         if location is not None:
-            rows += _load_local_split(location, part)
+            loaded = _load_local_split(location, name)
         else:
-            rows += _load_hub_split(dataset, dataset_config, part)
+            loaded = _load_hub_split(dataset, dataset_config, name)
+        taken, span = slice_rows(loaded, start, end, shuffle_seed, part.strip())
+        source = _source_key(dataset, dataset_config, location, name)
+        if shared_rows(taken_spans, {source: [span]}) is not None:
+            raise DataError(f"split {split!r} takes some rows of {name!r} twice; make its parts disjoint")
+        taken_spans.setdefault(source, []).append(span)
+        rows += taken
+    if spans is not None:
+        for source, ranges in taken_spans.items():
+            spans.setdefault(source, []).extend(ranges)
     if columns:
         rows = [_rename(r, columns) for r in rows]
     return rows
+
+
+def _source_key(dataset: str, config: str | None, location: Path | None, name: str) -> str:
+    """Where the rows of split ``name`` come from: two names with the same key read the same rows."""
+    if location is not None:
+        return str(location if location.is_file() else _split_file(location, name) or location / name)
+    entry = CATALOG.get(dataset)
+    if entry is not None:
+        return f"hub:{entry.hub_id}:{config or entry.hub_config}:{entry.hub_splits.get(name, name)}"
+    return f"hub:{dataset}:{config}:{name}"
+
+
+def shared_rows(a: dict[str, list[tuple[int, int]]], b: dict[str, list[tuple[int, int]]]) -> str | None:
+    """The first source whose row ranges in ``a`` and ``b`` (from :func:`load_rows`' spans) overlap, or None."""
+    for name in sorted(set(a) & set(b)):
+        if any(lo1 < hi2 and lo2 < hi1 for lo1, hi1 in a[name] for lo2, hi2 in b[name]):
+            return name
+    return None
 
 
 def _rename(row: Row, columns: dict[str, str]) -> Row:

@@ -68,8 +68,9 @@ def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, 
     torch.manual_seed(client_seed(cfg.seed, rnd, cid))
     data = exp.client_data(cid)
 
-    def train(extra_loss=None, before_step=None, after_step=None, head_fraction=1.0, optimizer_state=None):
-        return exp.trainer.train(exp.tuned, data, rng, extra_loss=extra_loss, before_step=before_step,
+    def train(extra_loss=None, before_step=None, after_step=None, head_fraction=1.0, optimizer_state=None, tuned=None,
+              lr=None):
+        return exp.trainer.train(tuned or exp.tuned, data, rng, extra_loss=extra_loss, before_step=before_step, lr=lr,
                                  after_step=after_step, head_fraction=head_fraction, optimizer_state=optimizer_state)
 
     ctx = ClientContext(client_id=cid, round=rnd, tuned=exp.tuned, train=train, num_examples=len(data), state=state,
@@ -98,6 +99,7 @@ class EmbeddedRuntime:
         self.server = algorithms.make_server(
             cfg.algorithm, self.exp.tuned.state(), num_clients=cfg.federation.num_clients,
             clients_per_round=cfg.federation.clients_per_round, seed=cfg.seed, layout=self.exp.algorithm_layout, client_lr=cfg.train.lr,
+            server_model=self.exp.server_model,
         )
         self.client = algorithms.make_client(cfg.algorithm)
         self.client_states: dict[int, dict[str, Any]] = {}

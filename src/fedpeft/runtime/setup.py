@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpeft.algorithms import needs_head_layout, needs_prefix_layout
+from fedpeft.algorithms import needs_head_layout, needs_prefix_layout, needs_server_model
 from fedpeft.config import RunConfig
 from fedpeft.data.partition import partition, partition_stats
 from fedpeft.data.prepare import TaskData, prepare_task
@@ -21,7 +21,7 @@ from fedpeft.heads import build_layout
 from fedpeft.metrics.ops import sequence_ops
 from fedpeft.models import registry
 from fedpeft.models.layout import ModelShape, model_shape
-from fedpeft.training.local import LocalTrainer
+from fedpeft.training.local import LocalTrainer, TrainResult
 from fedpeft.tuners import TunedModel, apply_tuner
 from fedpeft.tuners.prefix_layers import prefix_layout
 
@@ -51,6 +51,15 @@ class Experiment:
     trainer: LocalTrainer
     head_layout: Any = None  # fedpeft.heads.HeadLayout, for algorithms that work per attention head
     prefix_layout: Any = None  # fedpeft.tuners.prefix_layers.PrefixLayout, for algorithms that work per layer
+    server_part: np.ndarray | None = None  # training examples the server keeps (FedSP), not given to any client
+
+    @functools.cached_property
+    def server_model(self) -> "ServerModel | None":
+        """The server's model and data shard, for algorithms that train on the server (see needs_server_model)."""
+        if not needs_server_model(self.cfg.algorithm):
+            return None
+        data = self.data.train.subset(self.server_part if self.server_part is not None else np.arange(0))
+        return ServerModel(self.cfg, self.tuned, data, self.tokenizer.pad_token_id, self.device)
 
     @property
     def algorithm_layout(self) -> Any:
@@ -63,19 +72,63 @@ class Experiment:
         special = {getattr(self.tokenizer, a, None) for a in ("eos_token_id", "sep_token_id")} - {None}
         return {"layout": self.algorithm_layout, "pad_id": self.tokenizer.pad_token_id, "exclude_token_ids": special,
                 "device": self.device, "batch_size": self.cfg.eval.batch_size, "seed": self.cfg.seed,
-                "client_lr": self.cfg.train.lr}
+                "client_lr": self.cfg.train.lr, "peft": self.cfg.peft}
 
     def client_data(self, cid: int):
         return self.data.train.subset(self.parts[cid])
 
 
-def build_partition(cfg: RunConfig, data: TaskData) -> list[np.ndarray]:
+@dataclass
+class ServerModel:
+    """The global model on the server, with the server's shard of the training data (FedSP)."""
+
+    cfg: RunConfig
+    tuned: TunedModel
+    data: Any  # fedpeft.data.batching.Encoded
+    pad_id: int
+    device: torch.device
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.seed
+
+    def base_model(self) -> torch.nn.Module:
+        """The backbone without the PEFT method's additions (the prompts are not applied through it)."""
+        module = self.tuned.module
+        return module.get_base_model() if hasattr(module, "get_base_model") else module
+
+    def tune(self, state: dict[str, np.ndarray], steps: int, rnd: int) -> dict[str, Any]:
+        """Train the trainable state (e.g. prompts) for ``steps`` steps on the server's shard; returns the new
+        state as "state" plus the loss and seconds."""
+        if len(self.data) == 0:
+            raise ValueError("the server holds no training data; set a server data share")
+        train = self.cfg.train.model_copy(update={"local_steps": steps})
+        trainer = LocalTrainer(train, device=self.device, pad_id=self.pad_id, precision=self.cfg.runtime.precision,
+                               flops_sample_steps=0)
+        self.tuned.load_state(state)
+        torch.manual_seed(int(np.random.SeedSequence([self.cfg.seed, rnd, 0x5E4]).generate_state(1)[0]))
+        result: TrainResult = trainer.train(self.tuned, self.data, np.random.default_rng([self.cfg.seed, rnd, 0x5E4]))
+        return {"state": self.tuned.state(), "server_train_loss": result.loss, "server_train_seconds": result.seconds}
+
+
+def build_partition(cfg: RunConfig, data: TaskData) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """The clients' index arrays into the training set and the server's (None when it keeps none)."""
     p = cfg.federation.partition
     rng = np.random.default_rng([cfg.seed, 0xDA7A])
-    return partition(
-        p.scheme, cfg.federation.num_clients, rng, n=len(data.train), labels=data.train_labels,
+    n = len(data.train)
+    share = float(getattr(cfg.algorithm, "server_data_fraction", 0.0))
+    server = None
+    rest = np.arange(n)
+    if share > 0:
+        order = np.random.default_rng([cfg.seed, 0x5E7]).permutation(n)
+        k = max(1, int(round(share * n)))
+        server, rest = np.sort(order[:k]), np.sort(order[k:])
+    labels = data.train_labels[rest] if data.train_labels is not None else None
+    parts = partition(
+        p.scheme, cfg.federation.num_clients, rng, n=len(rest), labels=labels,
         alpha=p.alpha, size_alpha=p.size_alpha, min_size=p.min_size,
     )
+    return [rest[part] for part in parts], server
 
 
 def build_experiment(cfg: RunConfig) -> Experiment:
@@ -89,8 +142,10 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     kind = registry.model_kind(cfg.task.type, mconfig)
     encdec = bool(getattr(mconfig, "is_encoder_decoder", False))
     data = prepare_task(cfg.task, tokenizer, encoder_decoder=encdec, seed=cfg.seed, eval_max_examples=cfg.eval.max_examples)
-    parts = build_partition(cfg, data)
+    parts, server_part = build_partition(cfg, data)
     stats = partition_stats(parts, data.train_labels)
+    if server_part is not None:
+        stats["server_examples"] = int(len(server_part))
     model = registry.load_model(cfg.model.name, kind, num_labels=data.num_labels, dtype=cfg.model.dtype,
                                 tokenizer=tokenizer, seed=cfg.seed)
     tuned = apply_tuner(model, cfg.peft, kind, tokenizer_path=registry.resolve(cfg.model.name).path)
@@ -107,4 +162,5 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     if needs_head_layout(cfg.algorithm):
         layout = build_layout(tuned.spec(), mconfig, cfg.peft.method)
     prefix = prefix_layout(tuned) if needs_prefix_layout(cfg.algorithm) else None
-    return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout, prefix)
+    return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout, prefix,
+                      server_part)

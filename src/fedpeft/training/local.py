@@ -42,6 +42,14 @@ class TrainResult:
     flops_sampled_steps: int  # steps of this training that were measured (0 or 1)
     ops_analytic: float
 
+    def plus(self, other: "TrainResult") -> "TrainResult":
+        """Two trainings of one client in one round as one: counts and times added, the loss of ``other``."""
+        flops = None if self.flops is None and other.flops is None else (self.flops or 0.0) + (other.flops or 0.0)
+        return TrainResult(loss=other.loss, steps=self.steps + other.steps, examples=self.examples + other.examples,
+                           tokens=self.tokens + other.tokens, seconds=self.seconds + other.seconds, flops=flops,
+                           flops_sampled_steps=self.flops_sampled_steps + other.flops_sampled_steps,
+                           ops_analytic=self.ops_analytic + other.ops_analytic)
+
     def as_meta(self) -> dict:
         """Metadata for the upload; ``train_seconds`` is clock text (read it with wire.clock_seconds)."""
         meta = {f"train_{k}" if not k.startswith("train") else k: v for k, v in asdict(self).items()}
@@ -174,15 +182,17 @@ class LocalTrainer:
         after_step: Callable[[], None] | None = None,
         head_fraction: float = 1.0,
         optimizer_state: dict[str, dict[str, np.ndarray]] | None = None,
+        lr: float | None = None,
     ) -> TrainResult:
         """Train ``tuned.module`` on ``data``; ``before_step`` may edit gradients (e.g. masking) before clipping
         and the optimizer step, ``after_step`` may edit parameters right after it. ``head_fraction`` (kept
         heads / all heads) only changes the analytic OPs count (fedpeft.metrics.ops). ``optimizer_state``
         (parameter name -> the optimizer's per-parameter state, e.g. Adam's moments and step) is loaded
-        before the first step when given and replaced by the state after the last step."""
+        before the first step when given and replaced by the state after the last step. ``lr`` replaces the
+        train section's learning rate for this training."""
         model = tuned.module
         params = list(tuned.params.values())
-        cfg = self.cfg
+        cfg = self.cfg if lr is None else self.cfg.model_copy(update={"lr": lr})
         epochs = plan_batches(data, cfg, rng)
         total = sum(len(e) for e in epochs)
         optimizer = make_optimizer(params, cfg)
