@@ -111,3 +111,33 @@ def test_without_sharing_clients_take_k_layers_of_prompts_folded_from_the_global
     np.testing.assert_allclose(after[:, :half], after[:, half:], atol=1e-6)  # up to float32 rounding of x + (m - x)
     assert not np.allclose(after, before)
     assert all(not state.get("aux") for state in rt.client_states.values())  # FedPrompt-Single trains no weights
+
+
+def test_a_resumed_run_ends_like_an_uninterrupted_one_and_resends_the_auxiliary_model(tmp_path, monkeypatch):
+    from fedpeft import checkpoint
+    from fedpeft.rundir import read_metrics
+
+    cfg = fedsp_config("federation.rounds=3")
+    EmbeddedRuntime(cfg, tmp_path / "full").run()
+    rt = EmbeddedRuntime(cfg, tmp_path / "cut")
+    real_round = rt.run_round
+
+    def die_at_3(rnd, wall_start):
+        if rnd == 3:
+            raise KeyboardInterrupt
+        return real_round(rnd, wall_start)
+
+    monkeypatch.setattr(rt, "run_round", die_at_3)
+    with pytest.raises(KeyboardInterrupt):
+        rt.run()
+    resumed = EmbeddedRuntime.resume(tmp_path / "cut")
+    resumed.run()
+    full, cut = checkpoint.load(tmp_path / "full")[1], checkpoint.load(tmp_path / "cut")[1]
+    for k, v in full["server"]["global_state"].items():
+        np.testing.assert_array_equal(cut["server"]["global_state"][k], v)
+    for c, state in full["clients"].items():  # each client's own auxiliary weights carried over the resume
+        for k, v in state["aux"].items():
+            np.testing.assert_array_equal(cut["clients"][c]["aux"][k], v)
+    a, b = read_metrics(tmp_path / "full")[-1], read_metrics(tmp_path / "cut")[-1]
+    assert a["eval_accuracy"] == b["eval_accuracy"] and a["train_loss"] == b["train_loss"]
+    assert b["bytes_down_total"] > a["bytes_down_total"]  # the auxiliary model went out again, and was counted
