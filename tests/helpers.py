@@ -23,3 +23,15 @@ def without_timings(rows):
     for r in rows:
         out.append({k: v for k, v in r.items() if k not in TIMING_KEYS})
     return out
+
+
+def crash_at_round(rt, monkeypatch, rnd: int) -> None:
+    """Make ``rt.run()`` raise KeyboardInterrupt on reaching round ``rnd`` (earlier rounds are checkpointed)."""
+    real_round = rt.run_round
+
+    def die(r, wall_start):
+        if r == rnd:
+            raise KeyboardInterrupt
+        return real_round(r, wall_start)
+
+    monkeypatch.setattr(rt, "run_round", die)

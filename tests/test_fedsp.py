@@ -11,6 +11,8 @@ from fedpeft.config import load_config
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.tuners.prefix_layers import PrefixLayout
 
+from helpers import crash_at_round
+
 
 def fedsp_config(*overrides):
     return load_config(None, [
@@ -120,14 +122,7 @@ def test_a_resumed_run_ends_like_an_uninterrupted_one_and_resends_the_auxiliary_
     cfg = fedsp_config("federation.rounds=3")
     EmbeddedRuntime(cfg, tmp_path / "full").run()
     rt = EmbeddedRuntime(cfg, tmp_path / "cut")
-    real_round = rt.run_round
-
-    def die_at_3(rnd, wall_start):
-        if rnd == 3:
-            raise KeyboardInterrupt
-        return real_round(rnd, wall_start)
-
-    monkeypatch.setattr(rt, "run_round", die_at_3)
+    crash_at_round(rt, monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         rt.run()
     resumed = EmbeddedRuntime.resume(tmp_path / "cut")

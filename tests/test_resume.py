@@ -16,7 +16,7 @@ from fedpeft.config import dump_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
 
-from helpers import tiny_config, without_timings
+from helpers import crash_at_round, tiny_config, without_timings
 
 VOLATILE = {"wall_s", "time_to_target_s", "time_client_s", "time_aggregation_s", "time_evaluation_s",
             "time_overhead_s", "peak_rss_mb", "run_dir"}
@@ -95,14 +95,7 @@ def test_headprune_selection_state_survives_resume(tmp_path, monkeypatch):
                       "federation.rounds=5", "federation.num_clients=4", "eval.every=1")
     EmbeddedRuntime(cfg, tmp_path / "full").run()
     rt = EmbeddedRuntime(cfg, tmp_path / "cut")
-    real_round = rt.run_round
-
-    def die_at_4(rnd, wall_start):
-        if rnd == 4:
-            raise KeyboardInterrupt
-        return real_round(rnd, wall_start)
-
-    monkeypatch.setattr(rt, "run_round", die_at_4)
+    crash_at_round(rt, monkeypatch, 4)
     with pytest.raises(KeyboardInterrupt):
         rt.run()
     EmbeddedRuntime.resume(tmp_path / "cut").run()

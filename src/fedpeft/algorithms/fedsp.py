@@ -68,6 +68,7 @@ class FedSPServer(ServerAlgorithm):
         self.aux_holders: set[int] = set()  # not checkpointed: after a resume every client gets it again
         self._info: dict[str, Any] = {}  # this round's entries for metrics.jsonl
         self._once: dict[str, Any] = {}  # the auxiliary model's, reported with the first round
+        self._expected: dict[str, tuple[tuple[int, ...], str]] | None = None
         layers = int(self.server_model.base_model().config.num_hidden_layers)
         if not 1 <= options.aux_layers <= layers:
             raise ValueError(f"algorithm.aux_layers must lie in [1, {layers}] (the global model's blocks)")
@@ -101,32 +102,24 @@ class FedSPServer(ServerAlgorithm):
                          "global_layers": int(teacher.config.num_hidden_layers)}
         self._once = {**{f"aux_{k}": v for k, v in asdict(info).items()}, **distilled}
 
-    def _folding(self) -> tuple[PrefixLayout, int] | None:
-        """(the global prompt's layout, the clients' positions) when the clients take fewer layers, else None."""
+    def _convert(self, arrays: Mapping[str, np.ndarray], *, to_client: bool) -> Arrays:
+        """Prompts between the global model's L layers and the clients' positions: unchanged with sharing (L
+        positions), folded to / tiled from k layers without it."""
         positions = int(self.aux_info["positions"])
+        if positions == self.aux_info["global_layers"]:
+            return dict(arrays)
         if self.layout is None:
             from fedpeft.tuners.prefix_layers import prefix_layout
 
             self.layout = prefix_layout(self.server_model.tuned)
-        return None if positions == self.layout.num_layers else (self.layout, positions)
-
-    def _to_client(self, arrays: Mapping[str, np.ndarray]) -> Arrays:
-        if self.aux_info.get("shared") or self.aux_info["positions"] == self.aux_info["global_layers"]:
-            return dict(arrays)
-        lay, k = self._folding()  # type: ignore[misc]
-        return {n: fold_layers(v, lay, k) if n == lay.name else v for n, v in arrays.items()}
-
-    def _to_server(self, arrays: Mapping[str, np.ndarray]) -> Arrays:
-        if self.aux_info.get("shared") or self.aux_info["positions"] == self.aux_info["global_layers"]:
-            return dict(arrays)
-        lay, k = self._folding()  # type: ignore[misc]
-        return {n: tile_layers(v, lay, k) if n == lay.name else v for n, v in arrays.items()}
+        lay, convert = self.layout, fold_layers if to_client else tile_layers
+        return {n: convert(v, lay, positions) if n == lay.name else v for n, v in arrays.items()}
 
     # -- rounds -----------------------------------------------------------------------------------------
     def configure(self, rnd: int, clients: list[int]) -> dict[int, Payload]:
         self.prepare()
         assert self.aux_state is not None
-        prompts = self._to_client(self.global_state)
+        prompts = self._convert(self.global_state, to_client=True)
         out = {}
         for c in clients:
             meta: dict[str, Any] = {"round": rnd, "client": c}
@@ -139,8 +132,10 @@ class FedSPServer(ServerAlgorithm):
         return out
 
     def validate(self, rnd: int, payload: Payload) -> None:
-        expected = {k: (tuple(v.shape), "float32") for k, v in self._to_client(self.global_state).items()}
-        check_update(payload, expected, rnd)
+        if self._expected is None:  # the clients' prompt shapes, fixed once the auxiliary model exists
+            self._expected = {k: (tuple(v.shape), "float32")
+                              for k, v in self._convert(self.global_state, to_client=True).items()}
+        check_update(payload, self._expected, rnd)
 
     def observe_failures(self, rnd: int, failures: dict[int, str]) -> None:
         self.aux_holders -= set(failures)  # it may not have stored the auxiliary model
@@ -151,7 +146,7 @@ class FedSPServer(ServerAlgorithm):
             return {"update_norm": 0.0}
         ids = sorted(updates)
         self.aux_holders |= set(ids)
-        ds = [update_deltas(self.global_state, self._to_server(updates[c].arrays)) for c in ids]
+        ds = [update_deltas(self.global_state, self._convert(updates[c].arrays, to_client=False)) for c in ids]
         delta = weighted_mean(ds, [updates[c].meta["num_examples"] for c in ids])
         self.global_state = fedavg_step(self.global_state, delta, 1.0)
         metrics = {"update_norm": l2_norm(delta)}
@@ -178,8 +173,8 @@ class FedSPClient(ClientAlgorithm):
 
     def __init__(self, options: Any):
         self.options = options
-        self.aux = None  # fedpeft.tuners.TunedModel over the auxiliary model
-        self.shared: Arrays = {}  # the received values of the parameters no client trains
+        self.aux = None  # fedpeft.tuners.TunedModel over the auxiliary model; the parameters no client trains
+        # keep the values received with the auxiliary model, so only each client's trained part is swapped in
 
     def _build(self, spec: dict[str, Any], arrays: Mapping[str, np.ndarray], ctx: ClientContext) -> None:
         from fedpeft.models.auxiliary import auxiliary_from_config, client_trained_names
@@ -217,11 +212,9 @@ class FedSPClient(ClientAlgorithm):
             if self.aux is None:
                 self._build(payload.meta["aux"], received_aux, ctx)
             self._load_aux(received_aux)
-            self.shared = {k: v for k, v in received_aux.items() if k not in self.trained_names}
             ctx.state.setdefault("aux", {k: v for k, v in received_aux.items() if k in self.trained_names})
         if self.aux is None or "aux" not in ctx.state:
             raise RuntimeError(f"client {ctx.client_id} holds no auxiliary model and none was sent")
-        self._load_aux(self.shared)
         self._load_aux(ctx.state["aux"])
         module = self.aux.module
         self.aux.load_state(prompts)
