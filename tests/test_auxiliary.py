@@ -8,7 +8,7 @@ import torch
 
 from fedpeft.data.batching import Encoded, collate
 from fedpeft.models import registry
-from fedpeft.models.auxiliary import block_stack, build_auxiliary, chosen_blocks
+from fedpeft.models.auxiliary import auxiliary_from_config, block_stack, build_auxiliary, chosen_blocks, public_config
 from fedpeft.models.distill import distill_hidden_states, last_hidden, masked_mse
 from fedpeft.tuners.tuned import apply_tuner, method_options
 
@@ -93,8 +93,32 @@ def test_without_sharing_the_model_has_k_positions(tok):
     aux, info = build_auxiliary(glob, k=1, position="bottom", share=False)
     assert info.positions == 1 and not info.shared and aux.config.num_hidden_layers == 1
     torch.testing.assert_close(aux.transformer.h[0].attn.c_attn.weight, glob.transformer.h[0].attn.c_attn.weight)
-    with pytest.raises(ValueError, match="must divide"):
-        build_auxiliary(glob, k=3, share=True)
+
+
+def test_k_that_does_not_divide_l_cuts_the_last_cycle_short(tok):
+    glob = causal("tiny-llama", tok, layers=5)
+    aux, info = build_auxiliary(glob, k=2, position="bottom", share=True)
+    assert info.positions == 5 and info.shared
+    layers = aux.model.layers
+    assert [layer.self_attn.layer_idx for layer in layers] == [0, 1, 2, 3, 4]
+    assert all(layers[p].self_attn.q_proj.weight is layers[p % 2].self_attn.q_proj.weight for p in range(5))
+    # equal to the global architecture holding blocks 0,1,0,1,0 as copies, with the same 5-layer prefix
+    ref = copy.deepcopy(glob)
+    with torch.no_grad():
+        for pos in range(5):
+            ref.model.layers[pos].load_state_dict(glob.model.layers[pos % 2].state_dict())
+    a, r = with_prefix(aux.eval()), with_prefix(ref)
+    a.load_state(r.state())
+    # a client's skeleton from the config the server sends, with the received values, computes the same
+    skeleton = auxiliary_from_config(public_config(aux), blocks=2, positions=5)
+    skeleton.load_state_dict(aux.state_dict())
+    s = with_prefix(skeleton)
+    s.load_state(r.state())
+    batch = tok(["a short text", "another one here"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out_r = r.module(**batch).logits
+        torch.testing.assert_close(a.module(**batch).logits, out_r, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(s.module(**batch).logits, out_r, rtol=1e-5, atol=1e-5)
 
 
 def test_masked_mse_leaves_padding_out():

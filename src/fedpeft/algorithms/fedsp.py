@@ -72,9 +72,6 @@ class FedSPServer(ServerAlgorithm):
         layers = int(self.server_model.base_model().config.num_hidden_layers)
         if not 1 <= options.aux_layers <= layers:
             raise ValueError(f"algorithm.aux_layers must lie in [1, {layers}] (the global model's blocks)")
-        if options.share_layers and layers % options.aux_layers:
-            raise ValueError(f"cross-layer sharing applies the aux_layers blocks L/k times: aux_layers "
-                             f"{options.aux_layers} must divide the model's {layers} layers")
 
     # -- the auxiliary model ------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -100,7 +97,8 @@ class FedSPServer(ServerAlgorithm):
         self.aux_state = {AUX + n: p.detach().to("cpu", torch.float32).numpy().copy() for n, p in aux.named_parameters()}
         self.aux_info = {**asdict(info), **distilled, "config": public_config(aux),
                          "global_layers": int(teacher.config.num_hidden_layers)}
-        self._once = {**{f"aux_{k}": v for k, v in asdict(info).items()}, **distilled}
+        self._once = {**{f"aux_{k}": v for k, v in asdict(info).items()}, **distilled,
+                      "aux_global_layers": self.aux_info["global_layers"]}
 
     def _convert(self, arrays: Mapping[str, np.ndarray], *, to_client: bool) -> Arrays:
         """Prompts between the global model's L layers and the clients' positions: unchanged with sharing (L
@@ -187,7 +185,8 @@ class FedSPClient(ClientAlgorithm):
             self.trained_names = [n for n, _ in model.named_parameters()]
         else:
             self.trained_names = client_trained_names(model)
-        self.aux = apply_tuner(model, ctx.resources["peft"], "causal")
+        peft_options = ctx.resources["peft"].model_copy(update={"init_text": None})  # the prompts come from the server
+        self.aux = apply_tuner(model, peft_options, "causal")
         self.aux.module.to(ctx.resources["device"])
 
     def _aux_params(self) -> dict[str, torch.nn.Parameter]:

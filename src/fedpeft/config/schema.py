@@ -122,6 +122,16 @@ class PrefixTuningOptions(Section):
     num_virtual_tokens: int = Field(20, ge=1)
     projection: bool = Field(False, description="Reparametrise the prefixes through a 2-layer MLP.")
     encoder_hidden_size: int = Field(512, ge=1, description="Hidden size of the projection MLP.")
+    init_text: str | None = Field(
+        None, description="Initialise each layer's prefix with the keys/values the frozen model computes for this "
+        "text (cut or repeated to num_virtual_tokens tokens; Li & Liang 2021), so that the untrained prefixed model "
+        "is the model with the text prepended. Decoder-only models, projection false. None: peft's N(0, 1) values.")
+
+    @model_validator(mode="after")
+    def _init_text_sets_the_prefixes(self):
+        if self.init_text is not None and self.projection:
+            raise ValueError("peft.init_text sets the prefixes themselves; it needs projection: false")
+        return self
 
 
 class BottleneckOptions(Section):
@@ -299,8 +309,8 @@ class FedPepTAOOptions(Section):
 
 class FedSPOptions(Section):
     """Paper 003 (FedSP): the global model stays on the server; clients receive once an auxiliary model built
-    from k of its blocks (applied L/k times with cross-layer sharing) and distilled from it on the server's
-    data shard, then only prefix prompts (peft.method prefix_tuning). Each round a client trains its
+    from k of its blocks (applied cyclically at its L positions with cross-layer sharing) and distilled from
+    it on the server's data shard, then only prefix prompts (peft.method prefix_tuning). Each round a client trains its
     auxiliary model with the prompts frozen, then the prompts with the model frozen, and returns the prompts;
     the server averages them, tunes them on the global model with its shard and sends them out. Causal LMs
     only (task.type generation or multiple_choice with a decoder-only model); embedded runtime only."""
@@ -310,8 +320,8 @@ class FedSPOptions(Section):
     aux_position: Literal["bottom", "middle", "top"] = Field(
         "bottom", description="Where the k consecutive blocks are taken from (paper Table 3).")
     share_layers: bool = Field(
-        True, description="Cross-layer sharing: apply the k blocks L/k times so that all L layers' prompts plug "
-        "in (k must divide L). false: k positions taking k layers' prompts (the 'w/o CS' ablation).")
+        True, description="Cross-layer sharing: apply the k blocks cyclically at L positions (block p mod k at "
+        "position p) so that all L layers' prompts plug in. false: k positions taking k layers' prompts (the 'w/o CS' ablation).")
     distill_steps: int = Field(
         200, ge=0, description="Knowledge distillation steps on the server's shard before round 1 (0: none, "
         "the 'w/o KD' ablation; the paper runs 5000 on a GPU).")

@@ -3,8 +3,10 @@
 The server builds it from the global model and sends it to the clients once; the global model itself
 never leaves the server. It keeps the embeddings, the final norm and the LM head, and k consecutive
 blocks taken from the bottom, the middle or the top of the stack. With cross-layer parameter sharing
-(ALBERT-style, the paper's default) the k blocks are applied L/k times in the cyclic order
+(ALBERT-style, the paper's default) the k blocks are applied cyclically in the order
 b_0 .. b_(k-1), b_0 .. b_(k-1), ... (as the reference code does), so the model has L block positions
+(position p runs block p mod k; where k does not divide L, e.g. k = 4 of SmolLM2's 30 layers, the last
+cycle is cut short)
 and the prefix prompts of all L layers plug in exactly as on the global model. Without sharing (the
 "w/o CS" ablation and FedPrompt-Single) the model has k positions and takes k layers' prompts.
 
@@ -102,8 +104,6 @@ def build_auxiliary(global_model: nn.Module, k: int = 1, position: Position = "b
                          f"unexpected {unexpected[:3]}")
     aux.to(torch.float32)  # trained on the server and the clients: fp32 weights, whatever the global model's dtype
     if share and k < num_layers:
-        if num_layers % k:
-            raise ValueError(f"cross-layer sharing applies k blocks L/k times: k={k} must divide L={num_layers}")
         share_blocks(aux, num_layers)
     info = AuxiliaryInfo(blocks=blocks, positions=int(aux.config.num_hidden_layers), shared=share and k < num_layers,
                          parameters=sum(p.numel() for p in aux.parameters()),
@@ -112,7 +112,7 @@ def build_auxiliary(global_model: nn.Module, k: int = 1, position: Position = "b
 
 
 def share_blocks(model: nn.Module, positions: int) -> None:
-    """Apply the model's k blocks cyclically at ``positions`` positions (in place; k must divide positions)."""
+    """Apply the model's k blocks cyclically at ``positions`` positions (position p runs block p mod k; in place)."""
     parent, attr = block_stack(model)
     stack = getattr(parent, attr)
     k = len(stack)
@@ -146,6 +146,8 @@ def auxiliary_from_config(config: dict[str, Any], *, blocks: int, positions: int
     applied at ``positions`` positions. The client then loads the received parameters into it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if positions < blocks:
+        raise ValueError(f"{positions} positions cannot hold {blocks} blocks")
     values = dict(config)
     model_type = values.pop("model_type")
     cfg = AutoConfig.for_model(model_type, **values)
@@ -153,8 +155,6 @@ def auxiliary_from_config(config: dict[str, Any], *, blocks: int, positions: int
     if isinstance(getattr(cfg, "layer_types", None), list):
         cfg.layer_types = cfg.layer_types[:blocks]
     model = AutoModelForCausalLM.from_config(cfg)
-    if positions % blocks:
-        raise ValueError(f"{positions} positions cannot share {blocks} blocks evenly")
     if positions > blocks:
         share_blocks(model, positions)
     return model.eval()

@@ -148,7 +148,8 @@ def build_experiment(cfg: RunConfig) -> Experiment:
         stats["server_examples"] = int(len(server_part))
     model = registry.load_model(cfg.model.name, kind, num_labels=data.num_labels, dtype=cfg.model.dtype,
                                 tokenizer=tokenizer, seed=cfg.seed)
-    tuned = apply_tuner(model, cfg.peft, kind, tokenizer_path=registry.resolve(cfg.model.name).path)
+    tuned = apply_tuner(model, cfg.peft, kind, tokenizer_path=registry.resolve(cfg.model.name).path,
+                        tokenizer=tokenizer)
     tuned.module.to(device)
     shape = model_shape(mconfig)
     options = cfg.peft.model_dump()

@@ -146,8 +146,10 @@ def _set_trainable_heads(model: nn.Module, spec: ArchSpec | None) -> None:
             p.requires_grad_(True)
 
 
-def apply_tuner(model: nn.Module, opts: Any, kind: str, *, tokenizer_path: str | None = None) -> TunedModel:
-    """Wrap ``model`` with the PEFT method described by ``opts`` (a member of schema.PeftConfig)."""
+def apply_tuner(model: nn.Module, opts: Any, kind: str, *, tokenizer_path: str | None = None,
+                tokenizer: Any = None) -> TunedModel:
+    """Wrap ``model`` with the PEFT method described by ``opts`` (a member of schema.PeftConfig). ``tokenizer``
+    is needed for prefix tuning's ``init_text``."""
     spec = None
     try:
         spec = arch_spec(model.config.model_type)
@@ -165,6 +167,12 @@ def apply_tuner(model: nn.Module, opts: Any, kind: str, *, tokenizer_path: str |
         import peft
 
         wrapped = peft.get_peft_model(model, _peft_config(opts, kind, spec, model, tokenizer_path))
+        if opts.method == "prefix_tuning" and opts.init_text:
+            from fedpeft.tuners.prefix_init import init_prefix_from_text
+
+            if tokenizer is None:
+                raise ValueError("peft.init_text needs the model's tokenizer (pass tokenizer= to apply_tuner)")
+            init_prefix_from_text(wrapped, tokenizer, opts.init_text)
         return TunedModel(wrapped, opts.method, options, True, kind)
     for p in model.parameters():
         p.requires_grad_(opts.method == "full")
