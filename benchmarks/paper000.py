@@ -14,6 +14,9 @@ method run appears in Table 1, Fig. 4 and Table 5) train it once.
     python benchmarks/paper000.py table3   # PEFT methods under the method: max sparsity before chance
     python benchmarks/paper000.py selection --rounds 100 --eval-every 10 --runs runs/paper000_r100
                                            # random vs loss selection once Eq. 9 acts (all clients seen)
+    python benchmarks/paper000.py table2 --tasks mnli,20news,e2e --scales 10/2,100/2,1000/20
+                                           # FedAvg vs the method per task and federation scale, peak memory
+    python benchmarks/paper000.py table4   # backbones: upload and OPs, dense vs the method, from configs
 
 Common options: ``--rounds`` (default 40), ``--eval-every`` (default 5), ``--set key=value`` (any config
 override, applied to every run). Results go to benchmarks/results/paper000_<experiment>.json and a
@@ -30,6 +33,7 @@ import argparse
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -360,7 +364,175 @@ def selection(b: Bench) -> dict[str, Any]:
     return {"rows": rows}
 
 
-EXPERIMENTS = {"table1": table1, "fig4": fig4, "table5": table5, "fig5": fig5, "table3": table3, "selection": selection}
+# Table 2: FedAvg (B1, dense, random selection) vs the method (90% sparsity, loss selection) per task and scale.
+# Every run is a fresh `fedpeft run` process, so its peak RSS (summary.json) is its own.
+TABLE2_SCALES = {"10/2": (10, 2), "100/2": (100, 2), "1000/20": (1000, 20)}
+TABLE2_VARIANTS = {"fedavg": [*B1, *SELECTIONS["random"]], "method": [*METHOD, *SELECTIONS["loss"], "algorithm.sparsity=0.9"]}
+HEADPRUNE = "algorithm={name: headprune, importance_examples: 16}"
+TABLE2_TASKS: dict[str, tuple[str, list[str], list[str]]] = {  # config, task overrides, primary metric(s)
+    "mnli": (CONFIG, [], ["accuracy"]),
+    # 20 Newsgroups with MiniLM-L6 (the paper: BART-base); a seeded 5,000 of the 11,314 training documents
+    "20news": (CONFIG, ["task.dataset=20newsgroups", "task.train_split=train", "task.eval_split=test",
+                        "task.max_train_examples=5000"], ["accuracy"]),
+    # E2E NLG with SmolLM2-135M (the paper: T5-small); training pairs from the dev split, evaluation on the
+    # test meaning representations (disjoint; configs/e2e_smollm2_lora.yaml), ROUGE-1/2/L
+    "e2e": ("configs/e2e_smollm2_lora.yaml", [HEADPRUNE, "peft={method: lora, r: 16, alpha: 32}"],
+            ["rouge1", "rouge2", "rougeL"]),
+}
+
+
+def _run_process(b: Bench, key: str, config: str, overrides: list[str]) -> Path:
+    """Train (or reuse) one run in its own `fedpeft run` process."""
+    cfg = load_config(config, [*b.common, *overrides, f"name=paper000-{key}"])
+    run_dir = b.runs / key
+    if (run_dir / "summary.json").exists() and (run_dir / "config.yaml").read_text() == dump_config(cfg):
+        print(f"[{key}] reusing {run_dir}", flush=True)
+        return run_dir
+    if (run_dir / "summary.json").exists():
+        raise SystemExit(f"{run_dir} holds a finished run with another config; move it away or pass --runs DIR")
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    print(f"[{key}] training: {' '.join(overrides)}", flush=True)
+    sets = [x for o in [*b.common, *overrides, f"name=paper000-{key}"] for x in ("--set", o)]
+    subprocess.run([sys.executable, "-m", "fedpeft.cli", "run", config, *sets, "--run-dir", str(run_dir), "--no-progress"],
+                   check=True)
+    return run_dir
+
+
+def table2(b: Bench) -> dict[str, Any]:
+    """Per task and scale: upload per client and round, analytic OPs, the metric and peak memory, FedAvg vs the
+    method, with the metric against cumulative communication plotted per task and scale."""
+    from fedpeft.report.plots import plot_curves
+
+    rows = []
+    for task in b.args.tasks.split(","):
+        config, task_overrides, metrics = TABLE2_TASKS[task]
+        for scale in b.args.scales.split(","):
+            n, k = TABLE2_SCALES[scale]
+            curves = {}
+            for variant, overrides in TABLE2_VARIANTS.items():
+                key = f"table2-{task}-{n}x{k}-{variant}"
+                run_dir = _run_process(b, key, config, [*task_overrides, f"federation.num_clients={n}",
+                                                        f"federation.clients_per_round={k}", *overrides])
+                summary = read_summary(run_dir)
+                metric_rows = read_metrics(run_dir)
+                curves[variant] = metric_rows
+                trained = [r for r in metric_rows if r["round"] > 0]
+                per_client = lambda field: [v for r in trained for v in (r.get(field) or {}).values() if v is not None]  # noqa: E731
+                final = summary.get("final_eval", {})
+                rows.append({"task": task, "scale": scale, "variant": variant, "run_dir": str(run_dir),
+                             **{m: final.get(f"eval_{m}") for m in metrics},
+                             "best": summary["best"], "primary_metric": summary["primary_metric"],
+                             "mib_up_per_client_round": _mean(per_client("bytes_up")) / 2**20,
+                             "mib_down_per_client_round": _mean(per_client("bytes_down")) / 2**20,
+                             "ops_analytic_g_per_client_round": _mean(per_client("client_ops_analytic")) / 1e9,
+                             "peak_rss_mb": summary.get("peak_rss_mb"), "wall_s": summary.get("wall_s"),
+                             "sparsity_measured": _mean([r.get("agg_sparsity_mean") for r in trained]) or 0.0})
+                print(rows[-1], flush=True)
+            for path in plot_curves(curves, metrics[-1], Path(b.args.out_dir),
+                                    prefix=f"paper000_table2_{task}_{n}x{k}_"):
+                print(f"plot: {path}")
+    print_table(["task", "clients / per round", "variant", "metric (final)", "MiB up / client / round",
+                 "OPs (G) / client / round", "peak RSS (MiB)", "wall s"],
+                [[r["task"], r["scale"], r["variant"],
+                  " / ".join(_fmt(r[m]) for m in TABLE2_TASKS[r["task"]][2]),
+                  _fmt(r["mib_up_per_client_round"], ".3f"), _fmt(r["ops_analytic_g_per_client_round"], ".2f"),
+                  _fmt(r["peak_rss_mb"], ".0f"), _fmt(r["wall_s"], ".0f")] for r in rows])
+    return {"rows": rows}
+
+
+# Table 4's backbones without offline weights, as the published config.json of each Hub model gives them
+# (the fields that shape LoRA's parameters and the OPs); MNLI classification (3 labels) as in the paper,
+# GPT-2 as a causal LM (the paper runs it on E2E NLG). The two with weights here are read from the package.
+BACKBONE_CONFIGS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "T5-small (t5-small)": ("t5", dict(d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6,
+                                        num_heads=8, vocab_size=32128), "classification"),
+    "T5-base (t5-base)": ("t5", dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_decoder_layers=12,
+                                      num_heads=12, vocab_size=32128), "classification"),
+    "BART-base (facebook/bart-base)": ("bart", dict(d_model=768, encoder_layers=6, decoder_layers=6,
+                                                    encoder_attention_heads=12, decoder_attention_heads=12,
+                                                    encoder_ffn_dim=3072, decoder_ffn_dim=3072, vocab_size=50265,
+                                                    max_position_embeddings=1024), "classification"),
+    "DistilBERT (distilbert-base-uncased)": ("distilbert", dict(dim=768, n_layers=6, n_heads=12, hidden_dim=3072,
+                                                                vocab_size=30522), "classification"),
+    "RoBERTa-base (roberta-base)": ("roberta", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                                    intermediate_size=3072, vocab_size=50265,
+                                                    max_position_embeddings=514, type_vocab_size=1,
+                                                    pad_token_id=1), "classification"),
+    "GPT-2 small (gpt2)": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024),
+                           "causal"),
+}
+WEIGHTED_BACKBONES = {"MiniLM-L6 (minilm-l6, weights here)": ("minilm-l6", "classification"),
+                      "SmolLM2-135M (smollm2-135m, weights here)": ("smollm2-135m", "causal")}
+
+
+def _backbone(name: str):
+    """(model, kind) for a Table 4 row: randomly initialised from its config, or the packaged weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from fedpeft.models import registry
+
+    if name in WEIGHTED_BACKBONES:
+        alias, kind = WEIGHTED_BACKBONES[name]
+        return registry.load_model(alias, kind, num_labels=3), kind
+    model_type, fields, kind = BACKBONE_CONFIGS[name]
+    config = AutoConfig.for_model(model_type, **fields, num_labels=3)
+    torch.manual_seed(0)
+    auto = AutoModelForSequenceClassification if kind == "classification" else AutoModelForCausalLM
+    return auto.from_config(config), kind
+
+
+def table4(b: Bench) -> dict[str, Any]:
+    """Table 4 shape from the configs alone: what one client uploads per round with LoRA r16 on q/k/v, dense
+    (FedAvg) and under the method at the config's sparsity (the packed kept-head slices, the kept ids and the
+    importance scores, encoded by fedpeft.wire), and the analytic training OPs per sequence of ``--seq-len``
+    tokens (fedpeft.metrics.ops, head rows scaled by the kept fraction). Nothing is trained here: accuracy
+    for the backbones with weights comes from the runs of table1 (MiniLM-L6) and table2 (SmolLM2)."""
+    from fedpeft.heads import ALPHA_KEY, build_layout, kept_at_random, pack
+    from fedpeft.metrics.ops import sequence_ops
+    from fedpeft.models.layout import model_shape
+    from fedpeft.tuners.tuned import apply_tuner, method_options
+    from fedpeft.wire import Payload, payload_size
+
+    sparsity = load_config(b.args.config, b.args.set).algorithm.sparsity
+    opts = method_options("lora", r=16, alpha=32)
+    rows = []
+    for name in [*BACKBONE_CONFIGS, *WEIGHTED_BACKBONES]:
+        model, kind = _backbone(name)
+        shape = model_shape(model.config)
+        tuned = apply_tuner(model, opts, kind)
+        state = tuned.state()
+        layout = build_layout(tuned.spec(), model.config, "lora")
+        kept = kept_at_random(layout, sparsity, np.random.default_rng(0))  # which heads does not change the size
+        dense = payload_size(Payload(state, {}))
+        packed = pack(state, layout, kept)
+        packed[ALPHA_KEY] = np.zeros(layout.num_heads, dtype=np.float32)
+        pruned = payload_size(Payload(packed, {}))
+        fraction = len(kept) / layout.num_heads
+        L, d, T = shape.num_attention_modules, shape.hidden, b.args.seq_len
+        ops_dense = sequence_ops("lora", L, d, T, {"r": 16})
+        ops_pruned = sequence_ops("lora", L, d, T, {"r": 16}, head_fraction=fraction)
+        rows.append({"backbone": name, "model_type": shape.model_type, "kind": kind,
+                     "attention_modules": L, "heads_per_module": shape.num_heads, "kv_heads": shape.num_kv_heads,
+                     "hidden": d, "backbone_parameters": sum(p.numel() for p in model.parameters()),
+                     "trainable_parameters": tuned.num_trainable(), "heads": layout.num_heads,
+                     "kept_heads": len(kept), "upload_bytes_dense": dense, "upload_bytes_method": pruned,
+                     "upload_ratio": dense / pruned, "ops_dense": ops_dense, "ops_method": ops_pruned,
+                     "ops_ratio": ops_dense / ops_pruned})
+        print({k: v for k, v in rows[-1].items()}, flush=True)
+        del model, tuned
+    print_table(["backbone", "L (attention modules)", "heads", "trainable", "MB up dense", "MB up method",
+                 "ratio", "GOPs / seq dense", "GOPs / seq method", "ratio"],
+                [[r["backbone"], r["attention_modules"], f"{r['heads']} (kept {r['kept_heads']})",
+                  r["trainable_parameters"], f"{r['upload_bytes_dense'] / 1e6:.2f}", f"{r['upload_bytes_method'] / 1e6:.2f}",
+                  f"{r['upload_ratio']:.2f}x", f"{r['ops_dense'] / 1e9:.2f}", f"{r['ops_method'] / 1e9:.2f}",
+                  f"{r['ops_ratio']:.2f}x"] for r in rows])
+    return {"sparsity": sparsity, "seq_len": b.args.seq_len, "rows": rows}
+
+
+EXPERIMENTS = {"table1": table1, "fig4": fig4, "table5": table5, "fig5": fig5, "table3": table3, "selection": selection,
+               "table2": table2, "table4": table4}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -376,11 +548,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chance", type=float, default=0.347,
                     help="table3: accuracy of always predicting the majority class (347 of the 1,000 heldout pairs)")
     ap.add_argument("--margin", type=float, default=0.02, help="table3: collapse = mean of the last 3 evaluations below chance + margin")
+    ap.add_argument("--seq-len", type=int, default=128, help="table4: tokens per sequence for the analytic OPs")
+    ap.add_argument("--tasks", default="mnli,20news,e2e", help="table2: tasks")
+    ap.add_argument("--scales", default="10/2,100/2,1000/20", help="table2: federation scales")
     ap.add_argument("--set", action="append", default=[], help="config override for every run")
     args = ap.parse_args(argv)
     b = Bench(args)
     # "all" = the paper's five; `selection` needs its own --rounds/--runs (see the module docstring)
-    for name in [n for n in EXPERIMENTS if n != "selection"] if args.experiment == "all" else [args.experiment]:
+    for name in [n for n in EXPERIMENTS if n not in ("selection", "table2", "table4")] if args.experiment == "all" else [args.experiment]:
         result = EXPERIMENTS[name](b)
         save(Path(args.out_dir) / f"paper000_{name}.json",
              {"command": "python benchmarks/paper000.py " + " ".join(sys.argv[1:] if argv is None else argv),
