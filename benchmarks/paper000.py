@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -40,11 +39,11 @@ from typing import Any
 
 import numpy as np
 
-from fedpeft.config import dump_config, load_config
+from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
 
-from results_io import print_table, save  # benchmarks/results_io.py
+from results_io import print_table, reuse_or_clear, save  # benchmarks/results_io.py
 
 CONFIG = "configs/paper000_mnli_heads.yaml"
 B1 = ["algorithm.pruning=none", "algorithm.aggregation=fedavg"]
@@ -72,14 +71,7 @@ class Bench:
         cfg = load_config(self.args.config, [*self.common, *overrides, f"name=paper000-{key}"])
         run_dir = self.runs / key
         alphas_path = run_dir / "importance_first_rounds.json"
-        if (run_dir / "summary.json").exists() and (run_dir / "config.yaml").read_text() == dump_config(cfg):
-            print(f"[{key}] reusing {run_dir}", flush=True)
-        else:
-            if (run_dir / "summary.json").exists():
-                raise SystemExit(f"{run_dir} holds a finished run with another config; move it away or pass --runs DIR")
-            if run_dir.exists():  # an unfinished run (interrupted): trained again from scratch
-                print(f"[{key}] replacing the unfinished run in {run_dir}", flush=True)
-                shutil.rmtree(run_dir)
+        if not reuse_or_clear(run_dir, cfg, key):
             print(f"[{key}] training: {' '.join(overrides)}", flush=True)
             rt = EmbeddedRuntime(cfg, run_dir)
             records: list[dict[str, Any]] = []
@@ -385,13 +377,8 @@ def _run_process(b: Bench, key: str, config: str, overrides: list[str]) -> Path:
     """Train (or reuse) one run in its own `fedpeft run` process."""
     cfg = load_config(config, [*b.common, *overrides, f"name=paper000-{key}"])
     run_dir = b.runs / key
-    if (run_dir / "summary.json").exists() and (run_dir / "config.yaml").read_text() == dump_config(cfg):
-        print(f"[{key}] reusing {run_dir}", flush=True)
+    if reuse_or_clear(run_dir, cfg, key):
         return run_dir
-    if (run_dir / "summary.json").exists():
-        raise SystemExit(f"{run_dir} holds a finished run with another config; move it away or pass --runs DIR")
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
     print(f"[{key}] training: {' '.join(overrides)}", flush=True)
     sets = [x for o in [*b.common, *overrides, f"name=paper000-{key}"] for x in ("--set", o)]
     subprocess.run([sys.executable, "-m", "fedpeft.cli", "run", config, *sets, "--run-dir", str(run_dir), "--no-progress"],

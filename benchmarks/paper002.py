@@ -44,17 +44,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedpeft.config import dump_config, load_config
+from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
 
-from results_io import print_table, save  # benchmarks/results_io.py
+from results_io import print_table, reuse_or_clear, save  # benchmarks/results_io.py
 
 CONFIG = "configs/fedpeptao_rte.yaml"
 TASKS = {  # dataset overrides, primary metric, the paper's Table 2 target
@@ -114,14 +113,9 @@ class Bench:
         cfg = load_config(self.a.config, [*self.common, *data, f"task.metric={metric}", f"eval.target={target}",
                                           *overrides, *self.a.set, f"name=paper002-{task}-{key}"])
         run_dir = self.runs / task / key
-        if (run_dir / "summary.json").exists() and (run_dir / "config.yaml").read_text() == dump_config(cfg):
-            print(f"[{task}/{key}] reusing {run_dir}", flush=True)
+        if reuse_or_clear(run_dir, cfg, f"{task}/{key}"):
             exchanged = read_summary(run_dir).get("bench_params_exchanged")
         else:
-            if (run_dir / "summary.json").exists():
-                raise SystemExit(f"{run_dir} holds a finished run with another config; move it away or pass --runs DIR")
-            if run_dir.exists():
-                shutil.rmtree(run_dir)
             print(f"[{task}/{key}] training: {' '.join(overrides)}", flush=True)
             rt = EmbeddedRuntime(cfg, run_dir)
             last: dict[str, int] = {}

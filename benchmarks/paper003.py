@@ -49,7 +49,7 @@ from fedpeft.config import dump_config, load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
 
-from results_io import print_table, save  # benchmarks/results_io.py
+from results_io import print_table, reuse_or_clear, save  # benchmarks/results_io.py
 
 CONFIG = "configs/fedsp_arc_easy.yaml"
 DATASETS = {  # train part, evaluation part (disjoint slices of one split where no train split exists here)
@@ -113,11 +113,7 @@ class Bench:
     def run(self, dataset: str, key: str, overrides: list[str]) -> dict[str, Any]:
         cfg = self.config(dataset, key, overrides)
         run_dir = self.runs / dataset / key
-        if (run_dir / "summary.json").exists() and (run_dir / "config.yaml").read_text() == dump_config(cfg):
-            print(f"[{dataset}/{key}] reusing {run_dir}", flush=True)
-        else:
-            if (run_dir / "summary.json").exists():
-                raise SystemExit(f"{run_dir} holds a finished run with another config; move it away or pass --runs DIR")
+        if not reuse_or_clear(run_dir, cfg, f"{dataset}/{key}"):
             print(f"[{dataset}/{key}] training: {' '.join(overrides)}", flush=True)
             EmbeddedRuntime(cfg, run_dir).run()
         return describe(dataset, key, run_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,3 +27,21 @@ def print_table(header: list[str], rows: list[list[Any]]) -> None:
     print("|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(str(cell) for cell in row) + " |")
+
+
+def reuse_or_clear(run_dir: Path, cfg: Any, label: str) -> bool:
+    """True if ``run_dir`` holds a finished run of exactly ``cfg`` (to be reused). Otherwise an unfinished run there
+    is removed (it is trained again from scratch) and False is returned; a finished run of another config stops
+    the script rather than being overwritten."""
+    from fedpeft.config import dump_config
+
+    finished = (run_dir / "summary.json").exists()
+    if finished and (run_dir / "config.yaml").read_text() == dump_config(cfg):
+        print(f"[{label}] reusing {run_dir}", flush=True)
+        return True
+    if finished:
+        raise SystemExit(f"{run_dir} holds a finished run with another config; move it away or pass --runs DIR")
+    if run_dir.exists():
+        print(f"[{label}] replacing the unfinished run in {run_dir}", flush=True)
+        shutil.rmtree(run_dir)
+    return False

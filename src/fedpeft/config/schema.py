@@ -310,8 +310,8 @@ class FedPepTAOOptions(Section):
 class FedSPOptions(Section):
     """Paper 003 (FedSP): the global model stays on the server; clients receive once an auxiliary model built
     from k of its blocks (applied cyclically at its L positions with cross-layer sharing) and distilled from
-    it on the server's data shard, then only prefix prompts (peft.method prefix_tuning). Each round a client trains its
-    auxiliary model with the prompts frozen, then the prompts with the model frozen, and returns the prompts;
+    it on the server's data shard, then only prefix prompts (peft.method prefix_tuning). Each round a client
+    trains its auxiliary model with the prompts frozen, then the prompts with the model frozen, and returns them;
     the server averages them, tunes them on the global model with its shard and sends them out. Causal LMs
     only (task.type generation or multiple_choice with a decoder-only model); embedded runtime only."""
 
@@ -321,7 +321,8 @@ class FedSPOptions(Section):
         "bottom", description="Where the k consecutive blocks are taken from (paper Table 3).")
     share_layers: bool = Field(
         True, description="Cross-layer sharing: apply the k blocks cyclically at L positions (block p mod k at "
-        "position p) so that all L layers' prompts plug in. false: k positions taking k layers' prompts (the 'w/o CS' ablation).")
+        "position p) so that all L layers' prompts plug in. false: k positions taking k layers' prompts (the "
+        "'w/o CS' ablation).")
     distill_steps: int = Field(
         200, ge=0, description="Knowledge distillation steps on the server's shard before round 1 (0: none, "
         "the 'w/o KD' ablation; the paper runs 5000 on a GPU).")

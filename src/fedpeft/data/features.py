@@ -106,17 +106,22 @@ def encode_classification(rows: list[Row], labels: list[int], tokenizer, max_len
 # --- language-model helpers ------------------------------------------------------------------------
 
 
+def leading_special_ids(tokenizer) -> list[int]:
+    """The BOS-like id the tokenizer puts before a text (none for many decoders); trailing specials such as
+    [SEP] or an eos are left out."""
+    prefix = tokenizer("", add_special_tokens=True)["input_ids"]
+    ends = {tokenizer.eos_token_id, tokenizer.sep_token_id} - {None}
+    return [t for t in prefix if t not in ends][:1]
+
+
 def _special_ids(tokenizer) -> tuple[list[int], int]:
     """(prefix ids the tokenizer adds, eos id)."""
-    prefix = tokenizer("", add_special_tokens=True)["input_ids"]
     eos = tokenizer.eos_token_id
     if eos is None:
         eos = tokenizer.sep_token_id
     if eos is None:
         raise DataError("the tokenizer has neither an eos nor a sep token; generation needs one")
-    # keep only a leading BOS-like prefix; drop trailing specials such as [SEP]
-    prefix = [t for t in prefix if t != eos][:1] if prefix else []
-    return prefix, int(eos)
+    return leading_special_ids(tokenizer), int(eos)
 
 
 def _causal_pair(prefix: list[int], ctx: list[int], tgt: list[int], max_length: int) -> tuple[np.ndarray, np.ndarray]:

@@ -20,9 +20,9 @@ from torch import nn
 def text_token_ids(tokenizer: Any, text: str, num_tokens: int) -> list[int]:
     """The ids the prefix is computed from: the tokenizer's leading BOS if it adds one, then the text's own tokens,
     repeated up to or cut to ``num_tokens`` in all (as peft's prompt-tuning text init); no trailing specials."""
-    from fedpeft.data.features import _special_ids
+    from fedpeft.data.features import leading_special_ids
 
-    lead = _special_ids(tokenizer)[0]
+    lead = leading_special_ids(tokenizer)
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if not ids:
         raise ValueError("peft.init_text is empty after tokenization; give a few words")
