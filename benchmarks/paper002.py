@@ -14,6 +14,7 @@ every round; the best value over rounds is reported, as the paper.
     python benchmarks/paper002.py optimizers --tasks sst2             # Sec. 5.4 / Fig. 6 shape (runs/paper002_opt)
     python benchmarks/paper002.py selection --tasks sst2              # Appendix B.6 shape
     python benchmarks/paper002.py methods --tasks sst2 --model smollm2-135m --prefix-tokens 5 --runs runs/paper002_smollm2
+    python benchmarks/paper002.py methods --tasks rte,mrpc,sst2,cola --reuse-only   # tabulate what has run, train nothing
 
 The paper runs its comparisons on RTE; here FedPepTAO with MiniLM-L6 stays at chance on RTE in 20 rounds
 under this label skew (both eta_0), so the optimizer and layer-order comparisons run on SST-2, where it learns.
@@ -53,7 +54,7 @@ from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
 
-from results_io import print_table, reuse_or_clear, save  # benchmarks/results_io.py
+from results_io import is_finished_run, print_table, reuse_or_clear, save  # benchmarks/results_io.py
 
 CONFIG = "configs/fedpeptao_rte.yaml"
 TASKS = {  # dataset overrides, primary metric, the paper's Table 2 target
@@ -103,16 +104,21 @@ class Bench:
     def __init__(self, a: argparse.Namespace):
         self.a = a
         self.runs = Path(a.runs)
+        self.not_run: list[str] = []  # with --reuse-only: the runs of the plan that do not exist yet
         self.common = [f"federation.rounds={a.rounds}", f"algorithm.selection_round={a.selection_round}",
                        f"model.name={a.model}", f"peft.num_virtual_tokens={a.prefix_tokens}",
                        "runtime.progress=false", "eval.every=1"]
 
-    def run(self, task: str, key: str, overrides: list[str]) -> dict[str, Any]:
+    def run(self, task: str, key: str, overrides: list[str]) -> dict[str, Any] | None:
         data, metric, target = TASKS[task]
         # the method's own options (e.g. peft={...}) come after the shared ones so that they win
         cfg = load_config(self.a.config, [*self.common, *data, f"task.metric={metric}", f"eval.target={target}",
                                           *overrides, *self.a.set, f"name=paper002-{task}-{key}"])
         run_dir = self.runs / task / key
+        if self.a.reuse_only and not is_finished_run(run_dir, cfg):
+            print(f"[{task}/{key}] not run yet: left out of this table (--reuse-only)", flush=True)
+            self.not_run.append(f"{task}/{key}")
+            return None
         if reuse_or_clear(run_dir, cfg, f"{task}/{key}"):
             exchanged = read_summary(run_dir).get("bench_params_exchanged")
         else:
@@ -191,6 +197,8 @@ def main() -> None:
     ap.add_argument("--sgd-lr", type=float, default=1.0)
     ap.add_argument("--out", default=None)
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--reuse-only", action="store_true",
+                    help="train nothing: tabulate the finished runs and name the ones not run yet")
     a = ap.parse_args()
     a.runs = a.runs or ("runs/paper002_opt" if a.experiment == "optimizers" else "runs/paper002")
     bench = Bench(a)
@@ -202,17 +210,21 @@ def main() -> None:
         else:
             plan = (methods if a.experiment == "methods" else optimizers)(a)
         for key, overrides in plan.items():
-            if only is None or key in only:
-                rows.append(bench.run(task, key, overrides))
-                print({k: v for k, v in rows[-1].items() if k != "curve"}, flush=True)
+            if (only is None or key in only) and (row := bench.run(task, key, overrides)) is not None:
+                rows.append(row)
+                print({k: v for k, v in row.items() if k != "curve"}, flush=True)
         if a.experiment == "selection":
-            ratio = bench.run(task, "fedpeptao", methods(a)["fedpeptao"])["kept_ratio"]
-            for order in ("random", "ascending", "descending"):
-                rows.append(bench.run(task, f"order_{order}", [*DEEP, "algorithm.name=fedpeptao",
-                                                               f"algorithm.layer_selection={order}", f"algorithm.ratio={ratio}"]))
-                print({k: v for k, v in rows[-1].items() if k != "curve"}, flush=True)
+            method_row = bench.run(task, "fedpeptao", methods(a)["fedpeptao"])
+            for order in ("random", "ascending", "descending") if method_row else ():
+                row = bench.run(task, f"order_{order}", [*DEEP, "algorithm.name=fedpeptao",
+                                                         f"algorithm.layer_selection={order}",
+                                                         f"algorithm.ratio={method_row['kept_ratio']}"])
+                if row is not None:
+                    rows.append(row)
+                    print({k: v for k, v in row.items() if k != "curve"}, flush=True)
     out = a.out or f"benchmarks/results/paper002_{a.experiment}{'' if a.model == 'minilm-l6' else '_' + a.model}.json"
-    save(out, {"experiment": a.experiment, "config": a.config, "rounds": a.rounds, "model": a.model, "rows": rows})
+    save(out, {"experiment": a.experiment, "config": a.config, "rounds": a.rounds, "model": a.model, "rows": rows,
+                "not_run": bench.not_run})
     report(rows)
 
 

@@ -29,14 +29,19 @@ def print_table(header: list[str], rows: list[list[Any]]) -> None:
         print("| " + " | ".join(str(cell) for cell in row) + " |")
 
 
+def is_finished_run(run_dir: Path, cfg: Any) -> bool:
+    """True if ``run_dir`` holds a finished run of exactly ``cfg``; touches nothing."""
+    from fedpeft.config import dump_config
+
+    return (run_dir / "summary.json").exists() and (run_dir / "config.yaml").read_text() == dump_config(cfg)
+
+
 def reuse_or_clear(run_dir: Path, cfg: Any, label: str) -> bool:
     """True if ``run_dir`` holds a finished run of exactly ``cfg`` (to be reused). Otherwise an unfinished run there
     is removed (it is trained again from scratch) and False is returned; a finished run of another config stops
     the script rather than being overwritten."""
-    from fedpeft.config import dump_config
-
     finished = (run_dir / "summary.json").exists()
-    if finished and (run_dir / "config.yaml").read_text() == dump_config(cfg):
+    if finished and is_finished_run(run_dir, cfg):
         print(f"[{label}] reusing {run_dir}", flush=True)
         return True
     if finished:
