@@ -204,24 +204,26 @@ def main() -> None:
     bench = Bench(a)
     rows = []
     only = set(a.only.split(",")) if a.only else None
+
+    def add(row: dict[str, Any] | None) -> None:  # None: not run (--reuse-only)
+        if row is not None:
+            rows.append(row)
+            print({k: v for k, v in row.items() if k != "curve"}, flush=True)
+
     for task in a.tasks.split(","):
         if a.experiment == "selection":  # the method's run fixes the ratio the other orders use
             plan = {"fedpeptao": methods(a)["fedpeptao"]}
         else:
             plan = (methods if a.experiment == "methods" else optimizers)(a)
         for key, overrides in plan.items():
-            if (only is None or key in only) and (row := bench.run(task, key, overrides)) is not None:
-                rows.append(row)
-                print({k: v for k, v in row.items() if k != "curve"}, flush=True)
+            if only is None or key in only:
+                add(bench.run(task, key, overrides))
         if a.experiment == "selection":
             method_row = bench.run(task, "fedpeptao", methods(a)["fedpeptao"])
             for order in ("random", "ascending", "descending") if method_row else ():
-                row = bench.run(task, f"order_{order}", [*DEEP, "algorithm.name=fedpeptao",
-                                                         f"algorithm.layer_selection={order}",
-                                                         f"algorithm.ratio={method_row['kept_ratio']}"])
-                if row is not None:
-                    rows.append(row)
-                    print({k: v for k, v in row.items() if k != "curve"}, flush=True)
+                add(bench.run(task, f"order_{order}", [*DEEP, "algorithm.name=fedpeptao",
+                                                       f"algorithm.layer_selection={order}",
+                                                       f"algorithm.ratio={method_row['kept_ratio']}"]))
     out = a.out or f"benchmarks/results/paper002_{a.experiment}{'' if a.model == 'minilm-l6' else '_' + a.model}.json"
     save(out, {"experiment": a.experiment, "config": a.config, "rounds": a.rounds, "model": a.model, "rows": rows,
                 "not_run": bench.not_run})

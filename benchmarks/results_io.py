@@ -40,11 +40,10 @@ def reuse_or_clear(run_dir: Path, cfg: Any, label: str) -> bool:
     """True if ``run_dir`` holds a finished run of exactly ``cfg`` (to be reused). Otherwise an unfinished run there
     is removed (it is trained again from scratch) and False is returned; a finished run of another config stops
     the script rather than being overwritten."""
-    finished = (run_dir / "summary.json").exists()
-    if finished and is_finished_run(run_dir, cfg):
+    if is_finished_run(run_dir, cfg):
         print(f"[{label}] reusing {run_dir}", flush=True)
         return True
-    if finished:
+    if (run_dir / "summary.json").exists():
         raise SystemExit(f"{run_dir} holds a finished run with another config; move it away or pass --runs DIR")
     if run_dir.exists():
         print(f"[{label}] replacing the unfinished run in {run_dir}", flush=True)
