@@ -49,6 +49,16 @@ def test_bad_values_are_rejected_with_the_valid_choices(override, expected):
     assert "\n" not in str(err.value)  # one problem, one line
 
 
+def test_a_value_read_as_a_mapping_says_to_quote_it():
+    # YAML reads a trailing ':' as a one-key mapping; the error names the --set key and the quoted form
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["peft.method=prompt_tuning", "peft.init_text=Review sentiment:"])
+    assert "(got the mapping {'Review sentiment': None}" in str(err.value)
+    assert """--set 'peft.init_text="Review sentiment:"'""" in str(err.value) and "\n" not in str(err.value)
+    quoted = load_config(None, ["peft.method=prompt_tuning", 'peft.init_text="Review sentiment:"'])
+    assert quoted.peft.init_text == "Review sentiment:"
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")

@@ -86,6 +86,21 @@ def _valid_keys(raw: dict[str, Any], loc: tuple) -> list[str]:
     return sorted(model.model_fields) if model is not None else []
 
 
+def _override_key(raw: dict[str, Any], loc: tuple) -> str:
+    """``loc`` as a ``--set`` key: without the discriminator tags pydantic inserts (peft.lora.r -> peft.r)."""
+    model: type[BaseModel] | None = RunConfig
+    node: Any = raw
+    parts = []
+    for part in loc:
+        if model is not None and part not in model.model_fields:
+            continue  # a discriminator tag
+        parts.append(part)
+        if model is not None:
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+            model = _section_model(model.model_fields[part].annotation, node)
+    return ".".join(parts)
+
+
 def _format(err: dict[str, Any], raw: dict[str, Any]) -> str:
     loc = tuple(str(p) for p in err.get("loc", ()))
     key = ".".join(loc) or "(config)"
@@ -100,6 +115,12 @@ def _format(err: dict[str, Any], raw: dict[str, Any]) -> str:
         return f"{key}: missing {err.get('ctx', {}).get('discriminator', 'tag')}"
     msg = err.get("msg", "invalid value").removeprefix("Value error, ")
     got = err.get("input")
+    if isinstance(got, dict) and err["type"].endswith("_type") and len(got) == 1:
+        # `--set peft.init_text=Review sentiment:` -> YAML reads 'text:' as a one-key mapping
+        (k, v), = got.items()
+        text = f"{k}:" if v is None else f"{k}: {v}"
+        return (f"{key}: {msg} (got the mapping {got!r}: a value ending in ':' or holding ': ' reads as YAML; "
+                f"quote it, e.g. --set '{_override_key(raw, loc)}=\"{text}\"')")
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
     return f"{key}: {msg}{shown}"
 
