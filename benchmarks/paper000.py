@@ -409,9 +409,12 @@ def table2(b: Bench) -> dict[str, Any]:
                 trained = [r for r in metric_rows if r["round"] > 0]
                 per_client = lambda field: [v for r in trained for v in (r.get(field) or {}).values() if v is not None]  # noqa: E731
                 final = summary.get("final_eval", {})
+                primary = summary["primary_metric"]
+                evals = [r[f"eval_{primary}"] for r in trained if f"eval_{primary}" in r]
                 rows.append({"task": task, "scale": scale, "variant": variant, "run_dir": str(run_dir),
                              **{m: final.get(f"eval_{m}") for m in metrics},
-                             "best": summary["best"], "primary_metric": summary["primary_metric"],
+                             "best": summary["best"], "primary_metric": primary,
+                             "last3": _mean(evals[-3:]),  # evaluations after round 0 only
                              "mib_up_per_client_round": _mean(per_client("bytes_up")) / 2**20,
                              "mib_down_per_client_round": _mean(per_client("bytes_down")) / 2**20,
                              "ops_analytic_g_per_client_round": _mean(per_client("client_ops_analytic")) / 1e9,
@@ -428,10 +431,10 @@ def table2(b: Bench) -> dict[str, Any]:
             if "10/2" in rss and "1000/20" in rss and rss["10/2"]:
                 memory.append({"task": task, "variant": variant, "peak_rss_mb_10x2": rss["10/2"],
                                "peak_rss_mb_1000x20": rss["1000/20"], "ratio": rss["1000/20"] / rss["10/2"]})
-    print_table(["task", "clients / per round", "variant", "metric (final)", "MiB up / client / round",
-                 "OPs (G) / client / round", "peak RSS (MiB)", "wall s"],
+    print_table(["task", "clients / per round", "variant", "metric (final)", "primary: best", "primary: mean of last 3",
+                 "MiB up / client / round", "OPs (G) / client / round", "peak RSS (MiB)", "wall s"],
                 [[r["task"], r["scale"], r["variant"],
-                  " / ".join(_fmt(r[m]) for m in TABLE2_TASKS[r["task"]][2]),
+                  " / ".join(_fmt(r[m]) for m in TABLE2_TASKS[r["task"]][2]), _fmt(r["best"]), _fmt(r["last3"]),
                   _fmt(r["mib_up_per_client_round"], ".3f"), _fmt(r["ops_analytic_g_per_client_round"], ".2f"),
                   _fmt(r["peak_rss_mb"], ".0f"), _fmt(r["wall_s"], ".0f")] for r in rows])
     if memory:
