@@ -560,7 +560,9 @@ def main(argv: list[str] | None = None) -> None:
     # "all" = the paper's five; `selection` needs its own --rounds/--runs (see the module docstring)
     for name in [n for n in EXPERIMENTS if n not in ("selection", "table2", "table4")] if args.experiment == "all" else [args.experiment]:
         result = EXPERIMENTS[name](b)
-        save(Path(args.out_dir) / f"paper000_{name}.json",
+        # table2 runs one task at a time here (hours each), so its results file is named by its tasks
+        stem = f"paper000_table2_{args.tasks.replace(',', '_')}" if name == "table2" else f"paper000_{name}"
+        save(Path(args.out_dir) / f"{stem}.json",
              {"command": "python benchmarks/paper000.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "config": args.config, "rounds": args.rounds, "eval_every": args.eval_every, "overrides": args.set, **result})
 

@@ -229,7 +229,7 @@ def main() -> None:
         if r.get("client_model_parameters") is None and global_params:
             extra = 0 if r["method"] == "finetune" else r["trainable_parameters"]
             r["client_model_parameters"] = global_params + extra
-    out = a.out or f"benchmarks/results/paper003_{a.experiment}.json"
+    out = a.out or f"benchmarks/results/paper003_{a.experiment}_{a.datasets.replace(',', '_')}.json"
     save(out, {"experiment": a.experiment, "config": a.config, "rounds": a.rounds, "local_steps": a.local_steps,
                "distill_steps": a.distill_steps, "eval_examples": a.eval_examples, "rows": rows})
     report(rows)

@@ -13,7 +13,8 @@ import torch
 
 
 def machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads{gpu}"
 
 
 def save(path: str | Path, results: dict[str, Any]) -> None:
