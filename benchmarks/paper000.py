@@ -394,6 +394,8 @@ def table2(b: Bench) -> dict[str, Any]:
     from fedpeft.report.plots import plot_curves
 
     rows = []
+    # rounds for one scale, e.g. 10/2=20: at 10 clients each round trains 10x the data of 100/2
+    scale_rounds = dict(x.split("=") for x in b.args.scale_rounds.split(",")) if b.args.scale_rounds else {}
     for task in b.args.tasks.split(","):
         config, task_overrides, metrics = TABLE2_TASKS[task]
         for scale in b.args.scales.split(","):
@@ -401,7 +403,8 @@ def table2(b: Bench) -> dict[str, Any]:
             curves = {}
             for variant, overrides in TABLE2_VARIANTS.items():
                 key = f"table2-{task}-{n}x{k}-{variant}"
-                run_dir = _run_process(b, key, config, [*task_overrides, f"federation.num_clients={n}",
+                rounds = [f"federation.rounds={scale_rounds[scale]}"] if scale in scale_rounds else []
+                run_dir = _run_process(b, key, config, [*task_overrides, *rounds, f"federation.num_clients={n}",
                                                         f"federation.clients_per_round={k}", *overrides])
                 summary = read_summary(run_dir)
                 metric_rows = read_metrics(run_dir)
@@ -554,6 +557,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seq-len", type=int, default=128, help="table4: tokens per sequence for the analytic OPs")
     ap.add_argument("--tasks", default="mnli,20news,e2e", help="table2: tasks")
     ap.add_argument("--scales", default="10/2,100/2,1000/20", help="table2: federation scales")
+    ap.add_argument("--scale-rounds", default="", help="table2: rounds at some scales, e.g. 10/2=20 (both variants)")
     ap.add_argument("--set", action="append", default=[], help="config override for every run")
     args = ap.parse_args(argv)
     b = Bench(args)
@@ -564,7 +568,8 @@ def main(argv: list[str] | None = None) -> None:
         stem = f"paper000_table2_{args.tasks.replace(',', '_')}" if name == "table2" else f"paper000_{name}"
         save(Path(args.out_dir) / f"{stem}.json",
              {"command": "python benchmarks/paper000.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "config": args.config, "rounds": args.rounds, "eval_every": args.eval_every, "overrides": args.set, **result})
+              "config": args.config, "rounds": args.rounds, "eval_every": args.eval_every, "overrides": args.set,
+              **({"scale_rounds": args.scale_rounds} if name == "table2" and args.scale_rounds else {}), **result})
 
 
 if __name__ == "__main__":
