@@ -19,8 +19,9 @@ method run appears in Table 1, Fig. 4 and Table 5) train it once.
     python benchmarks/paper000.py table4   # backbones: upload and OPs, dense vs the method, from configs
 
 Common options: ``--rounds`` (default 40), ``--eval-every`` (default 5), ``--set key=value`` (any config
-override, applied to every run). Results go to benchmarks/results/paper000_<experiment>.json and a
-markdown table is printed; plots go next to them. Accounting per client and round: MiB up and down
+override, applied to every run). Results go to benchmarks/results/paper000_<experiment>.json (table2:
+paper000_table2_<tasks>.json, with ``--scale-rounds`` for rounds at one scale) and a markdown table is
+printed; plots go next to them. Accounting per client and round: MiB up and down
 (measured payload bytes), analytic OPs (Appendix A with the documented pruning reading in
 fedpeft.metrics.ops) and measured FLOPs (torch.utils.flop_counter, which counts what is executed: masked
 training executes the dense computation), local training seconds (without the importance pass) and the
