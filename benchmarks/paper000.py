@@ -44,7 +44,7 @@ from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
 
-from results_io import print_table, reuse_or_clear, save  # benchmarks/results_io.py
+from results_io import over_seeds, parse_seeds, pm, print_table, reuse_or_clear, save  # benchmarks/results_io.py
 
 CONFIG = "configs/paper000_mnli_heads.yaml"
 B1 = ["algorithm.pruning=none", "algorithm.aggregation=fedavg"]
@@ -68,6 +68,15 @@ class Bench:
                        "runtime.progress=false", *args.set]
 
     def run(self, key: str, overrides: list[str]) -> dict[str, Any]:
+        """Train (or reuse) one run at every ``--seeds`` seed (each its own run directory, ``<key>-seed<s>``
+        except seed 0); return its per-client-round accounting and curves, averaged over the seeds."""
+        seeds = parse_seeds(self.args.seeds)
+        if seeds is None:
+            return self.run_one(key, overrides)
+        rows = [self.run_one(key if s == 0 else f"{key}-seed{s}", [*overrides, f"seed={s}"]) for s in seeds]
+        return over_seeds(rows, seeds)
+
+    def run_one(self, key: str, overrides: list[str]) -> dict[str, Any]:
         """Train (or reuse) one run; return its per-client-round accounting and curves."""
         cfg = load_config(self.args.config, [*self.common, *overrides, f"name=paper000-{key}"])
         run_dir = self.runs / key
@@ -125,9 +134,9 @@ def table1(b: Bench) -> dict[str, Any]:
     print_table(["variant", "selection", "final acc", "mean of last 3 evals", "best acc", "rounds to target", "sparsity", "OPs (G) / client / round",
                  "measured FLOPs (G)", "MiB up / client / round", "MiB down", "train s / client / round (median)",
                  "importance s"],
-                [[r["key"].split("-")[0], r["selection"], _fmt(r["final_accuracy"]), _fmt(r["last3_accuracy"]),
-                  _fmt(r["best_accuracy"]),
-                  r["rounds_to_target"] or "not reached", f"{100 * r['sparsity_measured']:.0f}%",
+                [[r["key"].split("-")[0], r["selection"], pm(r, "final_accuracy"), pm(r, "last3_accuracy"),
+                  pm(r, "best_accuracy"),
+                  pm(r, "rounds_to_target", ".0f").replace("-", "not reached"), f"{100 * r['sparsity_measured']:.0f}%",
                   _fmt(r["ops_analytic_g_per_client_round"], ".2f"), _fmt(r["flops_measured_g_per_client_round"], ".2f"),
                   _fmt(r["mib_up_per_client_round"], ".3f"), _fmt(r["mib_down_per_client_round"], ".3f"),
                   _fmt(r["train_s_per_client_round_median"], ".2f"), _fmt(r["importance_s_per_client_round_mean"], ".2f")]
@@ -146,8 +155,8 @@ def fig4(b: Bench) -> dict[str, Any]:
     dense = b.run("B1-loss-s90", [*B1, *SELECTIONS["loss"], "algorithm.sparsity=0.9"])
     print_table(["sparsity", "final acc", "mean of last 3 evals", "best acc", "MiB up / client / round", "OPs (G) / client / round",
                  "comm. vs B1", "OPs vs B1", "train s / client / round (median)", "importance s"],
-                [[f"{100 * r['sparsity_configured']:.0f}%", _fmt(r["final_accuracy"]), _fmt(r["last3_accuracy"]),
-                  _fmt(r["best_accuracy"]),
+                [[f"{100 * r['sparsity_configured']:.0f}%", pm(r, "final_accuracy"), pm(r, "last3_accuracy"),
+                  pm(r, "best_accuracy"),
                   _fmt(r["mib_up_per_client_round"], ".3f"), _fmt(r["ops_analytic_g_per_client_round"], ".2f"),
                   f"{dense['mib_up_per_client_round'] / r['mib_up_per_client_round']:.2f}x",
                   f"{dense['ops_analytic_g_per_client_round'] / r['ops_analytic_g_per_client_round']:.2f}x",
@@ -329,7 +338,7 @@ def _selection_activity(run_dir: str) -> dict[str, Any]:
     """When did Eq. 9 choose by loss difference? Never-seen clients score +inf and rank first, so with
     100 clients and 2 per round the first rounds only enumerate unseen clients."""
     rows = [r for r in read_metrics(Path(run_dir)) if r["round"] > 0]
-    finite = [r["round"] for r in rows if any(v != "inf" for v in (r.get("selection_scores") or {}).values())]
+    finite = [r["round"] for r in rows if any(v not in ("inf", "-inf") for v in (r.get("selection_scores") or {}).values())]
     return {"distinct_clients": len({c for r in rows for c in r["clients"]}),
             "first_round_with_a_seen_client": finite[0] if finite else None,
             "rounds_choosing_by_loss": len(finite)}
@@ -346,8 +355,8 @@ def selection(b: Bench) -> dict[str, Any]:
         rows.append(run)
     print_table(["selection", "final acc", "mean of last 3 evals", "mean acc of evals after round 50", "best acc",
                  "rounds to target", "distinct clients", "rounds choosing by loss (finite scores)"],
-                [[r["selection"], _fmt(r["final_accuracy"]), _fmt(r["last3_accuracy"]), _fmt(r["mean_acc_after_round_50"]),
-                  _fmt(r["best_accuracy"]), r["rounds_to_target"] or "not reached", r["distinct_clients"],
+                [[r["selection"], pm(r, "final_accuracy"), pm(r, "last3_accuracy"), _fmt(r["mean_acc_after_round_50"]),
+                  pm(r, "best_accuracy"), r["rounds_to_target"] or "not reached", r["distinct_clients"],
                   r["rounds_choosing_by_loss"] if r["selection"] == "loss" else "-"] for r in rows])
     from fedpeft.report.plots import plot_curves
 
@@ -560,6 +569,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scales", default="10/2,100/2,1000/20", help="table2: federation scales")
     ap.add_argument("--scale-rounds", default="", help="table2: rounds at some scales, e.g. 10/2=20 (both variants)")
     ap.add_argument("--set", action="append", default=[], help="config override for every run")
+    ap.add_argument("--seeds", default=None, help="run every row at these seeds (e.g. 0,1,2; the seed sets the partition, "
+                    "the client selection and the initialisation) and report mean ± standard deviation")
     args = ap.parse_args(argv)
     b = Bench(args)
     # "all" = the paper's five; `selection` needs its own --rounds/--runs (see the module docstring)
@@ -570,6 +581,7 @@ def main(argv: list[str] | None = None) -> None:
         save(Path(args.out_dir) / f"{stem}.json",
              {"command": "python benchmarks/paper000.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "config": args.config, "rounds": args.rounds, "eval_every": args.eval_every, "overrides": args.set,
+              "seeds": parse_seeds(args.seeds),
               **({"scale_rounds": args.scale_rounds} if name == "table2" and args.scale_rounds else {}), **result})
 
 

@@ -99,7 +99,7 @@ class Bench:
         self.common = [f"federation.rounds={a.rounds}", f"federation.num_clients={a.clients}",
                        f"federation.clients_per_round={a.clients}", f"train.local_steps={a.local_steps}",
                        f"algorithm.distill_steps={a.distill_steps}", f"algorithm.server_steps={a.server_steps}",
-                       f"eval.max_examples={a.eval_examples}",
+                       f"eval.max_examples={a.eval_examples}", f"algorithm.client_trains={a.client_trains}",
                        "eval.every=0", "eval.at_start=false", "runtime.progress=false"]
 
     def config(self, dataset: str, key: str, overrides: list[str]):
@@ -207,8 +207,12 @@ def main() -> None:
     ap.add_argument("--eval-examples", type=int, default=200)
     ap.add_argument("--finetune-lr", type=float, default=1e-4)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--client-trains", choices=["all", "blocks"], default="all",
+                    help="FedSP: what a client updates of its auxiliary model: all (paper 003) or blocks (embeddings "
+                    "and LM head frozen as distilled; the tables in BENCHMARKS.md of 2026-11-24 used blocks)")
     ap.add_argument("--set", action="append", default=[])
     a = ap.parse_args()
+    print(f"FedSP clients train: {a.client_trains} of the auxiliary model", flush=True)
     bench = Bench(a)
     only = set(a.only.split(",")) if a.only else None
     rows = []
@@ -231,7 +235,8 @@ def main() -> None:
             r["client_model_parameters"] = global_params + extra
     out = a.out or f"benchmarks/results/paper003_{a.experiment}_{a.datasets.replace(',', '_')}.json"
     save(out, {"experiment": a.experiment, "config": a.config, "rounds": a.rounds, "local_steps": a.local_steps,
-               "distill_steps": a.distill_steps, "eval_examples": a.eval_examples, "rows": rows})
+               "distill_steps": a.distill_steps, "eval_examples": a.eval_examples, "client_trains": a.client_trains,
+               "rows": rows})
     report(rows)
 
 

@@ -50,3 +50,49 @@ def reuse_or_clear(run_dir: Path, cfg: Any, label: str) -> bool:
         print(f"[{label}] replacing the unfinished run in {run_dir}", flush=True)
         shutil.rmtree(run_dir)
     return False
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    """``--seeds 0,1,2`` -> [0, 1, 2]; None (the option not given) keeps the config's own seed."""
+    if not text:
+        return None
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"--seeds {text!r}: give comma-separated integers, e.g. --seeds 0,1,2") from None
+    if len(set(seeds)) != len(seeds) or not seeds:
+        raise SystemExit(f"--seeds {text!r}: give distinct integers, e.g. --seeds 0,1,2")
+    return seeds
+
+
+def over_seeds(rows: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
+    """One table row from the rows of the same run at several seeds: every number is the mean over the
+    seeds, with its sample standard deviation (``<key>_std``, n-1) and the per-seed values
+    (``<key>_seeds``); a field that is a number at some seeds and None at others keeps only the
+    per-seed values (its mean is None); everything else comes from the first seed."""
+    if len(rows) == 1:
+        return rows[0]
+    import numpy as np
+
+    out: dict[str, Any] = {**rows[0], "seeds": seeds, "per_seed": rows}
+    for key, first in rows[0].items():
+        values = [r.get(key) for r in rows]
+        if not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
+            continue
+        if all(v is None for v in values):
+            continue
+        out[f"{key}_seeds"] = values
+        numbers = [float(v) for v in values if v is not None]
+        full = len(numbers) == len(values)
+        out[key] = float(np.mean(numbers)) if full else None
+        out[f"{key}_std"] = float(np.std(numbers, ddof=1)) if full else None
+    return out
+
+
+def pm(row: dict[str, Any], key: str, spec: str = ".3f") -> str:
+    """``mean ± std`` when ``row`` averages several seeds, else the plain value; '-' for None."""
+    value, std = row.get(key), row.get(f"{key}_std")
+    if value is None:
+        per_seed = row.get(f"{key}_seeds")
+        return "/".join("-" if v is None else format(v, spec) for v in per_seed) if per_seed else "-"
+    return format(value, spec) + ("" if std is None else f" ± {format(std, spec)}")

@@ -37,3 +37,17 @@ def test_other_converters_and_split_aliases():
     assert CATALOG["mnli"].hub_splits["heldout_subset"] == "validation_matched"
     assert CATALOG["cola"].default_metric == "mcc"
     assert {e.task for e in CATALOG.values()} == {"classification", "generation", "multiple_choice"}
+
+
+def test_a_catalog_dataset_reports_its_own_metric_unless_the_user_names_one(tmp_path):
+    from fedpeft.rundir import read_summary
+    from fedpeft.runtime.embedded import run
+
+    from helpers import tiny_config
+
+    assert tiny_config("task.dataset=cola").primary_metric() == "mcc"
+    assert tiny_config("task.dataset=cola", "task.metric=accuracy").primary_metric() == "accuracy"
+    assert tiny_config("task.dataset=sst2").primary_metric() == "accuracy"
+    run(tiny_config("task.dataset=cola", "task.eval_split=validation_in_domain", "federation.rounds=1"), tmp_path / "cola")
+    summary = read_summary(tmp_path / "cola")
+    assert summary["primary_metric"] == "mcc" and -1.0 <= summary["final"] <= 1.0

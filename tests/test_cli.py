@@ -1,5 +1,8 @@
+import json
 import subprocess
 import sys
+
+import pytest
 
 
 from fedpeft.cli import main
@@ -51,7 +54,54 @@ def test_partition_from_config_matches_the_run(tmp_path, capsys):
 def test_model_command_lists_methods(capsys):
     assert main(["model", "tiny-bert", "--methods", "lora,bitfit"]) == 0
     out = capsys.readouterr().out
-    assert "bert, 2 layers, 4 heads" in out and "lora" in out and "bitfit" in out
+    assert "bert, 2 layers (2 attention modules), 4 heads" in out and "lora" in out and "bitfit" in out
+
+
+def model_json(capsys, *args: str) -> dict:
+    assert main(["model", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("name,task,paper", [
+    ("t5-small", "classification", (3.38, 1.86)), ("google-t5/t5-base", "classification", (10.13, 5.57)),
+    ("bart-base", "classification", (5.06, 2.78)),
+])
+def test_model_command_prints_paper000_communication_offline(capsys, name, task, paper):
+    """Paper 000 Tables 1-4: LoRA r16 on q, k, v, the PEFT tensors only, MiB, dense and at 90% sparsity."""
+    out = model_json(capsys, name, "--task", task, "--num-labels", "3", "--methods", "lora", "--set", "peft.r=16",
+                     "--sparsity", "0.9", "--tokens", "512")
+    [lora] = out["methods"]
+    # within the paper's rounding to 2 decimals (it rounds 10.125 up)
+    assert abs(lora["paper_mib"] - paper[0]) <= 0.005 + 1e-9 and abs(lora["paper_mib_pruned"] - paper[1]) <= 0.005 + 1e-9
+    # what a run sends also carries the 3-label head, the kept-head ids and the scores
+    assert lora["run_bytes"] > 4 * lora["trainable"] > 4 * lora["peft_parameters"]
+    assert lora["kept_heads"] == round(0.1 * lora["num_heads"]) and lora["run_bytes_pruned"] < lora["run_bytes"]
+
+
+def test_model_command_takes_peft_options_like_run(capsys):
+    r16 = model_json(capsys, "t5-small", "--methods", "lora,prompt_tuning", "--task", "generation", "--set",
+                     "peft.r=16", "--set", "peft.num_virtual_tokens=100")["methods"]
+    r8 = model_json(capsys, "t5-small", "--methods", "lora", "--task", "generation", "--set", "peft.r=8")["methods"]
+    assert r16[0]["peft_parameters"] == 2 * r8[0]["peft_parameters"]
+    assert r16[1]["options"]["num_virtual_tokens"] == 100
+    assert main(["model", "t5-small", "--methods", "lora", "--set", "peft.rank=8"]) == 2
+    assert "peft.rank" in capsys.readouterr().err
+
+
+def test_model_command_paper003_prompt_sizes(capsys):
+    """Paper 003, Tables 4-5: FedPrompt exchanges 6.1M (GPT2-XL) and 3.9M (OPT-1.3B) prompt parameters."""
+    for name, expected in (("gpt2-xl", 6_144_000), ("facebook/opt-1.3b", 3_932_160)):
+        [prefix] = model_json(capsys, name, "--task", "generation", "--methods", "prefix_tuning", "--set",
+                              "peft.num_virtual_tokens=40")["methods"]
+        assert prefix["peft_parameters"] == expected
+
+
+def test_every_bundled_architecture_builds_offline_with_lora(capsys):
+    from fedpeft.models.architectures import bundled_architectures
+
+    for hub_id in bundled_architectures():
+        out = model_json(capsys, hub_id, "--methods", "lora", "--sparsity", "0.5")
+        assert out["methods"] and out["methods"][0]["kept_heads"] == max(1, round(0.5 * out["methods"][0]["num_heads"]))
 
 
 def test_entry_point_is_installed():

@@ -43,8 +43,10 @@ def test_config_refuses_what_fedsp_cannot_do():
         fedsp_config("algorithm.server_data_fraction=0")
 
 
-def test_no_payload_carries_a_global_block_the_auxiliary_model_was_not_built_from(tmp_path):
-    rt = EmbeddedRuntime(fedsp_config("algorithm.aux_position=top"), tmp_path / "run")
+@pytest.mark.parametrize("client_trains", ["all", "blocks"])
+def test_no_payload_carries_a_global_block_the_auxiliary_model_was_not_built_from(tmp_path, client_trains):
+    rt = EmbeddedRuntime(fedsp_config("algorithm.aux_position=top", f"algorithm.client_trains={client_trains}"),
+                         tmp_path / "run")
     glob = rt.exp.server_model.base_model()
     assert glob.config.num_hidden_layers == 2
     private = {n: p.detach().numpy().copy() for n, p in glob.named_parameters() if ".layers.0." in n}  # not sent
@@ -74,9 +76,12 @@ def test_no_payload_carries_a_global_block_the_auxiliary_model_was_not_built_fro
     # the auxiliary model is global block 1 (top), distilled: it left the server changed, never block 0
     info = rt.server.aux_info
     assert info["blocks"] == [1] and info["positions"] == 2 and info["distill_steps"] == 4
-    # clients keep the part they train (the block and the final norm), the server keeps prompts only
+    # clients keep the part they train (all: the whole auxiliary model, as paper 003; blocks: the block and
+    # the final norm), the server keeps prompts only
     for state in rt.client_states.values():
-        assert state["aux"] and all(".layers.0." in k or "norm" in k for k in state["aux"])
+        assert state["aux"] and all(".layers.0." in k or "norm" in k or "embed_tokens" in k or "lm_head" in k
+                                    for k in state["aux"])
+        assert any("embed_tokens" in k for k in state["aux"]) == (client_trains == "all")
     assert set(rt.server.global_state) == prompt_names
     rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and "server_train_loss" in rows[-1] and "eval_accuracy_norm" in rows[-1]
@@ -92,7 +97,9 @@ def test_clients_train_the_auxiliary_model_then_the_prompts(tmp_path):
     assert failure is None
     assert update.meta["train_steps"] == 4 and "align_loss" in update.meta  # both phases of 2 steps are counted
     changed = {k for k, v in rt.client_states[0]["aux"].items() if not np.allclose(v, aux_before[k])}
-    assert changed and all(".layers.0." in k or "norm" in k for k in changed)
+    # by default the client tunes the whole auxiliary model, embeddings included (paper 003)
+    assert changed and {k for k in changed if ".layers." not in k and "norm" not in k} & {"model.embed_tokens.weight",
+                                                                                          "lm_head.weight"}
     assert set(update.arrays) == set(rt.exp.tuned.state())
     assert any(not np.allclose(update.arrays[k], rt.server.global_state[k]) for k in update.arrays)
     assert torch.is_grad_enabled()

@@ -87,9 +87,24 @@ def test_prefix_tuning_key_value_dims_per_layer_and_head():
     assert units[4] == (64, 80, (4, 5))
 
 
-def test_prompt_tuning_embedding_split_into_head_chunks():
-    layout, _ = layout_for("tiny-bert", "prompt_tuning", "classification")
-    assert units_of(layout, "prompt_encoder") == [(0, 16, (0,)), (16, 32, (1,)), (32, 48, (2,)), (48, 64, (3,))]
+def test_prompt_tuning_embedding_split_over_every_head_of_the_model():
+    layout, _ = layout_for("tiny-bert", "prompt_tuning", "classification")  # 2 modules x 4 heads, 64 dims
+    assert units_of(layout, "prompt_encoder") == [(8 * g, 8 * g + 8, (g,)) for g in range(8)]
+
+
+@pytest.mark.parametrize("model,method,kind", [("tiny-bert", "prompt_tuning", "classification"),
+                                               ("tiny-t5", "prompt_tuning", "seq2seq"),
+                                               ("tiny-llama", "p_tuning", "causal")])
+def test_uploaded_share_of_an_input_prompt_follows_the_sparsity(model, method, kind):
+    """Paper 000, Table 3: prompt tuning sends 743 KB dense and 74 KB at 90%: the kept share of heads."""
+    layout, spec = layout_for(model, method, kind)
+    [param] = layout.params.values()
+    dims, n = param.shape[1], layout.num_heads
+    rng = np.random.default_rng(0)
+    for kept in [set(range(n - layout.heads_per_module, n)), *(set(rng.choice(n, k, replace=False).tolist())
+                                                             for k in (1, n // 4, n // 2, n - 1))]:
+        share = param.packed_shape(kept)[1] / dims
+        assert abs(share - len(kept) / n) <= len(kept) / dims + 1e-9, (kept, share)
 
 
 def test_eq7_keeps_the_top_fraction_ties_to_lower_id():
@@ -264,3 +279,104 @@ def test_method_runs_on_every_architecture_and_sends_less(model, method, extra, 
     assert pruned[-1]["bytes_up_total"] < dense[-1]["bytes_up_total"]
     assert pruned[1]["agg_sparsity_mean"] == pytest.approx(1 - keep_count(pruned[1]["agg_kept_heads_mean"] * 4, 0.75) / (pruned[1]["agg_kept_heads_mean"] * 4), abs=0.3)
     assert "selection_scores" in pruned[1]
+
+
+def confidence(att: np.ndarray, queries: list[int], keys: list[int]) -> np.ndarray:
+    """Per head: mean over the query positions of the max probability over the key positions."""
+    return np.array([np.mean([max(att[h, i, j] for j in keys) for i in queries]) for h in range(att.shape[0])])
+
+
+def test_importance_feeds_the_sentence_pair_segments_that_training_feeds():
+    cfg = tiny_config("algorithm={name: headprune}", "task.dataset=mnli", "task.train_split=train_subset",
+                     "task.eval_split=heldout_subset", "task.max_train_examples=6")
+    exp = build_experiment(cfg)
+    data, res = exp.data.train, exp.client_resources
+    assert data.token_type_ids is not None and any(t.max() == 1 for t in data.token_type_ids)
+    imp = head_importance(exp.tuned, data, exp.head_layout, pad_id=res["pad_id"],
+                          exclude_token_ids=res["exclude_token_ids"], device=torch.device("cpu"), batch_size=4)
+    exp.tuned.module.get_base_model().set_attn_implementation("eager")
+    exp.tuned.module.eval()
+    expected = np.zeros(8)
+    with torch.no_grad():
+        for i in range(len(data)):
+            ids = torch.tensor(data.input_ids[i])[None]
+            out = exp.tuned.module(input_ids=ids, token_type_ids=torch.tensor(data.token_type_ids[i])[None],
+                                   output_attentions=True)
+            keys = [j for j, t in enumerate(ids[0].tolist()) if t not in res["exclude_token_ids"]]
+            for layer, att in enumerate(out.attentions):
+                expected[layer * 4:(layer + 1) * 4] += confidence(att[0].numpy(), list(range(ids.shape[1])), keys)
+    np.testing.assert_allclose(imp.alpha, expected / len(data), rtol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["tiny-t5", "tiny-bart"])
+@pytest.mark.parametrize("task", ["seq2seq", "classification"])
+def test_encoder_decoder_importance_masks_the_tokens_the_decoder_reads(model, task):
+    """Decoder key j is the token the decoder reads at j (the shifted target), captured from the model."""
+    extra = GEN if task == "seq2seq" else []
+    exp = build_experiment(tiny_config(f"model.name={model}", "algorithm={name: headprune}",
+                                       "task.max_train_examples=5", *extra))
+    data, res = exp.data.train, exp.client_resources
+    exclude = res["exclude_token_ids"]
+    base = exp.tuned.module.get_base_model()
+    if model == "tiny-t5":  # make every decoder query attend most to itself, so the last key decides
+        with torch.no_grad():
+            base.get_decoder().block[0].layer[0].SelfAttention.relative_attention_bias.weight[0] += 8.0
+    base.set_attn_implementation("eager")
+    exp.tuned.module.eval()
+    read: list[torch.Tensor] = []
+    hook = base.get_decoder().register_forward_pre_hook(
+        lambda mod, args, kwargs: read.append(kwargs["input_ids"]), with_kwargs=True)
+    expected = np.zeros(24)
+    try:
+        with torch.no_grad():
+            for i in range(len(data)):
+                ids = torch.tensor(data.input_ids[i])[None]
+                labels = torch.tensor(np.atleast_1d(data.labels[i]))[None if task == "seq2seq" else ...]
+                out = exp.tuned.module(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels,
+                                       output_attentions=True)
+                dec = read.pop()[0].tolist()
+                enc_keys = [j for j, t in enumerate(ids[0].tolist()) if t not in exclude]
+                dec_keys = [j for j, t in enumerate(dec) if t not in exclude]
+                queries = list(range(len(dec)))
+                maps = ([(a, range(ids.shape[1]), enc_keys) for a in out.encoder_attentions]
+                        + [(a, queries, dec_keys) for a in out.decoder_attentions]
+                        + [(a, queries, enc_keys) for a in out.cross_attentions])
+                for m, (att, q, k) in enumerate(maps):
+                    expected[m * 4:(m + 1) * 4] += confidence(att[0].numpy(), list(q), k)
+    finally:
+        hook.remove()
+    imp = head_importance(exp.tuned, data, exp.head_layout, pad_id=res["pad_id"], exclude_token_ids=exclude,
+                          device=torch.device("cpu"), batch_size=3)
+    if model == "tiny-bart":  # the decoder starts with </s>: it must not count as a key
+        assert dec[0] in exclude
+    np.testing.assert_allclose(imp.alpha, expected / len(data), rtol=1e-4)
+
+
+def test_eq9_a_failing_never_seen_client_backs_off_instead_of_starving_the_others():
+    init = {"w": np.zeros((4, 2), dtype=np.float32), "b": np.zeros(1, dtype=np.float32)}
+    s = HeadPruneServer(HeadPruneOptions(sparsity=0.5), init, layout=small_layout(), num_clients=3,
+                        clients_per_round=2, seed=0)
+
+    def round_(rnd, failing):
+        chosen = s.select(rnd)
+        s.observe_failures(rnd, {c: "rejected" for c in chosen if c == failing})
+        s.aggregate(rnd, {c: upload(rnd, 5, [0, 1], [[1, 1], [2, 2]], 3.0, alpha=[0.5, 0.5, 0, 0], loss=0.5 + c)
+                          for c in chosen if c != failing})
+        return chosen
+
+    bad = round_(1, failing=None)[0]  # every client is never seen (+inf) in round 1
+    s.last_loss.pop(bad)  # make `bad` never seen again, and fail from now on
+    chosen = round_(2, failing=bad)
+    assert bad in chosen and s.failures[bad] == 1 and s.backoff_until[bad] == 3
+    assert bad not in round_(3, failing=bad)  # 1st failure: one round off, although it is +inf
+    assert s.round_info()["selection_backing_off"] == [bad]
+    assert bad in round_(4, failing=bad)  # back: still never seen, so +inf; fails again
+    assert s.failures[bad] == 2 and s.backoff_until[bad] == 6
+    assert bad not in round_(5, failing=bad) and bad not in round_(6, failing=bad)
+    assert bad in round_(7, failing=None)  # a valid update clears the count
+    assert bad not in s.failures and bad not in s.backoff_until and bad in s.last_loss
+
+
+def test_eq9_clients_backing_off_are_chosen_only_when_no_one_else_is_left():
+    chosen, scores = loss_difference_selection({0: 0.3}, 0.0, 3, 2, seed=0, rnd=4, backing_off={1, 2})
+    assert chosen[:1] == [0] and len(chosen) == 2 and scores[chosen[1]] == -np.inf

@@ -154,36 +154,94 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 def cmd_model(args: argparse.Namespace) -> int:
     _quiet_libraries()
-    from fedpeft import wire
     from fedpeft.config.schema import TaskConfig
+    from fedpeft.metrics.footprint import footprint
     from fedpeft.models import registry
+    from fedpeft.models.architectures import architecture_config
     from fedpeft.models.layout import model_shape
-    from fedpeft.tuners import apply_tuner, method_options
+    from fedpeft.tuners import method_options
 
-    config = registry.load_config(args.name)
+    config = architecture_config(args.name)
     shape = model_shape(config)
-    print(
-        f"{args.name}: {config.model_type}, {shape.num_layers} layers, {shape.num_heads} heads "
-        f"({shape.num_kv_heads} key/value), hidden {shape.hidden}, feed-forward {shape.intermediate}, "
-        f"encoder-decoder: {shape.encoder_decoder}"
-    )
     task = args.task or ("classification" if config.model_type in ("bert", "roberta", "distilbert") else "generation")
     kind = registry.model_kind(TaskConfig(type=task).type, config)
     methods = args.methods.split(",") if args.methods else [
         "full", "lora", "ia3", "prompt_tuning", "p_tuning", "prefix_tuning", "houlsby", "pfeiffer", "bitfit"]
-    tok = registry.load_tokenizer(args.name)
-    print(f"task head: {kind}" + (f" ({args.num_labels} labels)" if kind == "classification" else ""))
-    print(f"{'method':<15}{'trainable params':>18}{'% of model':>12}{'payload bytes':>16}")
+    options = _peft_sets(args.set)
+    rows, skipped = [], {}
     for m in methods:
-        model = registry.load_model(args.name, kind, num_labels=args.num_labels, tokenizer=tok)
         try:
-            tuned = apply_tuner(model, method_options(m), kind)
+            opts = method_options(m, **{k: v for k, v in options.items() if k in _option_names(m)})
+            rows.append(footprint(args.name, config, opts, kind, num_labels=args.num_labels, sparsity=args.sparsity,
+                                  tokens=args.tokens))
         except ValueError as exc:
-            print(f"{m:<15}  not available: {exc}")
-            continue
-        size = len(wire.encode(wire.Payload(tuned.state(), {})))
-        print(f"{m:<15}{tuned.num_trainable():>18,}{100 * tuned.num_trainable() / tuned.num_total():>11.3f}%{size:>16,}")
+            skipped[m] = str(exc).splitlines()[0]
+    unused = sorted(set(options) - {k for m in methods for k in _option_names(m)})
+    if unused:
+        raise ConfigError(f"--set peft.{unused[0]}: no listed method has that option; see `fedpeft config` for the "
+                          "options of each peft method")
+    about = {"model": args.name, "model_type": config.model_type, "layers": shape.num_layers,
+             "attention_modules": shape.num_attention_modules, "heads": shape.num_heads, "kv_heads": shape.num_kv_heads,
+             "hidden": shape.hidden, "feed_forward": shape.intermediate, "encoder_decoder": shape.encoder_decoder,
+             "task_head": kind, "num_labels": args.num_labels if kind == "classification" else None,
+             "tokens": args.tokens, "sparsity": args.sparsity}
+    if args.json:
+        print(json.dumps({**about, "methods": [r.as_dict() for r in rows], "not_available": skipped}, indent=2))
+        return 0
+    print(f"{args.name}: {config.model_type}, {shape.num_layers} layers ({shape.num_attention_modules} attention modules), "
+          f"{shape.num_heads} heads ({shape.num_kv_heads} key/value), hidden {shape.hidden}, feed-forward "
+          f"{shape.intermediate}, encoder-decoder: {shape.encoder_decoder}")
+    print(f"task head: {kind}" + (f" ({args.num_labels} labels)" if kind == "classification" else "")
+          + f"; OPs per training sequence of {args.tokens} tokens")
+    print("upload per client and round: 'paper MiB' = the method's tensors only (no task head), float32, MiB; "
+          "'run bytes' = what a client sends (task head, kept-head ids, metadata)")
+    header = ["method", "trainable", "PEFT params", "paper MiB", "run bytes", *(f"GOPs {c}" for c in _conventions(rows))]
+    if args.sparsity is not None:
+        header += ["kept heads", f"paper MiB @{args.sparsity:g}", f"run bytes @{args.sparsity:g}",
+                   *(f"GOPs {c} @{args.sparsity:g}" for c in _conventions(rows))]
+    lines = []
+    for r in rows:
+        line = [r.method, f"{r.trainable:,}", f"{r.peft_parameters:,}", f"{r.paper_mib:.4f}", f"{r.run_bytes:,}",
+                *(f"{r.ops[c] / 1e9:,.2f}" for c in _conventions(rows))]
+        if args.sparsity is not None:
+            pruned = r.kept_heads is not None
+            line += [f"{r.kept_heads}/{r.num_heads}" if pruned else "-",
+                     f"{r.paper_mib_pruned:.4f}" if pruned else "-", f"{r.run_bytes_pruned:,}" if pruned else "-",
+                     *((f"{r.ops_pruned[c] / 1e9:,.2f}" if pruned else "-") for c in _conventions(rows))]
+        lines.append(line)
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+    for line in [header, *lines]:
+        print("  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(line, widths))))
+    for r in rows:
+        if args.sparsity is not None and r.pruning_note:
+            print(f"{r.method}: no head pruning ({r.pruning_note})")
+    for m, why in skipped.items():
+        print(f"{m}: not available ({why})")
     return 0
+
+
+def _conventions(rows) -> list[str]:
+    return list(rows[0].ops) if rows else []
+
+
+def _option_names(method: str) -> set[str]:
+    from fedpeft.tuners import method_options
+
+    return set(type(method_options(method)).model_fields) - {"method"}
+
+
+def _peft_sets(sets: list[str]) -> dict[str, object]:
+    """``--set peft.KEY=VALUE`` (the syntax of ``fedpeft run``) -> {KEY: VALUE}, values read as YAML."""
+    import yaml
+
+    out = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("peft.") or key == "peft.method" or "." in key[5:]:
+            raise ConfigError(f"--set {item!r}: give a peft option as peft.KEY=VALUE, e.g. --set peft.r=8 "
+                              "(the methods are chosen with --methods)")
+        out[key[5:]] = yaml.safe_load(value)
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,11 +290,19 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--rows", type=int, default=20, help="clients to list")
     pa.set_defaults(func=cmd_partition)
 
-    m = sub.add_parser("model", help="show a backbone's layout and the trainable size of each PEFT method")
-    m.add_argument("name", help="bundled alias, local directory or Hub id")
+    m = sub.add_parser("model", help="a backbone's layout and, per PEFT method, trainable parameters, upload per "
+                       "client and round, and analytic OPs, from its architecture config alone (offline, no weights)")
+    m.add_argument("name", help="a bundled architecture (t5-small, t5-base, bart-base, distilbert, roberta-base, "
+                   "roberta-large, gpt2, gpt2-large, gpt2-xl, opt-1.3b, llama-7b, or their Hub ids), a bundled "
+                   "alias with weights, a local directory or a Hub id")
     m.add_argument("--task", choices=["classification", "generation", "multiple_choice"])
     m.add_argument("--methods", help="comma-separated PEFT methods (default: all)")
     m.add_argument("--num-labels", type=int, default=2)
+    m.add_argument("--set", action="append", default=[], metavar="peft.KEY=VALUE",
+                   help="a PEFT option, as in `fedpeft run` (e.g. peft.r=8, peft.num_virtual_tokens=100)")
+    m.add_argument("--sparsity", type=float, help="also show head pruning at this sparsity (paper 000)")
+    m.add_argument("--tokens", type=int, default=128, help="tokens per training sequence for the OPs (paper 000: 512)")
+    m.add_argument("--json", action="store_true", help="print JSON")
     m.set_defaults(func=cmd_model)
     return p
 

@@ -25,6 +25,12 @@ Selection (Eq. 9): top-K clients by ``L_c - L_g``. ``L_c`` is the client's last 
 the latest evaluation (``eval_loss``). ``L_g`` is the same for every client, so it shifts the scores but
 never changes the ranking; it is logged with them. Clients never seen score +inf and so come first;
 ties are broken by a seeded permutation of the round (deterministic).
+
+Failed clients back off (our rule; the paper is silent): a selected client whose update did not arrive
+or was rejected scores -inf, so it is chosen only when fewer than K other clients remain, for 2^(f-1)
+rounds after its f-th consecutive failure (1, 2, 4, ... rounds, at most 64); then it gets its score
+back (+inf if it was never seen, else its last loss difference). A valid update resets the count.
+Without this, a never-seen client whose update keeps failing would keep +inf and be chosen every round.
 """
 
 from __future__ import annotations
@@ -42,13 +48,20 @@ from fedpeft.heads.sparse import keep_count, pruned_mask, unpack_into
 from fedpeft.wire import Payload, clock_seconds, clock_text
 
 
+MAX_BACKOFF_ROUNDS = 64
+
+
 def loss_difference_selection(last_loss: dict[int, float], global_loss: float | None, num_clients: int, k: int,
-                              seed: int, rnd: int) -> tuple[list[int], dict[int, float]]:
-    """Eq. 9: the K clients with the largest (last local loss - global loss); never seen = +inf."""
+                              seed: int, rnd: int, backing_off: set[int] | frozenset[int] = frozenset()
+                              ) -> tuple[list[int], dict[int, float]]:
+    """Eq. 9: the K clients with the largest (last local loss - global loss); never seen = +inf; clients
+    in ``backing_off`` (recent failures) = -inf, chosen only when fewer than K others remain."""
     lg = 0.0 if global_loss is None else float(global_loss)
     scores = np.full(num_clients, np.inf)
     for c, loss in last_loss.items():
         scores[c] = loss - lg
+    for c in backing_off:
+        scores[c] = -np.inf
     tiebreak = np.random.default_rng([seed, rnd, 0x10555]).permutation(num_clients)
     order = np.lexsort((tiebreak, -scores))
     chosen = sorted(int(c) for c in order[:k])
@@ -57,7 +70,7 @@ def loss_difference_selection(last_loss: dict[int, float], global_loss: float | 
 
 class HeadPruneServer(ServerAlgorithm):
     needs_head_layout = True
-    state_attrs = ("global_state", "last_loss", "global_loss")
+    state_attrs = ("global_state", "last_loss", "global_loss", "failures", "backoff_until")
 
     def __init__(self, options: Any, initial_state, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
@@ -65,6 +78,8 @@ class HeadPruneServer(ServerAlgorithm):
             raise ValueError("headprune needs the model's head layout")
         self.last_loss: dict[int, float] = {}  # only clients seen so far
         self.global_loss: float | None = None
+        self.failures: dict[int, int] = {}  # consecutive failed or rejected updates per client
+        self.backoff_until: dict[int, int] = {}  # client -> last round of its back-off
         self._round_info: dict[str, Any] = {}
 
     # -- selection ----------------------------------------------------------------------------------
@@ -72,11 +87,24 @@ class HeadPruneServer(ServerAlgorithm):
         if self.options.selection == "random":
             self._round_info = {}
             return super().select(rnd)
+        backing_off = {c for c, last in self.backoff_until.items() if rnd <= last}
         chosen, scores = loss_difference_selection(self.last_loss, self.global_loss, self.num_clients,
-                                                   self.clients_per_round, self.seed, rnd)
-        self._round_info = {"selection_scores": {str(c): (s if math.isfinite(s) else "inf") for c, s in scores.items()},
+                                                   self.clients_per_round, self.seed, rnd, backing_off)
+        self._round_info = {"selection_scores": {str(c): (s if math.isfinite(s) else str(s)) for c, s in scores.items()},
                             "selection_global_loss": self.global_loss}
+        if backing_off:
+            self._round_info["selection_backing_off"] = sorted(backing_off)
         return chosen
+
+    def observe_failures(self, rnd: int, failures: dict[int, str]) -> None:
+        for c in failures:
+            count = self.failures.get(c, 0) + 1
+            self.failures[c] = count
+            self.backoff_until[c] = rnd + min(2 ** (count - 1), MAX_BACKOFF_ROUNDS)
+
+    def load_state_dict(self, state) -> None:
+        # checkpoints written before the back-off rule have no failure counts: nobody is backing off
+        super().load_state_dict({"failures": {}, "backoff_until": {}, **state})
 
     def observe_evaluation(self, rnd: int, metrics: dict[str, Any]) -> None:
         if metrics.get("eval_loss") is not None:
@@ -129,6 +157,8 @@ class HeadPruneServer(ServerAlgorithm):
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
         for c, p in updates.items():
             self.last_loss[c] = float(p.meta["train_loss"])
+            self.failures.pop(c, None)
+            self.backoff_until.pop(c, None)
         if not updates:
             return {"update_norm": 0.0}
         ids = sorted(updates)

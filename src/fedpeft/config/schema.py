@@ -60,8 +60,8 @@ class TaskConfig(Section):
     )
     metric: str | None = Field(
         None,
-        description="Primary metric for targets and plots. Default: accuracy (classification), "
-        "rougeL (generation), accuracy (multiple_choice). CoLA: use mcc.",
+        description="Primary metric for targets and plots. Default: the catalog dataset's own metric "
+        "(mcc for CoLA), else accuracy (classification), rougeL (generation), accuracy (multiple_choice).",
     )
     generation_max_new_tokens: int = Field(48, ge=1, le=4096)
 
@@ -336,9 +336,9 @@ class FedSPOptions(Section):
         None, gt=0, description="Learning rate of the auxiliary model's training on the clients (None: train.lr, "
         "which is tuned for the prompts).")
     client_trains: Literal["blocks", "all"] = Field(
-        "blocks", description="Auxiliary parameters a client updates: blocks (everything but the embeddings and "
-        "the LM head, which stay as distilled) or all (as the reference code; a client then keeps a copy of "
-        "the embeddings in its state).")
+        "all", description="Auxiliary parameters a client updates: all (paper 003 and its reference code: the "
+        "whole auxiliary model, embeddings and LM head included; each client keeps its own copy of them) or "
+        "blocks (everything but the embeddings and the LM head, which stay as distilled and are held once).")
     server_data_fraction: float = Field(
         1 / 11, ge=0, lt=1, description="Share of the training split the server keeps for distillation and its "
         "own prompt tuning (the reference: 1 of client_num + 1 equal shards); the clients share the rest.")
@@ -570,6 +570,11 @@ class RunConfig(Section):
     def primary_metric(self) -> str:
         if self.task.metric:
             return self.task.metric
+        from fedpeft.data.catalog import CATALOG  # a plain table of the catalog datasets
+
+        entry = CATALOG.get(self.task.dataset)
+        if entry is not None and entry.default_metric and entry.task == self.task.type:
+            return entry.default_metric
         return {"classification": "accuracy", "generation": "rougeL", "multiple_choice": "accuracy"}[
             self.task.type
         ]

@@ -7,9 +7,18 @@ query positions, then over the examples. Virtual prompt / prefix keys count as o
 whose every key is excluded (e.g. the first position of a causal model that starts with a separator)
 is left out. The probabilities are the model's own softmax over all its keys, not renormalised.
 
-Decoder positions of encoder-decoder models are the target positions (labels != -100); cross-attention
-keys are the encoder tokens. The pass runs in eval mode with eager attention (SDPA returns no
-probabilities) under ``torch.no_grad``, on the model as received from the server, before training.
+The pass feeds the model exactly the batch that training feeds it (input ids, attention mask,
+``token_type_ids`` where the task has sentence pairs, labels), so BERT-family pairs keep their segment ids.
+
+Encoder-decoder models: the decoder reads its inputs shifted right by one (``decoder_start_token_id``,
+then the target without its last token; a classification head's decoder reads the shifted input ids),
+so decoder key ``j`` is the token at position ``j - 1`` of the target. Decoder queries are the target
+positions (labels != -100; for a classification head, the input positions); a decoder key is excluded
+when the token the decoder reads there is padding, EOS or a separator (so BART's decoder-start ``</s>``
+is excluded and T5's last target token is kept; T5's decoder start is its pad id, which the model
+attends like any token, so it counts). Cross-attention keys are the encoder tokens. The pass runs in
+eval mode with eager attention (SDPA returns no probabilities) under ``torch.no_grad``, on the model as
+received from the server, before training.
 """
 
 from __future__ import annotations
@@ -33,6 +42,21 @@ class Importance:
 
 def _base(module):
     return module.get_base_model() if hasattr(module, "get_base_model") else module
+
+
+def decoder_inputs(source: torch.Tensor, config) -> torch.Tensor:
+    """The token ids an encoder-decoder model's decoder reads for ``source`` (labels, or the input ids of a
+    classification head): shifted right by one behind ``decoder_start_token_id``, -100 read as padding,
+    as T5's ``_shift_right`` and BART's ``shift_tokens_right`` build them."""
+    shifted = torch.empty_like(source)
+    shifted[:, 1:] = source[:, :-1]
+    shifted[:, 0] = int(config.decoder_start_token_id)
+    return shifted.masked_fill(shifted == -100, int(config.pad_token_id))
+
+
+def _keys(valid: torch.Tensor, tokens: torch.Tensor, exclude: torch.Tensor | None) -> torch.Tensor:
+    """Key positions that count: valid ones whose token is not an excluded (EOS / separator) id."""
+    return valid & ~torch.isin(tokens, exclude) if exclude is not None else valid
 
 
 def _max_valid(att: torch.Tensor, q_valid: torch.Tensor, k_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,24 +101,20 @@ def head_importance(
     try:
         for idx in sequential_batches(data.lengths(), batch_size):
             batch = {k: v.to(device) for k, v in collate(data, idx, pad_id).items()}
-            batch.pop("token_type_ids", None)
             ids = batch["input_ids"]
             enc_q = batch["attention_mask"].bool()
-            enc_k = enc_q & ~torch.isin(ids, exclude) if exclude is not None else enc_q
-            labels = batch.pop("labels")
-            kwargs = dict(batch)
-            if encdec and labels.dim() == 2:
-                kwargs["labels"] = labels
-            out = module(**kwargs, output_attentions=True)
+            enc_k = _keys(enc_q, ids, exclude)
+            out = module(**batch, output_attentions=True)
             groups: list[tuple[tuple, torch.Tensor, torch.Tensor]] = []
             if encdec:
-                if labels.dim() == 2:
-                    dec_valid = labels != -100
-                    dec_k = dec_valid & ~torch.isin(labels.clamp(min=0), exclude) if exclude is not None else dec_valid
-                else:  # encoder-decoder classifier: the decoder reads the shifted input
-                    dec_valid, dec_k = enc_q, enc_k
-                groups = [(out.encoder_attentions, enc_q, enc_k), (out.decoder_attentions, dec_valid, dec_k),
-                          (out.cross_attentions, dec_valid, enc_k)]
+                labels = batch["labels"]
+                if labels.dim() == 2:  # seq2seq: the decoder reads the shifted target
+                    dec_q, dec_inputs = labels != -100, decoder_inputs(labels, base.config)
+                else:  # classification head: the decoder reads the shifted input ids
+                    dec_q, dec_inputs = enc_q, decoder_inputs(ids, base.config)
+                dec_k = _keys(dec_q, dec_inputs, exclude)
+                groups = [(out.encoder_attentions, enc_q, enc_k), (out.decoder_attentions, dec_q, dec_k),
+                          (out.cross_attentions, dec_q, enc_k)]
             else:
                 groups = [(out.attentions, enc_q, enc_k)]
             mod = 0

@@ -16,8 +16,12 @@ heads it serves:
   where targeted); the input-scaling entries (feed-forward, attention output) stay non-head.
 * prefix tuning / P-tuning v2 (without projection): the key and value prefix dims of every layer, which
   prefix the decoder self-attention in encoder-decoder models.
-* prompt tuning and P-tuning (input-level virtual tokens): the embedding dims split into H contiguous
-  chunks, tied to the heads of the first attention module (the one that reads them).
+* prompt tuning and P-tuning (input-level virtual tokens): the embedding dims split into as many
+  contiguous chunks as the model has heads (all modules, ``num_modules * H``; chunk sizes differ by at
+  most one), chunk ``g`` tied to global head ``g``. An input prompt feeds every head of every layer, so no
+  physical split exists; this one makes the uploaded share of the prompt equal the kept share of heads
+  (paper 000, Table 3: 743 KB -> 74 KB at 90% sparsity). Tying all dims to the first module's heads
+  instead would upload anything from 0 to 100% of the prompt at a given sparsity.
 
 Everything else that trains (the task head, ``lora_A``, projection MLPs, prompt encoders) is non-head
 and follows FedAvg (paper 000, Eq. 5).
@@ -181,10 +185,11 @@ def build_layout(spec: Mapping[str, tuple[tuple[int, ...], str]], config, method
         name = next((n for n in spec if n.endswith("prompt_encoder.default.embedding.weight")), None)
         if name is not None:
             pshape = tuple(spec[name][0])
-            if pshape[1] % H:
-                raise LayoutError(f"{name}: {pshape[1]} embedding dims do not split into {H} head chunks")
-            chunk = pshape[1] // H
-            params[name] = HeadParam(name, pshape, 1, [HeadUnit(h * chunk, (h + 1) * chunk, (h,)) for h in range(H)])
+            dims, heads = pshape[1], len(module_names) * H
+            if dims < heads:
+                raise LayoutError(f"{name}: {dims} embedding dims cannot be split over the model's {heads} heads")
+            params[name] = HeadParam(name, pshape, 1, [HeadUnit(g * dims // heads, (g + 1) * dims // heads, (g,))
+                                                       for g in range(heads)])
     else:
         raise LayoutError(f"peft method {method!r} has no head layout; use lora, ia3, prompt_tuning, p_tuning or "
                           "prefix_tuning")

@@ -84,3 +84,13 @@ def sequence_ops(method: str, L: int, d: int, T: int, options: dict[str, Any] | 
     rows = components(L, d, T, r=r, Tp=Tp)
     return float(sum(sum(rows[name]) * (head_fraction if name in HEAD_ROWS else 1.0)
                      for name in ROWS_BY_METHOD[method]))
+
+
+def all_conventions(method: str, config, tokens: int, options: dict[str, Any] | None = None,
+                    head_fraction: float = 1.0, sparsity: float | None = None) -> dict[str, float]:
+    """OPs of one training sequence of ``tokens`` tokens on the backbone ``config`` under every counting
+    convention this module offers (name -> OPs)."""
+    from fedpeft.models.layout import model_shape
+
+    shape = model_shape(config)
+    return {"appendix_a": sequence_ops(method, shape.num_attention_modules, shape.hidden, tokens, options, head_fraction)}

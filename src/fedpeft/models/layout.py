@@ -32,6 +32,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "mistral": ArchSpec(("q_proj", "k_proj", "v_proj"), ("self_attn.o_proj",), "mlp.down_proj"),
     "qwen2": ArchSpec(("q_proj", "k_proj", "v_proj"), ("self_attn.o_proj",), "mlp.down_proj"),
     "t5": ArchSpec(("q", "k", "v"), ("SelfAttention.o", "EncDecAttention.o"), "DenseReluDense.wo"),
+    "opt": ArchSpec(("q_proj", "k_proj", "v_proj"), ("self_attn.out_proj",), "fc2"),
     "bart": ArchSpec(("q_proj", "k_proj", "v_proj"), ("self_attn.out_proj", "encoder_attn.out_proj"), "fc2"),
 }
 

@@ -122,7 +122,14 @@ def _peft_config(opts: Any, kind: str, spec: ArchSpec | None, model: nn.Module, 
         if opts.target_modules:
             kw["target_modules"] = opts.target_modules
             kw["feedforward_modules"] = opts.feedforward_modules or []
+        elif (spec is not None and len(spec.qkv) == 3
+              and model.config.model_type not in peft.utils.TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING):
+            # peft has no default for this architecture (e.g. DistilBERT): key, value and feed-forward output,
+            # the modules peft's defaults scale for the others
+            kw["target_modules"] = [spec.qkv[1], spec.qkv[2], spec.ffn_out]
+            kw["feedforward_modules"] = [spec.ffn_out]
         return peft.IA3Config(**kw, **common)
+    common.update(_prompt_dims(model.config))
     if m == "prompt_tuning":
         kw = {}
         if opts.init_text:
@@ -138,6 +145,23 @@ def _peft_config(opts: Any, kind: str, spec: ArchSpec | None, model: nn.Module, 
         return peft.PrefixTuningConfig(num_virtual_tokens=opts.num_virtual_tokens, prefix_projection=opts.projection,
                                        encoder_hidden_size=opts.encoder_hidden_size, **common)
     raise ValueError(f"{m!r} is not a peft-backed method")
+
+
+def _prompt_dims(config) -> dict[str, int]:
+    """Width, depth and heads for peft's prompt methods where peft cannot find them in the config dict under
+    the names it knows (DistilBERT calls them dim, n_layers, n_heads)."""
+    from fedpeft.models.layout import model_shape
+
+    known = config.to_dict()
+    shape = model_shape(config)
+    out = {}
+    if not any(known.get(n) for n in ("hidden_size", "n_embd", "d_model")):
+        out["token_dim"] = shape.hidden
+    if not any(known.get(n) for n in ("num_hidden_layers", "num_layers", "n_layer")):
+        out["num_layers"] = shape.num_layers
+    if not any(known.get(n) for n in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")):
+        out["num_attention_heads"] = shape.num_heads
+    return out
 
 
 def _set_trainable_heads(model: nn.Module, spec: ArchSpec | None) -> None:
