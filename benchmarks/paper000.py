@@ -17,6 +17,7 @@ method run appears in Table 1, Fig. 4 and Table 5) train it once.
     python benchmarks/paper000.py table2 --tasks mnli,20news,e2e --scales 10/2,100/2,1000/20
                                            # FedAvg vs the method per task and federation scale, peak memory
     python benchmarks/paper000.py table4   # backbones: upload and OPs, dense vs the method, from configs
+    python benchmarks/paper000.py ops      # every OPs figure the paper prints, against fedpeft.metrics.ops
 
 Common options: ``--rounds`` (default 40), ``--eval-every`` (default 5), ``--set key=value`` (any config
 override, applied to every run). Results go to benchmarks/results/paper000_<experiment>.json (table2:
@@ -457,98 +458,101 @@ def table2(b: Bench) -> dict[str, Any]:
     return {"rows": rows, "memory": memory}
 
 
-# Table 4's backbones without offline weights, as the published config.json of each Hub model gives them
-# (the fields that shape LoRA's parameters and the OPs); MNLI classification (3 labels) as in the paper,
-# GPT-2 as a causal LM (the paper runs it on E2E NLG). The two with weights here are read from the package.
-BACKBONE_CONFIGS: dict[str, tuple[str, dict[str, Any], str]] = {
-    "T5-small (t5-small)": ("t5", dict(d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6,
-                                        num_heads=8, vocab_size=32128), "classification"),
-    "T5-base (t5-base)": ("t5", dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_decoder_layers=12,
-                                      num_heads=12, vocab_size=32128), "classification"),
-    "BART-base (facebook/bart-base)": ("bart", dict(d_model=768, encoder_layers=6, decoder_layers=6,
-                                                    encoder_attention_heads=12, decoder_attention_heads=12,
-                                                    encoder_ffn_dim=3072, decoder_ffn_dim=3072, vocab_size=50265,
-                                                    max_position_embeddings=1024), "classification"),
-    "DistilBERT (distilbert-base-uncased)": ("distilbert", dict(dim=768, n_layers=6, n_heads=12, hidden_dim=3072,
-                                                                vocab_size=30522), "classification"),
-    "RoBERTa-base (roberta-base)": ("roberta", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                                    intermediate_size=3072, vocab_size=50265,
-                                                    max_position_embeddings=514, type_vocab_size=1,
-                                                    pad_token_id=1), "classification"),
-    "GPT-2 small (gpt2)": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024),
-                           "causal"),
-}
-WEIGHTED_BACKBONES = {"MiniLM-L6 (minilm-l6, weights here)": ("minilm-l6", "classification"),
-                      "SmolLM2-135M (smollm2-135m, weights here)": ("smollm2-135m", "causal")}
+# Table 4's backbones: architecture configs bundled with fedpeft (no weights; fedpeft.models.architectures) and
+# the two with weights here. MNLI classification (3 labels) as in the paper, GPT-2 and SmolLM2 as causal LMs.
+TABLE4_BACKBONES = {"T5-small": ("t5-small", "classification", (3.38, 1.86, 33.07, 8.47)),
+                    "T5-base": ("t5-base", "classification", (10.13, 5.57, 128.19, 34.83)),
+                    "BART-base": ("bart-base", "classification", (5.06, 2.78, 209.58, 59.01)),
+                    "DistilBERT": ("distilbert", "classification", (6.22, 3.42, 42.73, 11.61)),
+                    "RoBERTa-base": ("roberta-base", "classification", (7.89, 4.34, 21.89, 5.63)),
+                    "GPT-2 small": ("gpt2", "causal", (3.94, 2.16, 42.73, 11.61)),
+                    "MiniLM-L6 (weights here)": ("minilm-l6", "classification", None),
+                    "SmolLM2-135M (weights here)": ("smollm2-135m", "causal", None)}
+
+# Paper 000's Table 7 (L attention modules, H heads, d hidden), from which the paper computed its OPs; three rows
+# differ from the published configs (DistilBERT has 6 modules, RoBERTa-base d 768, BART-base 18 modules, d 768).
+TABLE7 = {"T5-small": (18, 8, 512), "T5-base": (36, 12, 768), "BART-base": (36, 16, 1024), "DistilBERT": (12, 12, 768),
+          "RoBERTa-base": (12, 12, 512), "GPT-2 small": (12, 12, 768)}
+# Every OPs figure the paper prints (G per training sequence of 512 tokens): (table, backbone, method, options,
+# sparsity, printed)
+PRINTED_OPS = [
+    ("1-4", "T5-small", "lora", {"r": 16}, 0.0, 33.07), ("1-4", "T5-small", "lora", {"r": 16}, 0.9, 8.47),
+    ("3", "T5-small", "full", {}, 0.0, 41.07), ("3", "T5-small", "full", {}, 0.9, 10.63),
+    ("3", "T5-small", "lora", {"r": 8}, 0.0, 32.38), ("3", "T5-small", "lora", {"r": 8}, 0.9, 8.00),
+    ("3", "T5-small", "lora", {"r": 4}, 0.0, 32.05), ("3", "T5-small", "lora", {"r": 4}, 0.9, 7.76),
+    ("3", "T5-small", "ia3", {}, 0.0, 38.70), ("3", "T5-small", "ia3", {}, 0.5, 21.76),
+    ("3", "T5-small", "prompt_tuning", {"num_virtual_tokens": 20}, 0.0, 22.81),
+    ("3", "T5-small", "prompt_tuning", {"num_virtual_tokens": 20}, 0.9, 6.47),
+    ("3 (P-Tuning)", "T5-small", "prefix_tuning", {"num_virtual_tokens": 20}, 0.0, 23.80),
+    ("3 (P-Tuning)", "T5-small", "prefix_tuning", {"num_virtual_tokens": 20}, 0.9, 6.73),
+    *((("4", bb, "lora", {"r": 16}, s, v) for bb, (_, _, p) in TABLE4_BACKBONES.items() if p and bb != "T5-small"
+       for s, v in ((0.0, p[2]), (0.9, p[3])))),
+    ("2 (20 Newsgroups)", "BART-base", "lora", {"r": 16}, 0.0, 228.90),
+    ("2 (20 Newsgroups)", "BART-base", "lora", {"r": 16}, 0.9, 78.34),
+]
 
 
-def _backbone(name: str):
-    """(model, kind) for a Table 4 row: randomly initialised from its config, or the packaged weights."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+def ops(b: Bench) -> dict[str, Any]:
+    """Every OPs figure paper 000 prints against fedpeft.metrics.ops: the convention that reproduces them
+    (paper000_macs) fed the paper's Table 7 L and d, the same on the published configs, and the Appendix-A
+    transcription, at 512 tokens."""
+    from fedpeft.metrics.ops import paper000_macs, sequence_ops
+    from fedpeft.models.architectures import architecture_config
+    from fedpeft.models.layout import model_shape
 
-    from fedpeft.models import registry
-
-    if name in WEIGHTED_BACKBONES:
-        alias, kind = WEIGHTED_BACKBONES[name]
-        return registry.load_model(alias, kind, num_labels=3), kind
-    model_type, fields, kind = BACKBONE_CONFIGS[name]
-    config = AutoConfig.for_model(model_type, **fields, num_labels=3)
-    torch.manual_seed(0)
-    auto = AutoModelForSequenceClassification if kind == "classification" else AutoModelForCausalLM
-    return auto.from_config(config), kind
+    rows = []
+    for table, bb, method, options, s, printed in PRINTED_OPS:
+        L7, _, d7 = TABLE7[bb]
+        shape = model_shape(architecture_config(TABLE4_BACKBONES[bb][0]))
+        L, d = shape.num_attention_modules, shape.hidden
+        table7 = paper000_macs(method, L7, d7, 512, options, 1.0 - s) / 1e9
+        rows.append({"table": table, "backbone": bb, "method": method, "options": options, "sparsity": s,
+                     "paper_g": printed, "table7_g": table7, "table7_error_pct": 100 * (table7 / printed - 1),
+                     "config_g": paper000_macs(method, L, d, 512, options, 1.0 - s) / 1e9,
+                     "appendix_a_g": sequence_ops(method, L7, d7, 512, options, 1.0 - s) / 1e9})
+    print_table(["table", "backbone", "method", "sparsity", "paper (G)", "ours, Table 7 L/d (G)", "error",
+                 "ours, published config (G)", "Appendix A as printed, Table 7 L/d (G)"],
+                [[r["table"], r["backbone"], r["method"] + (f" r{r['options']['r']}" if "r" in r["options"] else ""),
+                  f"{100 * r['sparsity']:.0f}%", f"{r['paper_g']:.2f}", f"{r['table7_g']:.2f}",
+                  f"{r['table7_error_pct']:+.2f}%", f"{r['config_g']:.2f}", f"{r['appendix_a_g']:,.0f}"] for r in rows])
+    return {"tokens": 512, "rows": rows}
 
 
 def table4(b: Bench) -> dict[str, Any]:
-    """Table 4 shape from the configs alone: what one client uploads per round with LoRA r16 on q/k/v, dense
-    (FedAvg) and under the method at the config's sparsity (the packed kept-head slices, the kept ids and the
-    importance scores, encoded by fedpeft.wire), and the analytic training OPs per sequence of ``--seq-len``
-    tokens (fedpeft.metrics.ops, head rows scaled by the kept fraction). Nothing is trained here: accuracy
-    for the backbones with weights comes from the runs of table1 (MiniLM-L6) and table2 (SmolLM2)."""
-    from fedpeft.heads import ALPHA_KEY, build_layout, kept_at_random, pack
-    from fedpeft.metrics.ops import sequence_ops
-    from fedpeft.models.layout import model_shape
-    from fedpeft.tuners.tuned import apply_tuner, method_options
-    from fedpeft.wire import Payload, payload_size
+    """Table 4 from the architecture configs alone (fedpeft.metrics.footprint, what ``fedpeft model`` prints): LoRA
+    r16 (alpha 32) on q/k/v, dense (FedAvg) and under the method at the config's sparsity, with the upload in the
+    papers' convention (the LoRA tensors only, MiB, head-tied ones times 1 - s) and as a run's wire bytes (task
+    head, kept-head ids, scores, metadata), and the OPs per sequence of ``--seq-len`` tokens in both conventions
+    of fedpeft.metrics.ops. Nothing is trained: accuracy for the backbones with weights comes from table1 and
+    table2 runs."""
+    from fedpeft.metrics.footprint import footprint
+    from fedpeft.models.architectures import architecture_config
+    from fedpeft.tuners.tuned import method_options
 
     sparsity = load_config(b.args.config, b.args.set).algorithm.sparsity
     opts = method_options("lora", r=16, alpha=32)
     rows = []
-    for name in [*BACKBONE_CONFIGS, *WEIGHTED_BACKBONES]:
-        model, kind = _backbone(name)
-        shape = model_shape(model.config)
-        tuned = apply_tuner(model, opts, kind)
-        state = tuned.state()
-        layout = build_layout(tuned.spec(), model.config, "lora")
-        kept = kept_at_random(layout, sparsity, np.random.default_rng(0))  # which heads does not change the size
-        dense = payload_size(Payload(state, {}))
-        packed = pack(state, layout, kept)
-        packed[ALPHA_KEY] = np.zeros(layout.num_heads, dtype=np.float32)
-        pruned = payload_size(Payload(packed, {}))
-        fraction = len(kept) / layout.num_heads
-        L, d, T = shape.num_attention_modules, shape.hidden, b.args.seq_len
-        ops_dense = sequence_ops("lora", L, d, T, {"r": 16})
-        ops_pruned = sequence_ops("lora", L, d, T, {"r": 16}, head_fraction=fraction)
-        rows.append({"backbone": name, "model_type": shape.model_type, "kind": kind,
-                     "attention_modules": L, "heads_per_module": shape.num_heads, "kv_heads": shape.num_kv_heads,
-                     "hidden": d, "backbone_parameters": sum(p.numel() for p in model.parameters()),
-                     "trainable_parameters": tuned.num_trainable(), "heads": layout.num_heads,
-                     "kept_heads": len(kept), "upload_bytes_dense": dense, "upload_bytes_method": pruned,
-                     "upload_ratio": dense / pruned, "ops_dense": ops_dense, "ops_method": ops_pruned,
-                     "ops_ratio": ops_dense / ops_pruned})
-        print({k: v for k, v in rows[-1].items()}, flush=True)
-        del model, tuned
-    print_table(["backbone", "L (attention modules)", "heads", "trainable", "MB up dense", "MB up method",
-                 "ratio", "GOPs / seq dense", "GOPs / seq method", "ratio"],
-                [[r["backbone"], r["attention_modules"], f"{r['heads']} (kept {r['kept_heads']})",
-                  r["trainable_parameters"], f"{r['upload_bytes_dense'] / 1e6:.2f}", f"{r['upload_bytes_method'] / 1e6:.2f}",
-                  f"{r['upload_ratio']:.2f}x", f"{r['ops_dense'] / 1e9:.2f}", f"{r['ops_method'] / 1e9:.2f}",
-                  f"{r['ops_ratio']:.2f}x"] for r in rows])
+    for name, (model, kind, printed) in TABLE4_BACKBONES.items():
+        f = footprint(model, architecture_config(model), opts, kind, num_labels=3, sparsity=sparsity,
+                      tokens=b.args.seq_len)
+        rows.append({"backbone": name, "printed": printed, **f.as_dict()})
+    print(f"sparsity {sparsity}, OPs per sequence of {b.args.seq_len} tokens")
+    print_table(["backbone", "heads (kept)", "LoRA params", "paper MiB dense / method", "paper (MB)",
+                 "run MiB dense / method", "run ratio", "GOPs paper000_macs dense / method", "paper (G)",
+                 "GOPs appendix_a dense / method"],
+                [[r["backbone"], f"{r['num_heads']} ({r['kept_heads']})", f"{r['peft_parameters']:,}",
+                  f"{r['paper_mib']:.2f} / {r['paper_mib_pruned']:.2f}",
+                  "-" if not r["printed"] else f"{r['printed'][0]} / {r['printed'][1]}",
+                  f"{r['run_bytes'] / 2**20:.2f} / {r['run_bytes_pruned'] / 2**20:.2f}",
+                  f"{r['run_bytes'] / r['run_bytes_pruned']:.2f}x",
+                  f"{r['ops']['paper000_macs'] / 1e9:.2f} / {r['ops_pruned']['paper000_macs'] / 1e9:.2f}",
+                  "-" if not r["printed"] else f"{r['printed'][2]} / {r['printed'][3]}",
+                  f"{r['ops']['appendix_a'] / 1e9:,.0f} / {r['ops_pruned']['appendix_a'] / 1e9:,.0f}"] for r in rows])
     return {"sparsity": sparsity, "seq_len": b.args.seq_len, "rows": rows}
 
 
 EXPERIMENTS = {"table1": table1, "fig4": fig4, "table5": table5, "fig5": fig5, "table3": table3, "selection": selection,
-               "table2": table2, "table4": table4}
+               "table2": table2, "table4": table4, "ops": ops}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -564,7 +568,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chance", type=float, default=0.347,
                     help="table3: accuracy of always predicting the majority class (347 of the 1,000 heldout pairs)")
     ap.add_argument("--margin", type=float, default=0.02, help="table3: collapse = mean of the last 3 evaluations below chance + margin")
-    ap.add_argument("--seq-len", type=int, default=128, help="table4: tokens per sequence for the analytic OPs")
+    ap.add_argument("--seq-len", type=int, default=512, help="table4: tokens per sequence for the analytic OPs "
+                    "(the paper's 512)")
     ap.add_argument("--tasks", default="mnli,20news,e2e", help="table2: tasks")
     ap.add_argument("--scales", default="10/2,100/2,1000/20", help="table2: federation scales")
     ap.add_argument("--scale-rounds", default="", help="table2: rounds at some scales, e.g. 10/2=20 (both variants)")
@@ -574,7 +579,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     b = Bench(args)
     # "all" = the paper's five; `selection` needs its own --rounds/--runs (see the module docstring)
-    for name in [n for n in EXPERIMENTS if n not in ("selection", "table2", "table4")] if args.experiment == "all" else [args.experiment]:
+    for name in [n for n in EXPERIMENTS if n not in ("selection", "table2", "table4", "ops")] if args.experiment == "all" else [args.experiment]:
         result = EXPERIMENTS[name](b)
         # table2 runs one task at a time here (hours each), so its results file is named by its tasks
         stem = f"paper000_table2_{args.tasks.replace(',', '_')}" if name == "table2" else f"paper000_{name}"

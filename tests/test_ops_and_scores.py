@@ -90,3 +90,24 @@ def test_targets_and_transmission():
     assert total_transmission(rounds=30, clients=10, payload_bytes=440e6) == pytest.approx(264e9)
     s = summarize(rows, metric="accuracy", target=0.7)
     assert s["initial"] == 0.5 and s["final"] == 0.8 and s["rounds_to_target"] == 1 and s["time_to_target_s"] == 5.0
+
+
+@pytest.mark.parametrize("method,options,L,d,sparsity,printed", [
+    ("lora", {"r": 16}, 18, 512, 0.0, 33.07), ("lora", {"r": 16}, 18, 512, 0.9, 8.47),  # Tables 1-4, T5-small
+    ("full", {}, 18, 512, 0.9, 10.63), ("lora", {"r": 4}, 18, 512, 0.0, 32.05), ("ia3", {}, 18, 512, 0.5, 21.76),
+    ("prompt_tuning", {"num_virtual_tokens": 20}, 18, 512, 0.0, 22.81),  # Table 3
+    ("prefix_tuning", {"num_virtual_tokens": 20}, 18, 512, 0.9, 6.73),  # Table 3's P-Tuning
+    ("lora", {"r": 16}, 36, 768, 0.9, 34.83), ("lora", {"r": 16}, 12, 768, 0.0, 42.73),  # Table 4: T5-base, GPT-2
+])
+def test_paper000_macs_reproduces_the_printed_ops(method, options, L, d, sparsity, printed):
+    from fedpeft.metrics.ops import paper000_macs
+
+    assert paper000_macs(method, L, d, 512, options, 1.0 - sparsity) / 1e9 == pytest.approx(printed, rel=1e-3)
+
+
+def test_paper000_macs_rank_sensitivity_is_the_papers():
+    """r16 -> r8 moves the paper's T5-small figure by 0.69 G (33.07 -> 32.38); the transcription by ~40 G."""
+    from fedpeft.metrics.ops import paper000_macs
+
+    delta = (paper000_macs("lora", 18, 512, 512, {"r": 16}) - paper000_macs("lora", 18, 512, 512, {"r": 8})) / 1e9
+    assert delta == pytest.approx(0.69, abs=0.02)

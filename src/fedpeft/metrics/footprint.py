@@ -67,7 +67,9 @@ def _task_head_names(spec: dict[str, Any], model_type: str) -> set[str]:
         heads = set(arch_spec(model_type).heads)
     except ValueError:
         heads = set(DEFAULT_HEADS)
-    return {n for n in spec if heads & set(n.split("."))}
+    # peft marks the task head's modules modules_to_save (DistilBERT: pre_classifier and classifier)
+    return {n for n in spec if "modules_to_save" in n.split(".")
+            or any(part in heads or part.endswith("classifier") for part in n.split("."))}
 
 
 def _count(shape: tuple[int, ...]) -> int:

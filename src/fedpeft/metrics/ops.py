@@ -1,4 +1,5 @@
-"""Analytic training OPs of paper 000 (Appendix A, Table 6), transcribed as printed.
+"""Analytic training OPs of paper 000: Appendix A (Table 6) transcribed as printed, and the convention that
+reproduces the paper's printed figures.
 
 Per training sequence of T tokens, with L attention modules (encoder self + decoder self + decoder
 cross attention; this matches the paper's Table 7: T5-small L=18, T5-base L=36), hidden size d,
@@ -23,8 +24,13 @@ and P-tuning replace the attention row with theirs. fedpeft maps ``prompt_tuning
 is what paper 000 calls P-tuning) to the P-tuning row. Full fine-tuning, bottleneck adapters and
 BitFit have no row of their own and count the backbone only.
 
-These are the paper's formulas (note the d^3 terms), kept for comparability with its tables; they
-are not physical FLOPs. Measured FLOPs come from ``torch.utils.flop_counter`` (see training.local).
+These are the paper's formulas as printed (note the d^3 terms); they are not physical FLOPs, and they do
+not reproduce the paper's own figures (T5-small, LoRA r16, T = 512: 13,691 G against the printed 33.07 G).
+:func:`paper000_macs` is the counting convention that does reproduce them (multiply-accumulates per
+sequence; every printed figure of Tables 1-4 within 0.7%). Runs report the Appendix-A transcription as
+``ops_analytic`` (``client_ops_analytic`` in metrics.jsonl), unchanged so that earlier runs stay
+comparable; ``fedpeft model`` prints both. Measured FLOPs come from ``torch.utils.flop_counter`` (see
+training.local).
 
 Pruned training (head pruning, paper 000 Sec. 4.3): the paper reports 3.9x fewer OPs at 90% sparsity
 but does not say how sparsity enters Table 6. Our reading, ``head_fraction`` = kept heads / all heads:
@@ -86,11 +92,71 @@ def sequence_ops(method: str, L: int, d: int, T: int, options: dict[str, Any] | 
                      for name in ROWS_BY_METHOD[method]))
 
 
+PAPER_LORA_CONSTANT = 64  # paper 000's LoRA rows carry 64 T d OPs per module whatever the rank (see below)
+
+
+def paper000_macs(method: str, L: int, d: int, T: int, options: dict[str, Any] | None = None,
+                  kept_fraction: float = 1.0) -> float:
+    """Training MACs of one sequence of T tokens in the convention that reproduces paper 000's printed OPs
+    (Tables 1-4, every figure within 0.06% but RoBERTa's, +0.7% / +0.3%, when fed the paper's Table 7 L and d;
+    see BENCHMARKS.md "Paper 000 OPs, paper vs ours").
+
+    With a = L T d^2 (one d x d product over T tokens in each of the L attention modules), b = L T^2 d and
+    c = L T d, per method (``fixed`` is not pruned, ``pruned`` is scaled by the kept fraction of heads):
+
+    * the frozen backbone: query/key/value projections forward and input gradient 6a, attention 5b (pruned);
+      the attention output projection ("FC" in Table 6) forward and input gradient 2a (not pruned); no
+      feed-forward block, embeddings or task head;
+    * full fine-tuning adds the weight gradients: 3a (q, k, v; pruned) and a (output projection; not pruned);
+    * LoRA of rank r on q, k, v: 3 x 6 T d r per module (forward 2, backward 4 products of T d r), of which
+      12 r c is not pruned and 6 r c is, plus 64 c (pruned) whatever the rank: the paper's figures need it
+      (64 = d / H of every Table 7 backbone but RoBERTa's, and T / 8 at T = 512: they do not tell which);
+    * IA3: 9c (three scaling vectors, forward c and backward 2c; pruned) and the q/k/v weight-gradient term 3a;
+    * input prompts (prompt_tuning, p_tuning) of Tp tokens inside the T-token window (T - Tp input tokens):
+      the backbone rows over T - Tp tokens with q/k/v forward only (3a'), plus 2 Tp d^2 (not pruned) and
+      9 Tp d^2 (pruned) once; prompts at every layer (prefix_tuning, the paper's P-tuning): the same with
+      the prompt row in each of the L modules;
+    * methods the paper does not count (bottleneck adapters, BitFit): the frozen backbone.
+
+    Units: MACs (one multiply-add = 1), the paper's "OPs"; G = 1e9.
+    """
+    options = options or {}
+    k = float(kept_fraction)
+    if not 0.0 <= k <= 1.0:
+        raise ValueError(f"kept_fraction must be in [0, 1], got {kept_fraction}")
+    L, d, T = float(L), float(d), float(T)
+    a, b, c = L * T * d * d, L * T * T * d, L * T * d
+    if method in ("prompt_tuning", "p_tuning", "prefix_tuning"):
+        Tp = float(options.get("num_virtual_tokens", 0) or 0)
+        Ti = max(T - Tp, 0.0)
+        rows = L if method == "prefix_tuning" else 1.0
+        fixed = 2 * L * Ti * d * d + rows * 2 * Tp * d * d
+        pruned = 3 * L * Ti * d * d + 5 * L * Ti * Ti * d + rows * 9 * Tp * d * d
+    elif method == "full":
+        fixed, pruned = 3 * a, 9 * a + 5 * b
+    elif method == "lora":
+        r = float(options.get("r", 0) or 0)
+        fixed, pruned = 2 * a + 12 * r * c, 6 * a + 5 * b + 6 * r * c + PAPER_LORA_CONSTANT * c
+    elif method == "ia3":
+        fixed, pruned = 2 * a, 9 * a + 5 * b + 9 * c
+    else:
+        fixed, pruned = 2 * a, 6 * a + 5 * b
+    return fixed + k * pruned
+
+
+CONVENTIONS = ("paper000_macs", "appendix_a")
+
+
 def all_conventions(method: str, config, tokens: int, options: dict[str, Any] | None = None,
                     head_fraction: float = 1.0, sparsity: float | None = None) -> dict[str, float]:
     """OPs of one training sequence of ``tokens`` tokens on the backbone ``config`` under every counting
-    convention this module offers (name -> OPs)."""
+    convention this module offers (name -> OPs). ``paper000_macs`` scales the pruned rows by ``1 - sparsity``
+    (the paper's exact fraction) when a sparsity is given, else by ``head_fraction``; ``appendix_a`` by
+    ``head_fraction`` (the kept heads / all heads of a run)."""
     from fedpeft.models.layout import model_shape
 
     shape = model_shape(config)
-    return {"appendix_a": sequence_ops(method, shape.num_attention_modules, shape.hidden, tokens, options, head_fraction)}
+    L, d = shape.num_attention_modules, shape.hidden
+    kept = head_fraction if sparsity is None else 1.0 - sparsity
+    return {"paper000_macs": paper000_macs(method, L, d, tokens, options, kept),
+            "appendix_a": sequence_ops(method, L, d, tokens, options, head_fraction)}
