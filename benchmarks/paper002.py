@@ -64,7 +64,7 @@ from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
 
-from results_io import is_finished_run, print_table, reuse_or_clear, save  # benchmarks/results_io.py
+from results_io import is_finished_run, over_seeds, parse_seeds, pm, print_table, reuse_or_clear, save  # benchmarks/results_io.py
 
 CONFIG = "configs/fedpeptao_rte.yaml"
 TASKS = {  # dataset overrides, primary metric, the paper's Table 2 target
@@ -127,6 +127,15 @@ class Bench:
         return [f"algorithm.hessian_steps={self.a.hessian_steps}"] if selects and self.a.hessian_steps else []
 
     def run(self, task: str, key: str, overrides: list[str]) -> dict[str, Any] | None:
+        """One row: the run at the config's seed, or at every ``--seeds`` seed (``<key>-seed<s>`` except seed 0),
+        averaged; None if a run is missing under --reuse-only."""
+        seeds = parse_seeds(self.a.seeds)
+        if seeds is None:
+            return self.run_one(task, key, overrides)
+        rows = [self.run_one(task, key if s == 0 else f"{key}-seed{s}", [*overrides, f"seed={s}"]) for s in seeds]
+        return None if any(r is None for r in rows) else over_seeds(rows, seeds)
+
+    def run_one(self, task: str, key: str, overrides: list[str]) -> dict[str, Any] | None:
         data, metric, target = TASKS[task]
         # the method's own options (e.g. peft={...}) come after the shared ones so that they win
         cfg = load_config(self.a.config, [*self.common, *data, f"task.metric={metric}", f"eval.target={target}",
@@ -193,7 +202,8 @@ def _f(x: Any, spec: str = ".4f") -> str:
 def report(rows: list[dict[str, Any]]) -> None:
     print_table(["task", "method", "best", "round", "mean of last 3", "rounds to target", "train s to target", "params exchanged / client / round",
                  "MiB up / client / round (after selection)", "trainable params", "layers kept"],
-                [[r["task"], r["method"], f"{_f(r['best'])} ({r['metric']})", r["best_round"], _f(r["last3_mean"]),
+                [[r["task"], r["method"], f"{pm(r, 'best', '.4f')} ({r['metric']})", r["best_round"],
+                  pm(r, "last3_mean", ".4f"),
                   _f(r["rounds_to_target"]),
                   _f(r["train_time_to_target_s"], ".0f"), _f(r["params_exchanged_per_client_round"]),
                   _f(r["mib_up_per_client_round"], ".3f"), r["trainable_parameters"],
@@ -220,6 +230,7 @@ def main() -> None:
     ap.add_argument("--sgd-lr", type=float, default=1.0)
     ap.add_argument("--out", default=None)
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--seeds", default=None, help="run every row at these seeds (e.g. 0,1,2) and report mean ± std")
     ap.add_argument("--reuse-only", action="store_true",
                     help="train nothing: tabulate the finished runs and name the ones not run yet")
     a = ap.parse_args()
@@ -248,7 +259,8 @@ def main() -> None:
                                                        f"algorithm.layer_selection={order}",
                                                        f"algorithm.ratio={method_row['kept_ratio']}"]))
     out = a.out or f"benchmarks/results/paper002_{a.experiment}{'' if a.model == 'minilm-l6' else '_' + a.model}.json"
-    save(out, {"experiment": a.experiment, "config": a.config, "rounds": a.rounds, "model": a.model, "rows": rows,
+    save(out, {"experiment": a.experiment, "config": a.config, "rounds": a.rounds, "model": a.model,
+                "seeds": parse_seeds(a.seeds), "rows": rows,
                 "not_run": bench.not_run})
     report(rows)
 

@@ -49,7 +49,7 @@ from fedpeft.config import dump_config, load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
 
-from results_io import print_table, reuse_or_clear, save  # benchmarks/results_io.py
+from results_io import over_seeds, parse_seeds, pm, print_table, reuse_or_clear, save  # benchmarks/results_io.py
 
 CONFIG = "configs/fedsp_arc_easy.yaml"
 DATASETS = {  # train part, evaluation part (disjoint slices of one split where no train split exists here)
@@ -111,6 +111,15 @@ class Bench:
                                            f"name=paper003-{dataset}-{key}"])
 
     def run(self, dataset: str, key: str, overrides: list[str]) -> dict[str, Any]:
+        """One row: the run at the config's seed, or at every ``--seeds`` seed (``<key>-seed<s>`` except seed 0),
+        averaged."""
+        seeds = parse_seeds(self.a.seeds)
+        if seeds is None:
+            return self.run_one(dataset, key, overrides)
+        return over_seeds([self.run_one(dataset, key if s == 0 else f"{key}-seed{s}", [*overrides, f"seed={s}"])
+                           for s in seeds], seeds)
+
+    def run_one(self, dataset: str, key: str, overrides: list[str]) -> dict[str, Any]:
         cfg = self.config(dataset, key, overrides)
         run_dir = self.runs / dataset / key
         if not reuse_or_clear(run_dir, cfg, f"{dataset}/{key}"):
@@ -186,7 +195,7 @@ def _f(x: Any, spec: str = ".3f") -> str:
 def report(rows: list[dict[str, Any]]) -> None:
     print_table(["dataset", "method", "accuracy", "acc_norm", "client model params", "MiB down / client, round 1",
                  "MiB up / client / round", "client s / round (all clients)", "wall s"],
-                [[r["dataset"], r["method"], _f(r["accuracy"]), _f(r.get("accuracy_norm")),
+                [[r["dataset"], r["method"], pm(r, "accuracy"), pm(r, "accuracy_norm"),
                   _f(r.get("client_model_parameters")), _f((r.get("bytes_down_first_round") or 0) / 2**20, ".2f"),
                   _f(r.get("mib_up_per_client_round"), ".4f"),
                   _f(r.get("client_seconds_per_round"), ".0f"), _f(r.get("wall_s"), ".0f")] for r in rows])
@@ -207,6 +216,7 @@ def main() -> None:
     ap.add_argument("--eval-examples", type=int, default=200)
     ap.add_argument("--finetune-lr", type=float, default=1e-4)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--seeds", default=None, help="run every row at these seeds (e.g. 0,1,2) and report mean ± std")
     ap.add_argument("--client-trains", choices=["all", "blocks"], default="all",
                     help="FedSP: what a client updates of its auxiliary model: all (paper 003) or blocks (embeddings "
                     "and LM head frozen as distilled; the tables in BENCHMARKS.md of 2026-11-24 used blocks)")
@@ -236,7 +246,7 @@ def main() -> None:
     out = a.out or f"benchmarks/results/paper003_{a.experiment}_{a.datasets.replace(',', '_')}.json"
     save(out, {"experiment": a.experiment, "config": a.config, "rounds": a.rounds, "local_steps": a.local_steps,
                "distill_steps": a.distill_steps, "eval_examples": a.eval_examples, "client_trains": a.client_trains,
-               "rows": rows})
+               "seeds": parse_seeds(a.seeds), "rows": rows})
     report(rows)
 
 
