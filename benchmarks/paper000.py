@@ -18,6 +18,7 @@ method run appears in Table 1, Fig. 4 and Table 5) train it once.
                                            # FedAvg vs the method per task and federation scale, peak memory
     python benchmarks/paper000.py table4   # backbones: upload and OPs, dense vs the method, from configs
     python benchmarks/paper000.py ops      # every OPs figure the paper prints, against fedpeft.metrics.ops
+    python benchmarks/paper000.py segments # Eq. 6 scores with and without the pairs' segment ids
 
 Common options: ``--rounds`` (default 40), ``--eval-every`` (default 5), ``--set key=value`` (any config
 override, applied to every run). Results go to benchmarks/results/paper000_<experiment>.json (table2:
@@ -70,7 +71,9 @@ class Bench:
 
     def run(self, key: str, overrides: list[str]) -> dict[str, Any]:
         """Train (or reuse) one run at every ``--seeds`` seed (each its own run directory, ``<key>-seed<s>``
-        except seed 0); return its per-client-round accounting and curves, averaged over the seeds."""
+        except seed 0); return its per-client-round accounting, every number averaged over the seeds (with
+        ``<field>_std`` and ``<field>_seeds``; see results_io.over_seeds). The curve, the run directory and
+        so the plots are seed 0's."""
         seeds = parse_seeds(self.args.seeds)
         if seeds is None:
             return self.run_one(key, overrides)
@@ -325,11 +328,11 @@ def table3(b: Bench) -> dict[str, Any]:
                  "max sparsity", "method MiB up", "method OPs (G)", "method acc (last 3)", "last-3 accuracy per sparsity tried"],
                 [[o["method"], _fmt(o["fedavg"]["train_s_per_client_round_median"], ".2f"),
                   _fmt(o["fedavg"]["mib_up_per_client_round"], ".4f"), _fmt(o["fedavg"]["ops_analytic_g_per_client_round"], ".2f"),
-                  _fmt(o["fedavg"]["last3_accuracy"]),
+                  pm(o["fedavg"], "last3_accuracy"),
                   "none" if o["max_sparsity"] is None else f"{100 * o['max_sparsity']:.0f}%",
                   _fmt(o["at_max"] and o["at_max"]["mib_up_per_client_round"], ".4f"),
                   _fmt(o["at_max"] and o["at_max"]["ops_analytic_g_per_client_round"], ".2f"),
-                  _fmt(o["at_max"] and o["at_max"]["last3_accuracy"]),
+                  pm(o["at_max"], "last3_accuracy") if o["at_max"] else "-",
                   ", ".join(f"{100 * t['sparsity_configured']:.0f}%: {t['last3_accuracy']:.3f}" for t in o["tried"])]
                  for o in out])
     return {"chance": b.args.chance, "margin": b.args.margin, "rows": out}
@@ -502,13 +505,13 @@ def ops(b: Bench) -> dict[str, Any]:
 
     rows = []
     for table, bb, method, options, s, printed in PRINTED_OPS:
-        L7, _, d7 = TABLE7[bb]
+        L7, H7, d7 = TABLE7[bb]
         shape = model_shape(architecture_config(TABLE4_BACKBONES[bb][0]))
         L, d = shape.num_attention_modules, shape.hidden
-        table7 = paper000_macs(method, L7, d7, 512, options, 1.0 - s) / 1e9
+        table7 = paper000_macs(method, L7, d7, 512, options, 1.0 - s, heads=H7) / 1e9
         rows.append({"table": table, "backbone": bb, "method": method, "options": options, "sparsity": s,
                      "paper_g": printed, "table7_g": table7, "table7_error_pct": 100 * (table7 / printed - 1),
-                     "config_g": paper000_macs(method, L, d, 512, options, 1.0 - s) / 1e9,
+                     "config_g": paper000_macs(method, L, d, 512, options, 1.0 - s, heads=shape.num_heads) / 1e9,
                      "appendix_a_g": sequence_ops(method, L7, d7, 512, options, 1.0 - s) / 1e9})
     print_table(["table", "backbone", "method", "sparsity", "paper (G)", "ours, Table 7 L/d (G)", "error",
                  "ours, published config (G)", "Appendix A as printed, Table 7 L/d (G)"],
@@ -518,14 +521,48 @@ def ops(b: Bench) -> dict[str, Any]:
     return {"tokens": 512, "rows": rows}
 
 
+def segments(b: Bench) -> dict[str, Any]:
+    """What the importance pass's segment ids change (issue 22): Eq. 6 scores of the initial model on the first
+    ``--clients`` clients' shards (``importance_examples`` sampled pairs each, as a round-1 client draws them),
+    with the pairs' token_type_ids (what training feeds) and without them (every token segment 0, as before
+    the fix); the largest score change and how many of the 90% kept heads differ."""
+    import dataclasses
+
+    import torch
+
+    from fedpeft.heads import head_importance, kept_by_importance
+    from fedpeft.runtime.setup import build_experiment
+
+    cfg = load_config(b.args.config, b.args.set)
+    exp = build_experiment(cfg)
+    res, layout = exp.client_resources, exp.head_layout
+    rows = []
+    for cid in range(b.args.clients):
+        shard = exp.data.train.subset(exp.parts[cid])
+        alphas = []
+        for data in (shard, dataclasses.replace(shard, token_type_ids=None)):
+            alphas.append(head_importance(exp.tuned, data, layout, pad_id=res["pad_id"],
+                                          exclude_token_ids=res["exclude_token_ids"], device=torch.device("cpu"),
+                                          max_examples=cfg.algorithm.importance_examples,
+                                          rng=np.random.default_rng([cfg.seed, 1, cid, 0xA1FA])).alpha)
+        kept = [set(kept_by_importance(a, cfg.algorithm.sparsity, layout).tolist()) for a in alphas]
+        rows.append({"client": cid, "examples": len(shard), "max_abs_score_change": float(np.max(np.abs(alphas[0] - alphas[1]))),
+                     "mean_abs_score_change": float(np.mean(np.abs(alphas[0] - alphas[1]))),
+                     "kept_heads": len(kept[0]), "kept_heads_that_differ": len(kept[0] - kept[1])})
+    print_table(["client", "pairs", "max |score change|", "mean |score change|", "kept heads", "of them not kept without segments"],
+                [[r["client"], r["examples"], f"{r['max_abs_score_change']:.4f}", f"{r['mean_abs_score_change']:.4f}",
+                  r["kept_heads"], r["kept_heads_that_differ"]] for r in rows])
+    return {"rows": rows}
+
+
 def table4(b: Bench) -> dict[str, Any]:
-    """Table 4 from the architecture configs alone (fedpeft.metrics.footprint, what ``fedpeft model`` prints): LoRA
+    """Table 4 from the architecture configs alone (fedpeft.footprint, what ``fedpeft model`` prints): LoRA
     r16 (alpha 32) on q/k/v, dense (FedAvg) and under the method at the config's sparsity, with the upload in the
     papers' convention (the LoRA tensors only, MiB, head-tied ones times 1 - s) and as a run's wire bytes (task
     head, kept-head ids, scores, metadata), and the OPs per sequence of ``--seq-len`` tokens in both conventions
     of fedpeft.metrics.ops. Nothing is trained: accuracy for the backbones with weights comes from table1 and
     table2 runs."""
-    from fedpeft.metrics.footprint import footprint
+    from fedpeft.footprint import footprint
     from fedpeft.models.architectures import architecture_config
     from fedpeft.tuners.tuned import method_options
 
@@ -551,8 +588,9 @@ def table4(b: Bench) -> dict[str, Any]:
     return {"sparsity": sparsity, "seq_len": b.args.seq_len, "rows": rows}
 
 
+SEEDED = ("table1", "fig4", "table5", "table3")  # the experiments whose rows --seeds averages
 EXPERIMENTS = {"table1": table1, "fig4": fig4, "table5": table5, "fig5": fig5, "table3": table3, "selection": selection,
-               "table2": table2, "table4": table4, "ops": ops}
+               "table2": table2, "table4": table4, "ops": ops, "segments": segments}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -573,13 +611,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tasks", default="mnli,20news,e2e", help="table2: tasks")
     ap.add_argument("--scales", default="10/2,100/2,1000/20", help="table2: federation scales")
     ap.add_argument("--scale-rounds", default="", help="table2: rounds at some scales, e.g. 10/2=20 (both variants)")
+    ap.add_argument("--clients", type=int, default=10, help="segments: clients whose shards are scored")
     ap.add_argument("--set", action="append", default=[], help="config override for every run")
     ap.add_argument("--seeds", default=None, help="run every row at these seeds (e.g. 0,1,2; the seed sets the partition, "
                     "the client selection and the initialisation) and report mean ± standard deviation")
     args = ap.parse_args(argv)
+    if args.seeds and args.experiment not in SEEDED:
+        raise SystemExit(f"--seeds applies to {', '.join(SEEDED)} (the others derive per-run figures from one seed)")
     b = Bench(args)
     # "all" = the paper's five; `selection` needs its own --rounds/--runs (see the module docstring)
-    for name in [n for n in EXPERIMENTS if n not in ("selection", "table2", "table4", "ops")] if args.experiment == "all" else [args.experiment]:
+    for name in [n for n in EXPERIMENTS if n not in ("selection", "table2", "table4", "ops", "segments")] if args.experiment == "all" else [args.experiment]:
         result = EXPERIMENTS[name](b)
         # table2 runs one task at a time here (hours each), so its results file is named by its tasks
         stem = f"paper000_table2_{args.tasks.replace(',', '_')}" if name == "table2" else f"paper000_{name}"

@@ -207,7 +207,7 @@ def main() -> None:
     ap.add_argument("--datasets", default="arc_easy")
     ap.add_argument("--only", default=None, help="comma-separated subset of the experiment's methods")
     ap.add_argument("--config", default=CONFIG)
-    ap.add_argument("--runs", default="runs/paper003")
+    ap.add_argument("--runs", default=None, help="default runs/paper003 (--client-trains blocks: runs/paper003_blocks)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--local-steps", type=int, default=3)
@@ -222,7 +222,8 @@ def main() -> None:
                     "and LM head frozen as distilled; the tables in BENCHMARKS.md of 2026-11-24 used blocks)")
     ap.add_argument("--set", action="append", default=[])
     a = ap.parse_args()
-    print(f"FedSP clients train: {a.client_trains} of the auxiliary model", flush=True)
+    a.runs = a.runs or ("runs/paper003" if a.client_trains == "all" else "runs/paper003_blocks")
+    print(f"FedSP clients train: {a.client_trains} of the auxiliary model (runs in {a.runs})", flush=True)
     bench = Bench(a)
     only = set(a.only.split(",")) if a.only else None
     rows = []

@@ -107,3 +107,23 @@ def test_every_bundled_architecture_builds_offline_with_lora(capsys):
 def test_entry_point_is_installed():
     out = subprocess.run([sys.executable, "-m", "fedpeft.cli", "--help"], capture_output=True, text=True, check=True)
     assert "run" in out.stdout and "report" in out.stdout
+
+
+@pytest.mark.parametrize("algorithm,pruned", [("{name: fedavg}", False),
+                                              ("{name: headprune, sparsity: 0.5, selection: random}", True)])
+def test_footprint_run_bytes_match_a_real_upload(tmp_path, algorithm, pruned):
+    """`fedpeft model`'s run bytes against the bytes a tiny run's client really sent (metadata digits aside)."""
+    from fedpeft.config import load_config as load
+    from fedpeft.footprint import footprint
+    from fedpeft.models import registry
+    from fedpeft.rundir import read_metrics
+    from fedpeft.runtime.embedded import run
+
+    from helpers import tiny_config
+
+    run(tiny_config(f"algorithm={algorithm}", "federation.rounds=1"), tmp_path / "run")
+    sent = [b for b in read_metrics(tmp_path / "run")[1]["bytes_up"].values() if b]
+    f = footprint("tiny-bert", registry.load_config("tiny-bert"), load(None, []).peft, "classification",
+                  sparsity=0.5 if pruned else None)
+    predicted = f.run_bytes_pruned if pruned else f.run_bytes
+    assert sent and all(abs(b - predicted) <= 64 for b in sent), (sent, predicted)

@@ -380,3 +380,38 @@ def test_eq9_a_failing_never_seen_client_backs_off_instead_of_starving_the_other
 def test_eq9_clients_backing_off_are_chosen_only_when_no_one_else_is_left():
     chosen, scores = loss_difference_selection({0: 0.3}, 0.0, 3, 2, seed=0, rnd=4, backing_off={1, 2})
     assert chosen[:1] == [0] and len(chosen) == 2 and scores[chosen[1]] == -np.inf
+
+
+def test_a_prompt_narrower_than_the_head_count_splits_into_some_empty_chunks():
+    """T5-large: 1,024 prompt dims over 1,152 heads; the empty chunks pack and unpack to nothing."""
+    from fedpeft.heads.sparse import unpack_into
+
+    config = registry.load_config("tiny-bert")  # 2 modules x 4 heads = 8 heads
+    name = "base_model.prompt_encoder.default.embedding.weight"
+    layout = build_layout({name: ((3, 6), "float32")}, config, "prompt_tuning")
+    units = layout.params[name].units
+    assert len(units) == 8 and sum(u.size for u in units) == 6 and sorted({u.size for u in units}) == [0, 1]
+    state = {name: np.arange(18, dtype=np.float32).reshape(3, 6)}
+    kept = np.array([u.heads[0] for u in units if u.size == 0][:1] + [units[-1].heads[0]], dtype=np.int32)
+    packed = pack(state, layout, kept)
+    assert packed[name].shape == (3, 1)
+    full = np.zeros((3, 6))
+    unpack_into(layout.params[name], packed[name].astype(np.float64), set(kept.tolist()), full)
+    np.testing.assert_array_equal(full[:, 5], state[name][:, 5])
+    np.testing.assert_array_equal(full[:, :5], 0)
+
+
+def test_eq9_back_off_survives_a_checkpoint_and_old_checkpoints_load():
+    from fedpeft.checkpoint import pack_state, unpack_state
+
+    s = server(selection="loss")
+    s.observe_failures(3, {7: "no reply"})
+    s.observe_failures(4, {7: "no reply"})
+    arrays, tree = pack_state(s.state_dict())
+    back = server(selection="loss")
+    back.load_state_dict(unpack_state(arrays, tree))
+    assert back.failures == {7: 2} and back.backoff_until == {7: 6} and 7 not in back.select(5)
+    old = {k: v for k, v in s.state_dict().items() if k not in ("failures", "backoff_until")}
+    fresh = server(selection="loss")
+    fresh.load_state_dict(old)  # written before the back-off rule: nobody backs off
+    assert fresh.failures == {} and fresh.backoff_until == {}

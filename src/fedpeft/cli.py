@@ -155,31 +155,39 @@ def cmd_partition(args: argparse.Namespace) -> int:
 def cmd_model(args: argparse.Namespace) -> int:
     _quiet_libraries()
     from fedpeft.config.schema import TaskConfig
-    from fedpeft.metrics.footprint import footprint
+    from fedpeft.footprint import footprint
     from fedpeft.models import registry
     from fedpeft.models.architectures import architecture_config
     from fedpeft.models.layout import model_shape
-    from fedpeft.tuners import method_options
 
     config = architecture_config(args.name)
     shape = model_shape(config)
     task = args.task or ("classification" if config.model_type in ("bert", "roberta", "distilbert") else "generation")
     kind = registry.model_kind(TaskConfig(type=task).type, config)
-    methods = args.methods.split(",") if args.methods else [
-        "full", "lora", "ia3", "prompt_tuning", "p_tuning", "prefix_tuning", "houlsby", "pfeiffer", "bitfit"]
+    every = ["full", "lora", "ia3", "prompt_tuning", "p_tuning", "prefix_tuning", "houlsby", "pfeiffer", "bitfit"]
+    methods = args.methods.split(",") if args.methods else every
+    unknown = [m for m in methods if m not in every]
+    if unknown:
+        raise ConfigError(f"--methods: unknown peft method {unknown[0]!r}; choose from {', '.join(every)}")
+    if args.sparsity is not None and not 0.0 <= args.sparsity < 1.0:
+        raise ConfigError(f"--sparsity {args.sparsity}: give the pruned fraction of heads in [0, 1), e.g. 0.9")
+    if args.tokens < 1:
+        raise ConfigError(f"--tokens {args.tokens}: give the tokens of one training sequence (at least 1), e.g. 512")
     options = _peft_sets(args.set)
-    rows, skipped = [], {}
-    for m in methods:
-        try:
-            opts = method_options(m, **{k: v for k, v in options.items() if k in _option_names(m)})
-            rows.append(footprint(args.name, config, opts, kind, num_labels=args.num_labels, sparsity=args.sparsity,
-                                  tokens=args.tokens))
-        except ValueError as exc:
-            skipped[m] = str(exc).splitlines()[0]
     unused = sorted(set(options) - {k for m in methods for k in _option_names(m)})
     if unused:
-        raise ConfigError(f"--set peft.{unused[0]}: no listed method has that option; see `fedpeft config` for the "
-                          "options of each peft method")
+        raise ConfigError(f"--set peft.{unused[0]}: none of the methods {', '.join(methods)} has that option; "
+                          "`fedpeft config` lists each method's options")
+    rows, skipped = [], {}
+    for m in methods:
+        # validated as `fedpeft run` validates them (one-line errors naming the key and the allowed values)
+        opts = load_config(None, [f"peft={{method: {m}}}", *(f"peft.{k}={v}" for k, v in options.items()
+                                                            if k in _option_names(m))]).peft
+        try:
+            rows.append(footprint(args.name, config, opts, kind, num_labels=args.num_labels, sparsity=args.sparsity,
+                                  tokens=args.tokens))
+        except ValueError as exc:  # the method cannot drive this model (e.g. prompts on an encoder-decoder classifier)
+            skipped[m] = str(exc).splitlines()[0]
     about = {"model": args.name, "model_type": config.model_type, "layers": shape.num_layers,
              "attention_modules": shape.num_attention_modules, "heads": shape.num_heads, "kv_heads": shape.num_kv_heads,
              "hidden": shape.hidden, "feed_forward": shape.intermediate, "encoder_decoder": shape.encoder_decoder,
@@ -230,17 +238,15 @@ def _option_names(method: str) -> set[str]:
     return set(type(method_options(method)).model_fields) - {"method"}
 
 
-def _peft_sets(sets: list[str]) -> dict[str, object]:
-    """``--set peft.KEY=VALUE`` (the syntax of ``fedpeft run``) -> {KEY: VALUE}, values read as YAML."""
-    import yaml
-
+def _peft_sets(sets: list[str]) -> dict[str, str]:
+    """``--set peft.KEY=VALUE`` (the syntax of ``fedpeft run``) -> {KEY: VALUE} (the value as typed)."""
     out = {}
     for item in sets:
         key, sep, value = item.partition("=")
         if not sep or not key.startswith("peft.") or key == "peft.method" or "." in key[5:]:
             raise ConfigError(f"--set {item!r}: give a peft option as peft.KEY=VALUE, e.g. --set peft.r=8 "
                               "(the methods are chosen with --methods)")
-        out[key[5:]] = yaml.safe_load(value)
+        out[key[5:]] = value
     return out
 
 

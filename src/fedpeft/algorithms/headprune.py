@@ -26,11 +26,13 @@ the latest evaluation (``eval_loss``). ``L_g`` is the same for every client, so 
 never changes the ranking; it is logged with them. Clients never seen score +inf and so come first;
 ties are broken by a seeded permutation of the round (deterministic).
 
-Failed clients back off (our rule; the paper is silent): a selected client whose update did not arrive
+With loss selection, failed clients back off (our rule; the paper is silent): a selected client whose update did not arrive
 or was rejected scores -inf, so it is chosen only when fewer than K other clients remain, for 2^(f-1)
 rounds after its f-th consecutive failure (1, 2, 4, ... rounds, at most 64); then it gets its score
 back (+inf if it was never seen, else its last loss difference). A valid update resets the count.
 Without this, a never-seen client whose update keeps failing would keep +inf and be chosen every round.
+A round that aggregates nothing (fewer accepted updates than ``federation.min_replies``) records no loss
+and clears no count. Random selection ignores the counts.
 """
 
 from __future__ import annotations

@@ -47,11 +47,16 @@ def _base(module):
 def decoder_inputs(source: torch.Tensor, config) -> torch.Tensor:
     """The token ids an encoder-decoder model's decoder reads for ``source`` (labels, or the input ids of a
     classification head): shifted right by one behind ``decoder_start_token_id``, -100 read as padding,
-    as T5's ``_shift_right`` and BART's ``shift_tokens_right`` build them."""
+    as T5's ``_shift_right`` and BART's ``shift_tokens_right`` build them (mBART-style models, which move
+    the last token to the front instead, are not covered)."""
+    start, pad = getattr(config, "decoder_start_token_id", None), getattr(config, "pad_token_id", None)
+    if start is None or pad is None:
+        raise ValueError(f"{config.model_type}: head importance needs the config's decoder_start_token_id and "
+                         "pad_token_id to know what the decoder reads; set them in the model's config")
     shifted = torch.empty_like(source)
     shifted[:, 1:] = source[:, :-1]
-    shifted[:, 0] = int(config.decoder_start_token_id)
-    return shifted.masked_fill(shifted == -100, int(config.pad_token_id))
+    shifted[:, 0] = int(start)
+    return shifted.masked_fill(shifted == -100, int(pad))
 
 
 def _keys(valid: torch.Tensor, tokens: torch.Tensor, exclude: torch.Tensor | None) -> torch.Tensor:

@@ -70,6 +70,19 @@ def pack(state: dict[str, np.ndarray], layout: HeadLayout, kept: np.ndarray) -> 
     return out
 
 
+def packed_spec(spec: dict[str, tuple[tuple[int, ...], str]], layout: HeadLayout, kept: np.ndarray, *,
+                with_scores: bool) -> dict[str, tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of every array :func:`pack` makes from a state of ``spec`` (plus the importance scores
+    when the upload carries them), without the values: for accounting (``wire.encoded_size``)."""
+    kept_set = set(int(h) for h in kept)
+    out = {n: ((layout.params[n].packed_shape(kept_set) if n in layout.params else tuple(shape)), dtype)
+           for n, (shape, dtype) in spec.items()}
+    out[KEPT_KEY] = ((len(kept_set),), "int32")
+    if with_scores:
+        out[ALPHA_KEY] = ((layout.num_heads,), "float32")
+    return out
+
+
 def unpack_into(param: HeadParam, packed: np.ndarray, kept: set[int], target: np.ndarray) -> None:
     """Write the packed slices back into ``target`` (a full-shape array) at their positions."""
     offset = 0

@@ -38,11 +38,15 @@ def bundled_id(name: str) -> str | None:
 
 def architecture_config(name: str):
     """A transformers config for ``name``: a bundled architecture, else whatever the registry resolves."""
-    hub_id = bundled_id(name)
+    hub_id = None if Path(name).expanduser().is_dir() else bundled_id(name)  # a local directory wins
     if hub_id is None:
         from fedpeft.models import registry
 
-        return registry.load_config(name)
+        try:
+            return registry.load_config(name)
+        except registry.ModelError as exc:
+            names = ", ".join(a for e in bundled_architectures().values() for a in e["aliases"][:1])
+            raise registry.ModelError(f"{exc}; bundled architecture configs (no weights): {names}") from None
     from transformers import AutoConfig
 
     fields = dict(bundled_architectures()[hub_id]["config"])

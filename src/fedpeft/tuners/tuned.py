@@ -124,8 +124,8 @@ def _peft_config(opts: Any, kind: str, spec: ArchSpec | None, model: nn.Module, 
             kw["feedforward_modules"] = opts.feedforward_modules or []
         elif (spec is not None and len(spec.qkv) == 3
               and model.config.model_type not in peft.utils.TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING):
-            # peft has no default for this architecture (e.g. DistilBERT): key, value and feed-forward output,
-            # the modules peft's defaults scale for the others
+            # peft has no default for this architecture (e.g. DistilBERT): key, value and the feed-forward
+            # output, IA3's original choice (peft's own defaults vary by architecture)
             kw["target_modules"] = [spec.qkv[1], spec.qkv[2], spec.ffn_out]
             kw["feedforward_modules"] = [spec.ffn_out]
         return peft.IA3Config(**kw, **common)

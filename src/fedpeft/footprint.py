@@ -10,8 +10,10 @@ Conventions:
   fraction ``1 - s`` (paper 000, Table 3: 3.38 -> 1.86 MB for T5-small LoRA r16 at 90%).
 * **run bytes** (``run_bytes``): ``wire.encoded_size`` of what a client really uploads: every trainable
   array (task head included), for head pruning the kept heads' slices plus the kept-head ids and the
-  importance scores (``fedpeft.heads``, ``keep_count`` heads kept), and the metadata of a typical
-  update. A real run's metadata differs by the digits of its numbers (a few bytes).
+  importance scores (``fedpeft.heads.sparse.packed_spec``, ``keep_count`` heads kept, spread over the
+  key/value groups: with grouped key/value heads the most a client can send), and the metadata of a
+  typical FedAvg / head-pruning update. A real run's metadata differs by the digits of its numbers
+  (within 64 bytes, tested).
 * **OPs**: per training sequence of ``tokens`` tokens, by ``fedpeft.metrics.ops`` (see there for the
   conventions and which one a run reports).
 """
@@ -22,7 +24,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fedpeft import wire
-from fedpeft.heads import ALPHA_KEY, KEPT_KEY, LayoutError, build_layout, keep_count
+import numpy as np
+
+from fedpeft.heads import LayoutError, build_layout, keep_count
+from fedpeft.heads.sparse import packed_spec
 from fedpeft.metrics import ops as analytic
 from fedpeft.models.architectures import build_on_meta
 from fedpeft.models.layout import arch_spec
@@ -32,7 +37,8 @@ DEFAULT_HEADS = ("classifier", "score", "classification_head")
 # the metadata of a typical client update (fedavg / headprune clients): numbers of typical width
 _UPDATE_META = {"round": 1, "client": 0, "num_examples": 90, "train_loss": 1.0986122886681098, "train_steps": 6,
                 "train_examples": 90, "train_tokens": 11520, "train_seconds": wire.clock_text(2.0),
-                "train_flops_sampled_steps": 0, "train_ops_analytic": 1.23456789e13}
+                "train_flops": wire.clock_text(1.0e12), "train_flops_sampled_steps": 1,
+                "train_ops_analytic": 1.23456789e13}
 _IMPORTANCE_META = {"importance_seconds": wire.clock_text(1.0), "importance_examples": 64}
 
 
@@ -104,12 +110,11 @@ def footprint(name: str, config, method_opts, kind: str, *, num_labels: int = 2,
         out.pruning_note = str(exc)
         return out
     kept = keep_count(layout.num_heads, sparsity)
-    kept_set = set(range(kept))  # which heads are kept changes the size only for grouped key/value heads
+    # Which heads are kept changes the size only with grouped key/value heads (a key/value slice travels if any
+    # head of its group is kept): evenly spread heads fall in different groups, the most a client can send.
+    spread = np.unique(np.linspace(0, layout.num_heads, kept, endpoint=False).astype(np.int64))
     head_params = sum(_count(p.shape) for p in layout.params.values())
-    packed = {n: ((layout.params[n].packed_shape(kept_set) if n in layout.params else s), dt)
-              for n, (s, dt) in spec.items()}
-    packed[KEPT_KEY] = ((kept,), "int32")
-    packed[ALPHA_KEY] = ((layout.num_heads,), "float32")
+    packed = packed_spec(spec, layout, spread, with_scores=True)
     out.num_heads, out.kept_heads, out.head_parameters = layout.num_heads, kept, head_params
     out.paper_mib_pruned = 4 * (peft_params - head_params + (1.0 - sparsity) * head_params) / MIB
     out.run_bytes_pruned = wire.encoded_size(packed, {**_UPDATE_META, **_IMPORTANCE_META})
