@@ -20,6 +20,7 @@ Conventions:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -78,13 +79,6 @@ def _task_head_names(spec: dict[str, Any], model_type: str) -> set[str]:
             or any(part in heads or part.endswith("classifier") for part in n.split("."))}
 
 
-def _count(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= int(d)
-    return out
-
-
 def footprint(name: str, config, method_opts, kind: str, *, num_labels: int = 2, sparsity: float | None = None,
               tokens: int = 128) -> Footprint:
     """The footprint of the PEFT method ``method_opts`` (a member of schema.PeftConfig) on ``config``."""
@@ -95,7 +89,7 @@ def footprint(name: str, config, method_opts, kind: str, *, num_labels: int = 2,
     spec = tuned.spec()
     head_names = _task_head_names(spec, config.model_type)
     peft_spec = {n: s for n, s in spec.items() if n not in head_names}
-    peft_params = sum(_count(shape) for shape, _ in peft_spec.values())
+    peft_params = sum(math.prod(shape) for shape, _ in peft_spec.values())
     options = tuned.options
     out = Footprint(
         model=name, method=method, options=options, kind=kind, trainable=tuned.num_trainable(),
@@ -113,7 +107,7 @@ def footprint(name: str, config, method_opts, kind: str, *, num_labels: int = 2,
     # Which heads are kept changes the size only with grouped key/value heads (a key/value slice travels if any
     # head of its group is kept): evenly spread heads fall in different groups, the most a client can send.
     spread = np.unique(np.linspace(0, layout.num_heads, kept, endpoint=False).astype(np.int64))
-    head_params = sum(_count(p.shape) for p in layout.params.values())
+    head_params = sum(math.prod(p.shape) for p in layout.params.values())
     packed = packed_spec(spec, layout, spread, with_scores=True)
     out.num_heads, out.kept_heads, out.head_parameters = layout.num_heads, kept, head_params
     out.paper_mib_pruned = 4 * (peft_params - head_params + (1.0 - sparsity) * head_params) / MIB
