@@ -79,3 +79,25 @@ def test_method_options_are_validated_per_method():
     assert cfg.peft.projection is True and cfg.peft.num_virtual_tokens == 8
     cfg = load_config(None, ["algorithm.name=fedyogi", "algorithm.tau=0.01"])
     assert cfg.algorithm.tau == 0.01
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path, capsys):
+    from fedpeft.cli import main
+
+    path = tmp_path / "broken.yaml"
+    path.write_text("task:\n  dataset: [sst2\nmodel:\n  name: tiny-bert\n")
+    assert main(["config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {path}:3:6: not valid YAML") and "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("text, line, first", [
+    ("train:\n  lr: 0.001\nfederation:\n  rounds: 3\ntrain:\n  batch_size: 4\n", 5, 1),  # a section twice
+    ("train:\n  lr: 0.001\n  batch_size: 4\n  lr: 0.01\n", 4, 2),  # a key twice in one section
+])
+def test_a_duplicated_key_or_section_is_refused(tmp_path, text, line, first):
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"{path}:{line}:\d+: key '\w+' is given twice in one mapping "
+                                          rf"\(first on line {first}\)"):
+        load_config(path)

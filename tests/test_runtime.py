@@ -27,7 +27,7 @@ def test_every_algorithm_runs(algorithm, tmp_path):
     for name in ("config.yaml", "partition.json", "summary.json", "metrics.jsonl", "events.log"):
         assert (tmp_path / "run" / name).is_file()
     assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
-    assert len(list((tmp_path / "run" / "plots").glob("*.png"))) == 2
+    assert len(list((tmp_path / "run" / "plots").glob("*.png"))) == 6
 
 
 def test_bytes_are_the_serialized_payload_sizes(tmp_path):

@@ -1,4 +1,4 @@
-"""Command line: ``fedpeft run | report | data | partition | model | config | flower``."""
+"""Command line: ``fedpeft run | eval | report | data | partition | model | config | flower``."""
 
 from __future__ import annotations
 
@@ -37,15 +37,29 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module="peft")
 
 
+def _resume_rounds(sets: list[str]) -> int | None:
+    """The one setting a resumed run may change: ``--set federation.rounds=N`` (more rounds extend it)."""
+    rounds = None
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if key.strip() != "federation.rounds" or not sep:
+            raise ConfigError(f"--set {item!r} with --resume: a resumed run keeps the config saved in RUN_DIR/config.yaml; "
+                              "only federation.rounds may change (e.g. --set federation.rounds=20 to add rounds)")
+        try:
+            rounds = int(value)
+        except ValueError:
+            raise ConfigError(f"--set {item!r}: federation.rounds must be a whole number of rounds") from None
+    return rounds
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
-        if args.config or args.set or args.run_dir:
+        if args.config or args.run_dir:
             raise ConfigError("--resume RUN_DIR continues a run with the config saved in RUN_DIR/config.yaml; "
-                              "give no config file, --set or --run-dir with it")
-        config_path = Path(args.resume) / "config.yaml"
-        if not config_path.is_file():
-            raise FileNotFoundError(f"{args.resume!r} is not a run directory (no config.yaml)")
-        cfg = load_config(config_path)
+                              "give no config file or --run-dir with it")
+        from fedpeft.runtime.embedded import resume_config
+
+        cfg = resume_config(args.resume, _resume_rounds(args.set))
     else:
         if not args.config:
             raise ConfigError("give a YAML config (fedpeft run CONFIG) or a run to continue (fedpeft run --resume RUN_DIR)")
@@ -54,28 +68,115 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg.runtime.progress = False
     _quiet_libraries()
     run_dir = args.resume or args.run_dir
-    if cfg.runtime.name == "flower":
-        from fedpeft.runtime.flower.launch import run_flower
+    runtime = None
+    try:
+        if cfg.runtime.name == "flower":
+            from fedpeft.runtime.flower.launch import run_flower
 
-        summary = run_flower(cfg, run_dir, resume=bool(args.resume), log=lambda m: print(m, file=sys.stderr))
-        run_dir = summary["run_dir"]
-    else:
-        from fedpeft.runtime.embedded import EmbeddedRuntime
+            summary = run_flower(cfg, run_dir, resume=bool(args.resume), log=lambda m: print(m, file=sys.stderr))
+            run_dir = summary["run_dir"]
+        else:
+            from fedpeft.runtime.embedded import EmbeddedRuntime
 
-        runtime = EmbeddedRuntime.resume(run_dir) if args.resume else EmbeddedRuntime(cfg, run_dir)
-        if args.resume:
-            runtime.cfg.runtime.progress = cfg.runtime.progress
-        print(f"run directory: {runtime.run_dir}", file=sys.stderr)
-        summary = runtime.run()
-        run_dir = runtime.run_dir
-    metric = summary["primary_metric"]
-    print(
-        f"{cfg.name}: {metric} {summary.get('initial')} -> {summary.get('final')} (best {summary.get('best')}) "
-        f"in {summary.get('rounds')} rounds; {summary.get('total_bytes', 0) / 2**20:.2f} MiB exchanged; "
-        f"rounds to target: {summary.get('rounds_to_target')}; {summary.get('wall_s', 0):.1f} s"
-    )
+            runtime = EmbeddedRuntime(cfg, run_dir, resume=bool(args.resume))
+            print(f"run directory: {runtime.run_dir}", file=sys.stderr)
+            summary = runtime.run()
+            run_dir = runtime.run_dir
+    except KeyboardInterrupt:
+        where = getattr(runtime, "run_dir", None) or run_dir
+        if where is None or not (Path(where) / "config.yaml").is_file():
+            print("\ninterrupted before the run started; nothing was written", file=sys.stderr)
+        else:
+            print(f"\ninterrupted; {_resume_hint(Path(where))}", file=sys.stderr)
+        return 130
+    print(end_of_run_line(cfg.name, summary))
     print(f"results: {run_dir}")
     return 0
+
+
+def _resume_hint(run_dir: Path) -> str:
+    from fedpeft import checkpoint
+
+    try:
+        done = f"the last checkpoint is after round {checkpoint.load(run_dir)[0]}"
+    except checkpoint.CheckpointError:
+        done = "no checkpoint yet, so it restarts from round 1"
+    return f"{done}; continue with: fedpeft run --resume {run_dir}"
+
+
+def _figure(value) -> str:
+    return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def end_of_run_line(name: str, summary: dict) -> str:
+    """One line: the primary metric before -> after (best, at which round), rounds, traffic, time."""
+    best_round = summary.get("best_round")
+    return (f"{name}: {summary['primary_metric']} {_figure(summary.get('initial'))} -> {_figure(summary.get('final'))} "
+            f"(best {_figure(summary.get('best'))}{f' at round {best_round}' if best_round is not None else ''}) "
+            f"in {summary.get('rounds')} rounds; {summary.get('total_bytes', 0) / 2**20:.2f} MiB exchanged; "
+            f"rounds to target: {_figure(summary.get('rounds_to_target'))}; {summary.get('wall_s', 0):.1f} s")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    _quiet_libraries()
+    from fedpeft.adapters import load_adapter, read_adapter_meta
+    from fedpeft.data.prepare import prepare_eval
+    from fedpeft.runtime.setup import pick_device
+    from fedpeft.training.evaluate import PREDICTIONS, evaluate
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
+    names = {"best": "best_adapter", "last": "adapter"}
+    choice = args.adapter or ("best" if (run_dir / names["best"]).is_dir() else "last")
+    adapter_dir = run_dir / names[choice]
+    meta = read_adapter_meta(adapter_dir)
+    cfg = load_config(run_dir / "config.yaml", [f"task.dataset={args.dataset}"] if args.dataset else [])
+    split = args.split or cfg.task.eval_split
+    device = pick_device(args.device or cfg.runtime.device)
+    loaded = load_adapter(adapter_dir, dtype=cfg.model.dtype, device=device)
+    encdec = bool(getattr(loaded.model.config, "is_encoder_decoder", False))
+    data = prepare_eval(cfg.task, split, loaded.tokenizer, encoder_decoder=encdec, seed=cfg.seed,
+                        max_examples=args.max_examples, label_names=meta.get("label_names"))
+    result = evaluate(loaded.model, data, tokenizer=loaded.tokenizer, device=device, batch_size=cfg.eval.batch_size,
+                      encoder_decoder=encdec, max_new_tokens=cfg.task.generation_max_new_tokens,
+                      precision=cfg.runtime.precision)
+    out = Path(args.out) if args.out else run_dir / "eval" / f"{names[choice]}-{split.replace('/', '_')}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as fh:
+        for line in prediction_lines(data, result[PREDICTIONS]):
+            fh.write(json.dumps(line) + "\n")
+    scores = {(k if k.startswith("eval_") else f"eval_{k}"): v for k, v in result.items() if not k.startswith("_")}
+    summary = {"run_dir": str(run_dir), "adapter": names[choice], "round": meta.get("round"), "dataset": cfg.task.dataset,
+               "split": split, "examples": len(data.rows), **scores, "predictions": str(out)}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        shown = ", ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in scores.items() if isinstance(v, float))
+        print(f"{run_dir} {names[choice]} (round {meta.get('round')}) on {cfg.task.dataset} {split} "
+              f"({len(data.rows)} rows): {shown}")
+        print(f"predictions: {out}")
+    return 0
+
+
+def prediction_lines(data, predictions: list) -> list[dict]:
+    """One JSON object per evaluated row: where it is (1-based row of its split part), its input, the gold
+    answer and the prediction (a class name, a generated text, or the index of the chosen choice)."""
+    lines = []
+    for row, (source, part, number), pred in zip(data.rows, data.origins, predictions):
+        line = {"row": number, "split": part, "source": source}
+        if data.task_type == "classification":
+            line.update({"text": row["text"], "label": row["label"],
+                         "prediction": data.label_names[pred], "prediction_id": int(pred)})
+            if row.get("text_pair") is not None:
+                line["text_pair"] = row["text_pair"]
+        elif data.task_type == "generation":
+            line.update({"input": row["input"], "target": row["target"], "prediction": pred})
+        else:
+            line.update({"question": row["question"], "choices": row["choices"], "label": row["label"],
+                         "prediction": int(pred)})
+        lines.append(line)
+    return lines
 
 
 def cmd_flower_credentials(args: argparse.Namespace) -> int:
@@ -103,27 +204,42 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from collections import Counter
-
+    """Splits, sizes, fields and labels, and every row a run would refuse (``problem:`` lines, exit code 2)."""
+    from fedpeft.data import validate
+    from fedpeft.data.catalog import CATALOG, prompt_template
     from fedpeft.data.sources import describe_splits, load_rows
 
     info = describe_splits(args.dataset, args.data_dir)
     print(f"dataset: {args.dataset}  source: {info['source']}")
+    for note in info["notes"]:
+        print(f"  note: {note}")
+    entry = CATALOG.get(args.dataset)
     splits = [args.split] if args.split else info["splits"]
+    found = 0
     for split in splits:
-        rows = load_rows(args.dataset, split, data_dir=args.data_dir)
+        origins: list[validate.Origin] = []
+        rows = load_rows(args.dataset, split, data_dir=args.data_dir, origins=origins)
         fields = sorted({k for r in rows[:100] for k in r})
-        line = f"  {split}: {len(rows)} rows; fields: {', '.join(fields)}"
-        if rows and "label" in rows[0]:
-            counts = Counter(r["label"] for r in rows)
-            names = {r["label"]: r.get("label_text") for r in rows if r.get("label_text")}
-            hist = ", ".join(f"{k}{'=' + str(names[k]) if k in names else ''}: {v}" for k, v in sorted(counts.items(), key=lambda kv: str(kv[0])))
-            line += f"\n    labels: {hist}"
+        print(f"  {split}: {len(rows)} rows; fields: {', '.join(fields)}")
+        labels = validate.label_histogram(rows)
+        if labels:
+            print(f"    labels: {labels}")
         text_field = next((f for f in ("text", "input", "question") if rows and f in rows[0]), None)
-        if text_field:
-            lengths = sorted(len(str(r[text_field])) for r in rows)
-            line += f"\n    {text_field} characters: median {lengths[len(lengths) // 2]}, max {lengths[-1]}"
-        print(line)
+        lengths = sorted(len(r[text_field]) for r in rows if isinstance(r.get(text_field), str)) if text_field else []
+        if lengths:
+            print(f"    {text_field} characters: median {lengths[len(lengths) // 2]}, max {lengths[-1]}")
+        task_type = entry.task if entry else validate.infer_task_type(rows)
+        template = prompt_template(task_type, args.dataset, rows) if task_type and rows else None
+        problems, notes = validate.report(task_type, rows, origins, template, split)
+        for line in [f"note: {n}" for n in notes] + [f"problem: {p}" for p in problems[:10]]:
+            print(f"    {line}")
+        if len(problems) > 10:
+            print(f"    ... and {len(problems) - 10} more problems")
+        found += len(problems)
+    if found:
+        print(f"error: {found} problem{'' if found == 1 else 's'} in dataset {args.dataset!r} (listed above): a run that "
+              "reads these rows refuses them; fix or drop them", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -257,7 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a federated fine-tuning from a YAML config")
     r.add_argument("config", nargs="?", help="YAML config file (see configs/)")
-    r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint (from "
+                   "round 1 if it saved none), or a finished one with more rounds (--set federation.rounds=N)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. train.lr=1e-3")
     r.add_argument("--run-dir", help="directory for the results (default: OUTPUT_DIR/NAME-TIMESTAMP)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -274,10 +391,25 @@ def build_parser() -> argparse.ArgumentParser:
     cr.set_defaults(func=cmd_flower_credentials)
 
     rep = sub.add_parser("report", help="markdown table (and plots) comparing run directories")
-    rep.add_argument("run_dirs", nargs="+")
-    rep.add_argument("--out", help="also write report.md and comparison plots here")
-    rep.add_argument("--metric", help="metric to plot (default: the runs' primary metric)")
+    rep.add_argument("run_dirs", nargs="+", help="run directories (paths without a run, e.g. from runs/*, are "
+                     "skipped and listed under the table)")
+    rep.add_argument("--out", help="also write report.md and comparison plots here (METRIC vs round, vs cumulative "
+                     "MiB up + down, vs cumulative upload MiB)")
+    rep.add_argument("--metric", help="metric of the initial / final / best columns and of the plots: an evaluation "
+                     "metric (accuracy, loss, ...) or train_loss (default: each run's primary metric)")
     rep.set_defaults(func=cmd_report)
+
+    ev = sub.add_parser("eval", help="score a run's adapter on any split and write its predictions")
+    ev.add_argument("run_dir")
+    ev.add_argument("--adapter", choices=["best", "last"], help="best_adapter (the default, when the run kept one) "
+                    "or adapter (the last round)")
+    ev.add_argument("--split", help="split to score, sliceable as in task.eval_split (default: the run's eval split)")
+    ev.add_argument("--dataset", help="another dataset with the run's schema and classes (default: the run's)")
+    ev.add_argument("--max-examples", type=int, help="the run's seeded subset of this many rows (default: every row)")
+    ev.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default: the run's runtime.device")
+    ev.add_argument("--out", help="predictions file (default: RUN_DIR/eval/<adapter>-<split>.jsonl)")
+    ev.add_argument("--json", action="store_true", help="print the scores as JSON")
+    ev.set_defaults(func=cmd_eval)
 
     c = sub.add_parser("config", help="validate a config and print it with every default filled in")
     c.add_argument("config")

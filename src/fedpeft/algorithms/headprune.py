@@ -92,8 +92,12 @@ class HeadPruneServer(ServerAlgorithm):
         backing_off = {c for c, last in self.backoff_until.items() if rnd <= last}
         chosen, scores = loss_difference_selection(self.last_loss, self.global_loss, self.num_clients,
                                                    self.clients_per_round, self.seed, rnd, backing_off)
-        self._round_info = {"selection_scores": {str(c): (s if math.isfinite(s) else str(s)) for c, s in scores.items()},
+        # metrics.jsonl holds JSON numbers only: never-seen clients (+inf) are listed apart, as are backing-off ones
+        self._round_info = {"selection_scores": {str(c): s for c, s in scores.items() if math.isfinite(s)},
                             "selection_global_loss": self.global_loss}
+        unseen = sorted(c for c, s in scores.items() if s == math.inf)
+        if unseen:
+            self._round_info["selection_unseen"] = unseen
         if backing_off:
             self._round_info["selection_backing_off"] = sorted(backing_off)
         return chosen

@@ -91,9 +91,9 @@ class PrivateMean:
 
     def spent(self) -> dict[str, Any]:
         if self.accountant is None:
-            return {"dp_epsilon": "inf", "dp_delta": self.options.target_delta, "dp_releases": 0}
+            return {"dp_epsilon": math.inf, "dp_delta": self.options.target_delta, "dp_releases": 0}
         eps = self.accountant.get_epsilon(self.options.target_delta)
-        return {"dp_epsilon": eps if math.isfinite(eps) else "inf", "dp_delta": self.options.target_delta,
+        return {"dp_epsilon": eps, "dp_delta": self.options.target_delta,
                 "dp_releases": self.accountant.num_releases}
 
     def state_dict(self) -> dict[str, Any]:

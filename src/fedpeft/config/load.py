@@ -17,6 +17,43 @@ class ConfigError(ValueError):
     """A configuration problem, one line per problem, each naming the key and the fix."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one silently,
+    so a second ``train:`` section would reset every setting of the first to its default)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                first = seen[key]
+                raise ConfigError(
+                    f"{self.name}:{key_node.start_mark.line + 1}:{key_node.start_mark.column + 1}: key {key!r} is "
+                    f"given twice in one mapping (first on line {first.line + 1}); merge the two into one"
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document in ``path``; a syntax error or a duplicated key is a ConfigError naming the file, the
+    line and the column (1-based)."""
+    text = path.read_text(encoding="utf-8")
+    loader = _UniqueKeyLoader(text)
+    loader.name = str(path)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        what = " ".join(x for x in (exc.context, exc.problem) if x)
+        raise ConfigError(f"{where}: not valid YAML ({what}); fix the syntax at that line and column") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    finally:
+        loader.dispose()
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``'train.lr=1e-3'`` -> (['train', 'lr'], 0.001). Values are parsed as YAML scalars/lists."""
     if "=" not in item:
@@ -147,10 +184,7 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> RunCo
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file such as configs/quickstart.yaml")
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        raw = read_yaml(p) or {}
     raw = apply_overrides(raw, overrides)
     return validate_config(raw)
 

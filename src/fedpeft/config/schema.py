@@ -233,6 +233,10 @@ class FedProxOptions(Section):
     dp: PrivacyOptions | None = None
 
 
+# The PEFT methods whose trainable tensors fedpeft.heads.layout splits by attention head.
+HEAD_MAPPED_PEFT_METHODS = ("lora", "ia3", "prompt_tuning", "p_tuning", "prefix_tuning")
+
+
 class HeadPruneOptions(Section):
     """Paper 000: head pruning, head-weighted aggregation, loss-difference selection (and baselines B1/B2)."""
 
@@ -421,6 +425,8 @@ class EvalConfig(Section):
     )
     batch_size: int = Field(64, ge=1)
     target: float | None = Field(None, description="Value of the primary metric for rounds/time-to-target.")
+    save_best: bool = Field(True, description="Also keep the global adapter of the best evaluated round (by the "
+                            "primary metric) in RUN_DIR/best_adapter, next to the last round's RUN_DIR/adapter.")
 
 
 class SecureAggregationOptions(Section):
@@ -530,7 +536,18 @@ class RunConfig(Section):
                              "prefix_tuning with peft.projection: false")
         if self.algorithm.name == "fedsp":
             self._check_fedsp()
+        if self.algorithm.name == "headprune":
+            self._check_headprune()
         return self
+
+    def _check_headprune(self) -> None:
+        # checked here so that the error comes before any data or model is loaded (heads.layout maps these)
+        if self.peft.method not in HEAD_MAPPED_PEFT_METHODS:
+            raise ValueError(f"algorithm headprune prunes attention heads, which {self.peft.method!r} has none of: "
+                             f"set peft.method to one of {', '.join(HEAD_MAPPED_PEFT_METHODS)}")
+        if getattr(self.peft, "projection", False):
+            raise ValueError("algorithm headprune maps prefixes to heads layer by layer; a prefix projection MLP "
+                             "mixes them: set peft.projection: false")
 
     def _check_fedsp(self) -> None:
         o = self.algorithm

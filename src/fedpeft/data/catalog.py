@@ -132,3 +132,22 @@ CATALOG: dict[str, CatalogEntry] = {
     ),
     "race": CatalogEntry("multiple_choice", "ehovy/race", "all", convert=_race),
 }
+
+DEFAULT_GENERATION_TEMPLATE = "{input}\n"
+DEFAULT_CHOICE_TEMPLATE = "Question: {question}\nAnswer:"
+DEFAULT_CHOICE_TEMPLATE_WITH_CONTEXT = "{context}\nQuestion: {question}\nAnswer:"
+
+
+def prompt_template(task_type: str, dataset: str, train_rows: list[Row], given: str | None = None) -> str | None:
+    """The prompt of a generation or multiple-choice task: ``given``, else the catalog entry's, else the
+    default (for multiple choice, with the context when the first train row has one). None for classification."""
+    entry = CATALOG.get(dataset)
+    given = given or (entry.prompt_template if entry else None)
+    if task_type == "generation":
+        return given or DEFAULT_GENERATION_TEMPLATE
+    if task_type == "multiple_choice":
+        if given:
+            return given
+        has_context = bool(train_rows) and "context" in train_rows[0]
+        return DEFAULT_CHOICE_TEMPLATE_WITH_CONTEXT if has_context else DEFAULT_CHOICE_TEMPLATE
+    return None

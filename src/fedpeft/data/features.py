@@ -7,7 +7,9 @@
   (question, choice): ``context + " " + choice``, the loss/score on the choice tokens only. Training
   uses the gold choice; evaluation scores every choice.
 
-The context is truncated from the left so that the target / choice tokens always fit.
+The context is truncated from the left so that the target / choice tokens always fit. Rows come checked
+(:mod:`fedpeft.data.validate`, called by :func:`fedpeft.data.prepare.prepare_task`): text fields are strings,
+labels valid.
 """
 
 from __future__ import annotations
@@ -17,12 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from fedpeft.data import validate as V
 from fedpeft.data.batching import Encoded
 from fedpeft.data.sources import DataError, Row, require_fields
-
-DEFAULT_GENERATION_TEMPLATE = "{input}\n"
-DEFAULT_CHOICE_TEMPLATE = "Question: {question}\nAnswer:"
-DEFAULT_CHOICE_TEMPLATE_WITH_CONTEXT = "{context}\nQuestion: {question}\nAnswer:"
+from fedpeft.data.validate import Origin
 
 
 @dataclass
@@ -58,30 +58,41 @@ def _format(template: str, row: Row, where: str) -> str:
 # --- classification ------------------------------------------------------------------------------
 
 
-def class_labels(train_rows: list[Row], eval_rows: list[Row], where: str) -> tuple[list[int], list[int], list[str]]:
-    """Integer labels for both splits and the label names. String labels are mapped by sorted name."""
-    raw_train = [r["label"] for r in train_rows]
-    raw_eval = [r["label"] for r in eval_rows]
-    if any(isinstance(v, str) for v in raw_train):
-        names = sorted({str(v) for v in raw_train})
+def class_labels(
+    train_rows: list[Row], eval_rows: list[Row], train_origins: list[Origin], eval_origins: list[Origin], train_split: str,
+) -> tuple[list[int], list[int], list[str]]:
+    """Integer labels for both splits (all their rows, before any subsetting) and the label names.
+
+    The rows are already checked (:mod:`fedpeft.data.validate`). String labels are class names, numbered by
+    sorted name; integer labels are class ids, and the train split must use every id in 0..max. Eval labels
+    must be classes of the train split."""
+    raw_train = [V.class_id(r["label"]) for r in train_rows]
+    raw_eval = [V.class_id(r["label"]) for r in eval_rows]
+    train_kind = type(raw_train[0])
+    for value, row, origin in zip(raw_eval, eval_rows, eval_origins):
+        if type(value) is not train_kind:
+            kinds = "strings (class names)" if train_kind is str else "integers (class ids)"
+            raise DataError(f"{V.at(origin)}: eval split has label {V.show(row['label'])} but the train split "
+                            f"{train_split!r} has labels that are {kinds}; use one kind of label in both splits")
+    if train_kind is str:
+        names = sorted(set(map(str, raw_train)))
         index = {n: i for i, n in enumerate(names)}
-        unknown = sorted({str(v) for v in raw_eval} - set(names))
-        if unknown:
-            raise DataError(f"{where}: eval split has label {unknown[0]!r} that the train split never uses; train labels: {names}")
+        for value, origin in zip(raw_eval, eval_origins):
+            if value not in index:
+                raise DataError(f"{V.at(origin)}: eval split has label {value!r} that the train split {train_split!r} "
+                                f"never uses; train labels: {V.show(names, 200)}")
         return [index[str(v)] for v in raw_train], [index[str(v)] for v in raw_eval], names
-    try:
-        train = [int(v) for v in raw_train]
-        evals = [int(v) for v in raw_eval]
-    except (TypeError, ValueError) as exc:
-        raise DataError(f"{where}: labels must be integers or strings ({exc})") from None
-    if any(v < 0 for v in train):
-        raise DataError(f"{where}: the train split has unlabeled rows (label -1); choose a labeled split")
-    if any(v < 0 for v in evals):
-        raise DataError(f"{where}: the eval split has unlabeled rows (label -1); choose a labeled split")
+    train = [int(v) for v in raw_train]
+    evals = [int(v) for v in raw_eval]
+    missing = V.missing_class_ids(train)
+    if missing:
+        files = ", ".join(sorted({o[0] for o in train_origins}))
+        raise DataError(f"{files}: train split {train_split!r} {V.describe_missing(missing, train)}")
     num_labels = max(train) + 1
-    unknown = sorted({v for v in evals if v >= num_labels})
-    if unknown:
-        raise DataError(f"{where}: eval split has label {unknown[0]} but the train split only has 0..{num_labels - 1}")
+    for value, origin in zip(evals, eval_origins):
+        if value >= num_labels:
+            raise DataError(f"{V.at(origin)}: eval split has label {value} but the train split {train_split!r} only "
+                            f"has 0..{num_labels - 1}; renumber the classes the same way in both splits")
     names_by_id: dict[int, str] = {}
     for r, v in zip(train_rows, train):
         names_by_id.setdefault(v, str(r.get("label_text", v)))
@@ -91,9 +102,9 @@ def class_labels(train_rows: list[Row], eval_rows: list[Row], where: str) -> tup
 
 def encode_classification(rows: list[Row], labels: list[int], tokenizer, max_length: int, where: str) -> Encoded:
     require_fields(rows, ("text",), where)
-    texts = [str(r["text"]) for r in rows]
-    has_pair = any("text_pair" in r and r["text_pair"] is not None for r in rows)
-    pairs = [str(r.get("text_pair") or "") for r in rows] if has_pair else None
+    texts = [r["text"] for r in rows]
+    has_pair = any(r.get("text_pair") is not None for r in rows)
+    pairs = [r.get("text_pair") or "" for r in rows] if has_pair else None
     enc = tokenizer(texts, pairs, truncation=True, max_length=max_length)
     tti = enc.get("token_type_ids")
     return Encoded(
@@ -148,7 +159,7 @@ def encode_generation(
 ) -> Encoded:
     require_fields(rows, ("input", "target"), where)
     prompts = [_format(template, r, where) for r in rows]
-    targets = [str(r["target"]) for r in rows]
+    targets = [r["target"] for r in rows]
     if encoder_decoder:
         enc = tokenizer(prompts, truncation=True, max_length=max_length)
         tgt = tokenizer(text_target=targets, truncation=True, max_length=max_target_length)
@@ -183,26 +194,6 @@ def encode_generation_eval(
 # --- multiple choice -------------------------------------------------------------------------------
 
 
-def choice_template(rows: list[Row], template: str | None) -> str:
-    if template:
-        return template
-    if rows and "context" in rows[0]:
-        return DEFAULT_CHOICE_TEMPLATE_WITH_CONTEXT
-    return DEFAULT_CHOICE_TEMPLATE
-
-
-def _check_choices(rows: list[Row], where: str) -> None:
-    require_fields(rows, ("question", "choices", "label"), where)
-    for i, r in enumerate(rows):
-        if not isinstance(r["choices"], (list, tuple)) or len(r["choices"]) < 2:
-            raise DataError(f"{where}: row {i}: 'choices' must be a list of at least 2 strings")
-        if not 0 <= int(r["label"]) < len(r["choices"]):
-            raise DataError(
-                f"{where}: row {i}: label {r['label']} is not an index into its {len(r['choices'])} choices "
-                "(unlabeled split? choose a labeled one)"
-            )
-
-
 def _choice_sequences(
     rows: list[Row], tokenizer, encoder_decoder: bool, template: str, max_length: int, where: str,
     gold_only: bool,
@@ -212,8 +203,8 @@ def _choice_sequences(
     for i, r in enumerate(rows):
         choices = [r["choices"][int(r["label"])]] if gold_only else list(r["choices"])
         for c in choices:
-            conts.append(" " + str(c))
-            chars.append(len(" " + str(c)))
+            conts.append(" " + c)
+            chars.append(len(" " + c))
             example_index.append(i)
             ctx_of.append(i)
     if encoder_decoder:
@@ -231,7 +222,7 @@ def _choice_sequences(
 def encode_choice_train(
     rows: list[Row], tokenizer, *, encoder_decoder: bool, template: str, max_length: int, where: str
 ) -> Encoded:
-    _check_choices(rows, where)
+    require_fields(rows, ("question", "choices", "label"), where)
     data, _, _ = _choice_sequences(rows, tokenizer, encoder_decoder, template, max_length, where, gold_only=True)
     return data
 
@@ -239,7 +230,7 @@ def encode_choice_train(
 def encode_choice_eval(
     rows: list[Row], tokenizer, *, encoder_decoder: bool, template: str, max_length: int, where: str
 ) -> ChoiceEval:
-    _check_choices(rows, where)
+    require_fields(rows, ("question", "choices", "label"), where)
     data, example_index, chars = _choice_sequences(
         rows, tokenizer, encoder_decoder, template, max_length, where, gold_only=False
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Union
 
@@ -9,10 +10,12 @@ import numpy as np
 
 from fedpeft.config.schema import TaskConfig
 from fedpeft.data import features as F
+from fedpeft.data import validate as V
 from fedpeft.data.batching import Encoded
-from fedpeft.data.catalog import CATALOG
+from fedpeft.data.catalog import prompt_template
 from fedpeft.data.sources import DataError, load_rows, shared_rows
 
+log = logging.getLogger("fedpeft")
 EvalSet = Union[Encoded, F.GenerationEval, F.ChoiceEval]
 
 
@@ -34,6 +37,22 @@ def _seeded_subset(n: int, k: int | None, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).permutation(n)[:k])
 
 
+def _check_split(task_type: str, rows: list, origins: list[V.Origin], template: str | None, where: str) -> None:
+    """Every row of a split a run reads, before any subsetting (so the answer does not depend on the seed)."""
+    if not rows:
+        raise DataError(f"{where}: no rows")
+    problem = next(V.problems(task_type, rows, origins, template), None)
+    if problem is not None:
+        raise DataError(problem)
+    unlabeled = V.unlabeled(task_type, rows, origins)
+    if unlabeled is not None:
+        raise DataError(f"{unlabeled}; a run trains and evaluates on labeled rows only: choose a labeled split, "
+                        "or drop those rows")
+    floats = V.float_labels(rows, origins) if task_type != "generation" else None
+    if floats is not None:
+        log.warning(floats)
+
+
 def prepare_task(
     task: TaskConfig,
     tokenizer,
@@ -42,12 +61,18 @@ def prepare_task(
     seed: int,
     eval_max_examples: int | None,
 ) -> TaskData:
+    """Reads the train and eval splits, checks every row of both (:mod:`fedpeft.data.validate`), then takes
+    the seeded subsets and tokenises them. Class labels are numbered over the whole train split."""
+    if task.type not in V.TASK_FIELDS:
+        raise DataError(f"task.type {task.type!r} is not supported")
     kw = dict(dataset_config=task.dataset_config, data_dir=task.data_dir, columns=task.columns,
               shuffle_seed=task.split_shuffle_seed)
     train_spans: dict[str, list[tuple[int, int]]] = {}
     eval_spans: dict[str, list[tuple[int, int]]] = {}
-    train_rows = load_rows(task.dataset, task.train_split, spans=train_spans, **kw)
-    eval_rows = load_rows(task.dataset, task.eval_split, spans=eval_spans, **kw)
+    train_origins: list[V.Origin] = []
+    eval_origins: list[V.Origin] = []
+    train_rows = load_rows(task.dataset, task.train_split, spans=train_spans, origins=train_origins, **kw)
+    eval_rows = load_rows(task.dataset, task.eval_split, spans=eval_spans, origins=eval_origins, **kw)
     shared = shared_rows(train_spans, eval_spans)
     if shared is not None:
         raise DataError(
@@ -56,20 +81,19 @@ def prepare_task(
         )
     where_train = f"dataset {task.dataset!r} split {task.train_split!r}"
     where_eval = f"dataset {task.dataset!r} split {task.eval_split!r}"
-    if not train_rows:
-        raise DataError(f"{where_train}: no rows")
-    if not eval_rows:
-        raise DataError(f"{where_eval}: no rows")
+    template = prompt_template(task.type, task.dataset, train_rows, task.prompt_template)
+    _check_split(task.type, train_rows, train_origins, template, where_train)
+    _check_split(task.type, eval_rows, eval_origins, template, where_eval)
+    if task.type == "classification":
+        y_train, y_eval, names = F.class_labels(train_rows, eval_rows, train_origins, eval_origins, task.train_split)
     pick = _seeded_subset(len(train_rows), task.max_train_examples, seed)
     train_rows = [train_rows[i] for i in pick]
     eval_pick = _seeded_subset(len(eval_rows), eval_max_examples, seed + 1)
     eval_rows = [eval_rows[i] for i in eval_pick]
-    entry = CATALOG.get(task.dataset)
 
     if task.type == "classification":
-        F.require_fields(train_rows, ("text", "label"), where_train)
-        F.require_fields(eval_rows, ("text", "label"), where_eval)
-        y_train, y_eval, names = F.class_labels(train_rows, eval_rows, where_train)
+        y_train = [y_train[i] for i in pick]
+        y_eval = [y_eval[i] for i in eval_pick]
         return TaskData(
             "classification",
             F.encode_classification(train_rows, y_train, tokenizer, task.max_length, where_train),
@@ -81,7 +105,6 @@ def prepare_task(
             None,
         )
     if task.type == "generation":
-        template = task.prompt_template or (entry.prompt_template if entry else None) or F.DEFAULT_GENERATION_TEMPLATE
         kw2 = dict(
             encoder_decoder=encoder_decoder, template=template, max_length=task.max_length,
             max_target_length=task.max_target_length,
@@ -92,13 +115,72 @@ def prepare_task(
             F.encode_generation_eval(eval_rows, tokenizer, where=where_eval, **kw2),
             None, None, None, len(eval_rows), template,
         )
-    if task.type == "multiple_choice":
-        template = F.choice_template(train_rows, task.prompt_template or (entry.prompt_template if entry else None))
-        kw3 = dict(encoder_decoder=encoder_decoder, template=template, max_length=task.max_length)
-        return TaskData(
-            "multiple_choice",
-            F.encode_choice_train(train_rows, tokenizer, where=where_train, **kw3),
-            F.encode_choice_eval(eval_rows, tokenizer, where=where_eval, **kw3),
-            None, None, None, len(eval_rows), template,
-        )
-    raise DataError(f"task.type {task.type!r} is not supported")
+    kw3 = dict(encoder_decoder=encoder_decoder, template=template, max_length=task.max_length)
+    return TaskData(
+        "multiple_choice",
+        F.encode_choice_train(train_rows, tokenizer, where=where_train, **kw3),
+        F.encode_choice_eval(eval_rows, tokenizer, where=where_eval, **kw3),
+        None, None, None, len(eval_rows), template,
+    )
+
+
+@dataclass
+class EvalData:
+    """One split tokenised for evaluation outside a run (``fedpeft eval``); ``rows`` and ``origins`` are the
+    evaluated rows as read and where each comes from (file, split part, 1-based row)."""
+
+    task_type: str
+    eval: EvalSet
+    rows: list
+    origins: list[V.Origin]
+    label_names: list[str] | None
+
+
+def eval_class_ids(rows: list, origins: list[V.Origin], label_names: list[str], split: str) -> list[int]:
+    """The class ids of a split's labels for a model trained with ``label_names``: class names are looked up
+    among them, class ids must be below their number."""
+    index = {n: i for i, n in enumerate(label_names)}
+    out = []
+    for row, origin in zip(rows, origins):
+        value = V.class_id(row["label"])
+        if isinstance(value, str):
+            if value not in index:
+                raise DataError(f"{V.at(origin)}: label {value!r} is not a class of the trained model "
+                                f"({V.show(label_names, 200)}); evaluate on a split with the same classes")
+            out.append(index[value])
+        elif value is not None and 0 <= value < len(label_names):
+            out.append(int(value))
+        else:
+            raise DataError(f"{V.at(origin)}: label {V.show(row['label'])} is not a class id of the trained model "
+                            f"(0..{len(label_names) - 1}); evaluate on a split with the same classes")
+    return out
+
+
+def prepare_eval(task: TaskConfig, split: str, tokenizer, *, encoder_decoder: bool, seed: int,
+                 max_examples: int | None, label_names: list[str] | None) -> EvalData:
+    """``split`` of ``task.dataset`` checked row by row as a run's eval split is, then (with ``max_examples``)
+    the same seeded subset a run with that ``eval.max_examples`` evaluates, tokenised. Classification labels
+    are mapped onto the trained model's ``label_names``. Any split may be given, the train split included."""
+    if task.type not in V.TASK_FIELDS:
+        raise DataError(f"task.type {task.type!r} is not supported")
+    origins: list[V.Origin] = []
+    rows = load_rows(task.dataset, split, dataset_config=task.dataset_config, data_dir=task.data_dir,
+                     columns=task.columns, shuffle_seed=task.split_shuffle_seed, origins=origins)
+    where = f"dataset {task.dataset!r} split {split!r}"
+    template = prompt_template(task.type, task.dataset, rows, task.prompt_template)
+    _check_split(task.type, rows, origins, template, where)
+    pick = _seeded_subset(len(rows), max_examples, seed + 1)
+    rows, origins = [rows[i] for i in pick], [origins[i] for i in pick]
+    if task.type == "classification":
+        if not label_names:
+            raise DataError("the adapter names no classes (fedpeft_adapter.json has no label_names)")
+        ids = eval_class_ids(rows, origins, label_names, split)
+        data: EvalSet = F.encode_classification(rows, ids, tokenizer, task.max_length, where)
+    elif task.type == "generation":
+        data = F.encode_generation_eval(rows, tokenizer, where=where, encoder_decoder=encoder_decoder,
+                                        template=template, max_length=task.max_length,
+                                        max_target_length=task.max_target_length)
+    else:
+        data = F.encode_choice_eval(rows, tokenizer, where=where, encoder_decoder=encoder_decoder, template=template,
+                                    max_length=task.max_length)
+    return EvalData(task.type, data, rows, origins, label_names)

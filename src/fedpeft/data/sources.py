@@ -1,7 +1,16 @@
-"""Reading raw rows of one split, from local files or the Hugging Face Hub, in fedpeft's schema."""
+"""Reading raw rows of one split, from local files or the Hugging Face Hub, in fedpeft's schema.
+
+Files: ``<split>.jsonl`` / ``.jsonl.gz`` / ``.json`` (a list of objects) / ``.csv`` / ``.tsv`` / ``.parquet``.
+CSV and TSV cells are read as text (a column of digits stays text); only the label column is read per cell:
+an integer (``3``) or a decimal number (``1.5``) becomes a number, an empty cell is null, any other text is a
+class name. TSV has a header row and no quoting. Rows are numbered from 1 in the file as read: the n-th
+object of a JSON / JSON-lines file (blank lines skipped), the n-th data row of a CSV / TSV (after the
+header) or parquet file.
+"""
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 import os
@@ -11,7 +20,8 @@ from typing import Any, Iterable
 
 from fedpeft.data.catalog import CATALOG, Row
 
-FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".csv", ".parquet")
+FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".csv", ".tsv", ".parquet")
+Origin = tuple[str, str, int]  # (file or Hub split, split part as written, 1-based row in that file)
 
 
 class DataError(ValueError):
@@ -29,8 +39,8 @@ def data_dirs(explicit: str | None = None) -> list[Path]:
     return out
 
 
-def read_file(path: Path) -> list[Row]:
-    """Rows of a jsonl / jsonl.gz / json / csv / parquet file."""
+def read_file(path: Path, label_column: str = "label") -> list[Row]:
+    """Rows of a jsonl / jsonl.gz / json / csv / tsv / parquet file."""
     name = path.name.lower()
     if name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
         opener = gzip.open if name.endswith(".gz") else open
@@ -43,25 +53,61 @@ def read_file(path: Path) -> list[Row]:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as exc:
                     raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                if not isinstance(rows[-1], dict):
+                    raise DataError(f"{path}:{lineno}: a row must be a JSON object {{\"field\": value, ...}}, "
+                                    f"not a {type(rows[-1]).__name__}")
         return rows
     if name.endswith(".json"):
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, list):
             raise DataError(f"{path}: expected a JSON list of rows")
+        bad = next((i for i, r in enumerate(data, 1) if not isinstance(r, dict)), None)
+        if bad is not None:
+            raise DataError(f"{path}: row {bad} must be a JSON object {{\"field\": value, ...}}, not a "
+                            f"{type(data[bad - 1]).__name__}")
         return data
+    if name.endswith((".csv", ".tsv")):
+        return _read_table(path, label_column)
+    if name.endswith(".parquet"):
+        import pandas as pd  # heavy import, only when needed
+
+        rows = pd.read_parquet(path).to_dict(orient="records")
+        for row in rows:  # parquet lists come back as numpy arrays
+            for k, v in row.items():
+                if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
+                    row[k] = v.tolist()
+        return rows
+    raise DataError(f"{path}: unsupported file type; use one of {', '.join(FILE_SUFFIXES)}")
+
+
+_INTEGER = re.compile(r"^[+-]?\d+$")
+_DECIMAL = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
+
+
+def _cell_label(cell: str) -> int | float | str | None:
+    """A CSV / TSV label cell: an integer, a decimal number, null (empty) or a class name."""
+    text = cell.strip()
+    if not text:
+        return None
+    if _INTEGER.match(text):
+        return int(text)
+    return float(text) if _DECIMAL.match(text) else cell
+
+
+def _read_table(path: Path, label_column: str) -> list[Row]:
     import pandas as pd  # heavy import, only when needed
 
-    if name.endswith(".csv"):
-        frame = pd.read_csv(path, keep_default_na=False)
-    elif name.endswith(".parquet"):
-        frame = pd.read_parquet(path)
-    else:
-        raise DataError(f"{path}: unsupported file type; use one of {', '.join(FILE_SUFFIXES)}")
+    tsv = path.name.lower().endswith(".tsv")
+    try:
+        frame = pd.read_csv(path, sep="\t" if tsv else ",", dtype=str, keep_default_na=False,
+                            quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
+        raise DataError(f"{path}: not a readable {'TSV' if tsv else 'CSV'} file with a header row ({first})") from None
     rows = frame.to_dict(orient="records")
-    for row in rows:  # parquet lists come back as numpy arrays
-        for k, v in row.items():
-            if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
-                row[k] = v.tolist()
+    if label_column in frame.columns:
+        for row in rows:
+            row[label_column] = _cell_label(row[label_column])
     return rows
 
 
@@ -71,6 +117,10 @@ def _split_file(directory: Path, split: str) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def _supported(name: str) -> bool:
+    return name.lower().endswith(FILE_SUFFIXES)
 
 
 def _available_splits(directory: Path) -> list[str]:
@@ -83,11 +133,25 @@ def _available_splits(directory: Path) -> list[str]:
     return out
 
 
+def unsupported_files(directory: Path, split: str | None = None) -> list[str]:
+    """Files of ``directory`` (of ``split``, when given) that fedpeft does not read."""
+    return [p.name for p in sorted(directory.iterdir())
+            if p.is_file() and not p.name.startswith(".") and not _supported(p.name)
+            and (split is None or p.name.startswith(f"{split}."))]
+
+
+def _looks_like_path(dataset: str) -> bool:
+    return dataset.startswith((".", "/", "~")) or _supported(dataset)
+
+
 def locate_local(dataset: str, data_dir: str | None = None) -> Path | None:
-    """The local file or directory that holds ``dataset``, or None."""
+    """The local file or directory that holds ``dataset``, or None (then it is a Hub id)."""
     direct = Path(dataset).expanduser()
     if direct.exists() and (direct.is_file() or direct.is_dir()) and ("/" in dataset or direct.suffix):
         return direct
+    if _looks_like_path(dataset):
+        raise DataError(f"local path {dataset!r} does not exist (resolved to {direct.absolute()}); point "
+                        "task.dataset at a data directory or file, or give a catalog name or a Hub id")
     for base in data_dirs(data_dir):
         candidate = base / dataset
         if candidate.is_dir():
@@ -95,23 +159,52 @@ def locate_local(dataset: str, data_dir: str | None = None) -> Path | None:
     return None
 
 
-def _load_local_split(location: Path, split: str) -> list[Row]:
+def _load_local_split(location: Path, split: str, label_column: str) -> list[Row]:
     if location.is_file():
-        return read_file(location)
+        return read_file(location, label_column)
     path = _split_file(location, split)
     if path is None:
+        others = unsupported_files(location, split)
+        if others:
+            raise DataError(f"{location / others[0]}: split {split!r} is in a file type fedpeft does not read; "
+                            f"convert it to one of {', '.join(FILE_SUFFIXES)}")
         raise DataError(
             f"dataset {str(location)!r} has no split {split!r}; available: {', '.join(_available_splits(location)) or 'none'}"
         )
-    return read_file(path)
+    return read_file(path, label_column)
 
 
-def _load_hub_split(dataset: str, config: str | None, split: str) -> list[Row]:
+def local_catalog_names(data_dir: str | None = None) -> list[str]:
+    """Catalog datasets that have a folder in the local data directories."""
+    return [name for name in CATALOG if any((base / name).is_dir() for base in data_dirs(data_dir))]
+
+
+def _not_local(dataset: str, data_dir: str | None, why: str) -> DataError:
+    offline = "HF_HUB_OFFLINE" in why
+    return DataError(
+        f"dataset {dataset!r}: not found locally (looked in {', '.join(map(str, data_dirs(data_dir)))}; catalog "
+        f"datasets there: {', '.join(local_catalog_names(data_dir)) or 'none'}) and {why}. Set task.data_dir or "
+        f"FEDPEFT_DATA_DIR to a folder holding {dataset}/<split>.jsonl, or give a catalog name listed"
+        + (", or unset HF_HUB_OFFLINE / HF_DATASETS_OFFLINE to load it from the Hub" if offline else "")
+    )
+
+
+def _hub_target(dataset: str, config: str | None) -> tuple[str, str | None]:
     entry = CATALOG.get(dataset)
-    hub_id, hub_config, convert = dataset, config, None
+    return (entry.hub_id, config or entry.hub_config) if entry is not None else (dataset, config)
+
+
+def _load_hub_split(dataset: str, config: str | None, split: str, data_dir: str | None = None) -> list[Row]:
+    from fedpeft.hub import hub_unavailable
+
+    entry = CATALOG.get(dataset)
+    hub_id, hub_config = _hub_target(dataset, config)
+    convert = entry.convert if entry is not None else None
     if entry is not None:
-        hub_id, hub_config, convert = entry.hub_id, config or entry.hub_config, entry.convert
         split = entry.hub_splits.get(split, split)
+    why = hub_unavailable(hub_id, "dataset")
+    if why is not None:  # at once, instead of 25 s of retries
+        raise _not_local(dataset, data_dir, why)
     try:
         import datasets
 
@@ -119,7 +212,7 @@ def _load_hub_split(dataset: str, config: str | None, split: str) -> list[Row]:
     except Exception as exc:  # network, unknown id, unknown split: all end here
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
         raise DataError(
-            f"dataset {dataset!r} split {split!r}: not found locally (looked in {', '.join(map(str, data_dirs()))}) "
+            f"dataset {dataset!r} split {split!r}: not found locally (looked in {', '.join(map(str, data_dirs(data_dir)))}) "
             f"and the Hub load of {hub_id!r} failed: {first[:200]}. Set task.data_dir or FEDPEFT_DATA_DIR to a "
             "folder holding <dataset>/<split>.jsonl"
         ) from None
@@ -153,22 +246,22 @@ def _bound(spec: str | None, n: int, default: int) -> int:
     return max(0, n + value) if value < 0 else min(value, n)
 
 
-def slice_rows(rows: list[Row], start: str | None, end: str | None, shuffle_seed: int | None,
-               split: str) -> tuple[list[Row], tuple[int, int]]:
-    """The rows of ``split[start:end]`` and their [lo, hi) positions; with ``shuffle_seed`` a sliced split is
-    first put in a seeded random order (the same for every slice of it, so complementary slices are disjoint)."""
-    n = len(rows)
+def _slice_positions(n: int, start: str | None, end: str | None, shuffle_seed: int | None,
+                     split: str) -> tuple[list[int], tuple[int, int]]:
+    """Which of a split's ``n`` rows ``split[start:end]`` takes, and their [lo, hi) span; with ``shuffle_seed``
+    a sliced split is first put in a seeded random order (the same for every slice of it, so complementary
+    slices are disjoint)."""
     if start is None and end is None:
-        return rows, (0, n)
+        return list(range(n)), (0, n)
+    order = list(range(n))
     if shuffle_seed is not None:
         import numpy as np
 
-        order = np.random.default_rng([shuffle_seed, n]).permutation(n)
-        rows = [rows[i] for i in order]
+        order = np.random.default_rng([shuffle_seed, n]).permutation(n).tolist()
     lo, hi = _bound(start, n, 0), _bound(end, n, n)
     if lo >= hi:
         raise DataError(f"split {split!r} selects no rows ({n} rows, slice [{lo}:{hi}]); widen the slice")
-    return rows[lo:hi], (lo, hi)
+    return order[lo:hi], (lo, hi)
 
 
 def load_rows(
@@ -180,26 +273,31 @@ def load_rows(
     columns: dict[str, str] | None = None,
     shuffle_seed: int | None = None,
     spans: dict[str, list[tuple[int, int]]] | None = None,
+    origins: list[Origin] | None = None,
 ) -> list[Row]:
     """All rows of ``split`` in fedpeft's schema, with column renames applied. 'a+b' joins splits; each part
     may be sliced as Hugging Face datasets does ('test[:80%]', 'train[100:200]'), after a seeded shuffle of
     that split when ``shuffle_seed`` is given. ``spans``, when given, receives source -> [lo, hi) row ranges
-    taken (to check that two selections are disjoint; a source is a file, or a Hub split)."""
+    taken (to check that two selections are disjoint; a source is a file, or a Hub split). ``origins``, when
+    given, receives for each row returned its (source, split part, 1-based row in the source), for messages."""
     rows: list[Row] = []
     location = locate_local(dataset, data_dir)
     taken_spans: dict[str, list[tuple[int, int]]] = {}
+    label_column = (columns or {}).get("label", "label")
     for part in split.split("+"):
         name, start, end = parse_split(part)
         if location is not None:
-            loaded = _load_local_split(location, name)
+            loaded = _load_local_split(location, name, label_column)
         else:
-            loaded = _load_hub_split(dataset, dataset_config, name)
-        taken, span = slice_rows(loaded, start, end, shuffle_seed, part.strip())
+            loaded = _load_hub_split(dataset, dataset_config, name, data_dir)
+        positions, span = _slice_positions(len(loaded), start, end, shuffle_seed, part.strip())
         source = _source_key(dataset, dataset_config, location, name)
         if shared_rows(taken_spans, {source: [span]}) is not None:
             raise DataError(f"split {split!r} takes some rows of {name!r} twice; make its parts disjoint")
         taken_spans.setdefault(source, []).append(span)
-        rows += taken
+        rows += [loaded[i] for i in positions]
+        if origins is not None:
+            origins.extend((source, part.strip(), i + 1) for i in positions)
     if spans is not None:
         for source, ranges in taken_spans.items():
             spans.setdefault(source, []).extend(ranges)
@@ -235,13 +333,37 @@ def _rename(row: Row, columns: dict[str, str]) -> Row:
 
 
 def describe_splits(dataset: str, data_dir: str | None = None) -> dict[str, Any]:
+    """Where ``dataset`` is, its splits, and notes on files in its folder that are not read."""
     location = locate_local(dataset, data_dir)
     if location is None:
-        entry = CATALOG.get(dataset)
-        return {"dataset": dataset, "source": f"hub:{entry.hub_id if entry else dataset}", "splits": []}
+        return _describe_hub(dataset, data_dir)
     if location.is_file():
-        return {"dataset": dataset, "source": str(location), "splits": [location.name]}
-    return {"dataset": dataset, "source": str(location), "splits": _available_splits(location)}
+        return {"dataset": dataset, "source": str(location), "splits": [location.name], "notes": []}
+    splits, ignored = _available_splits(location), unsupported_files(location)
+    if not splits:
+        found = f"found {', '.join(ignored)}" if ignored else "it holds no files"
+        raise DataError(f"{location}: no data files ({found}); fedpeft reads <split> files ending in "
+                        f"{', '.join(FILE_SUFFIXES)}")
+    notes = [f"not read (unsupported file types): {', '.join(ignored)}; fedpeft reads {', '.join(FILE_SUFFIXES)}"
+             ] if ignored else []
+    return {"dataset": dataset, "source": str(location), "splits": splits, "notes": notes}
+
+
+def _describe_hub(dataset: str, data_dir: str | None) -> dict[str, Any]:
+    from fedpeft.hub import hub_unavailable
+
+    hub_id, hub_config = _hub_target(dataset, None)
+    why = hub_unavailable(hub_id, "dataset")
+    if why is not None:
+        raise _not_local(dataset, data_dir, why)
+    try:
+        import datasets
+
+        splits = datasets.get_dataset_split_names(hub_id, hub_config)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
+        raise _not_local(dataset, data_dir, f"the Hub has no dataset {hub_id!r} ({first})") from None
+    return {"dataset": dataset, "source": f"hub:{hub_id}", "splits": list(splits), "notes": []}
 
 
 def require_fields(rows: Iterable[Row], fields: tuple[str, ...], where: str) -> None:

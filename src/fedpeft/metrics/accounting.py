@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 
@@ -30,7 +31,9 @@ def summarize(rows: Sequence[dict[str, Any]], *, metric: str, target: float | No
     out: dict[str, Any] = {"primary_metric": metric, "target": target}
     if evals:
         pick = min if metric.endswith("loss") else max
-        best = pick(evals, key=lambda r: r[key])
+        # a NaN evaluation is never the best; rows read back from metrics.jsonl hold it as None (null)
+        scored = [r for r in evals if r[key] is not None and math.isfinite(r[key])]
+        best = pick(scored, key=lambda r: r[key]) if scored else {key: None, "round": None}
         out.update({
             "initial": evals[0][key] if evals[0]["round"] == 0 else None,
             "final": evals[-1][key],

@@ -64,7 +64,14 @@ def choice_scores(
     """Multiple-choice accuracy from per-choice log-likelihoods, as lm-evaluation-harness reports it:
     ``accuracy`` picks the choice with the highest summed log-likelihood, ``accuracy_norm`` the one
     with the highest log-likelihood per character of the choice."""
-    n = len(gold)
+    pick, pick_norm = choice_picks(logprob, example_index, choice_chars, len(gold))
+    return {"accuracy": accuracy(pick, gold), "accuracy_norm": accuracy(pick_norm, gold)}
+
+
+def choice_picks(logprob: np.ndarray, example_index: np.ndarray, choice_chars: np.ndarray,
+                 n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per example, the index of the choice with the highest summed log-likelihood and with the highest
+    log-likelihood per character."""
     best = np.full(n, -np.inf)
     best_norm = np.full(n, -np.inf)
     pick = np.full(n, -1)
@@ -78,4 +85,4 @@ def choice_scores(
         norm = lp / max(int(chars), 1)
         if norm > best_norm[ex]:
             best_norm[ex], pick_norm[ex] = norm, j
-    return {"accuracy": accuracy(pick, gold), "accuracy_norm": accuracy(pick_norm, gold)}
+    return pick, pick_norm

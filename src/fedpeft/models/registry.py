@@ -20,9 +20,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 ModelKind = Literal["classification", "causal", "seq2seq"]
 
@@ -59,6 +60,7 @@ def _smollm2_dir() -> Path:
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
     src = _package_dir("smollm2-135m")
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
@@ -113,6 +115,7 @@ class ModelSource:
     name: str
     path: str  # directory or Hub id (for tiny models: the tokenizer's directory)
     tiny: bool = False
+    hub: bool = False  # path is a Hub id
 
 
 def resolve(name: str) -> ModelSource:
@@ -129,35 +132,54 @@ def resolve(name: str) -> ModelSource:
         return ModelSource(name, str(path))
     if name.startswith((".", "/", "~")):
         raise ModelError(f"model directory {name!r} does not exist")
-    return ModelSource(name, name)  # a Hub id
+    return ModelSource(name, name, hub=True)
 
 
-def _hub_failure(name: str, exc: Exception) -> ModelError:
-    first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
+def _not_loadable(name: str, why: str, fix: str = "") -> ModelError:
     return ModelError(
         f"model {name!r} is not a bundled alias ({', '.join([*BUNDLED, *TINY])}), a local directory, "
-        f"or a Hub id that could be loaded ({first})"
+        f"or a Hub id that could be loaded ({why}); set model.name to a bundled alias or a local model "
+        f"directory{fix}"
     )
 
 
-def load_config(name: str):
-    from transformers import AutoConfig
+def _hub_failure(name: str, exc: Exception) -> ModelError:
+    return _not_loadable(name, (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200])
 
+
+def _hub_options(src: ModelSource) -> dict[str, bool]:
+    """Extra from_pretrained options for a Hub id. Fails at once (not after 25-50 s of retries) when the Hub
+    is offline or unreachable and the id is not cached; an unreachable Hub with a cached copy loads that copy."""
+    if not src.hub:
+        return {}
+    from fedpeft import hub
+
+    why = hub.hub_unavailable(src.path, "model")
+    if why is not None:
+        raise _not_loadable(src.name, why, ", or unset HF_HUB_OFFLINE to download it" if hub.offline("model") else "")
+    return {} if hub.offline("model") or hub.hub_reachable() else {"local_files_only": True}
+
+
+def load_config(name: str):
     src = resolve(name)
     if src.tiny:
         return _tiny_config(name, load_tokenizer(name))
+    options = _hub_options(src)
+    from transformers import AutoConfig
+
     try:
-        return AutoConfig.from_pretrained(src.path)
+        return AutoConfig.from_pretrained(src.path, **options)
     except Exception as exc:  # unknown Hub id, no network, bad directory
         raise _hub_failure(name, exc) from None
 
 
 def load_tokenizer(name: str):
+    src = resolve(name)
+    options = _hub_options(src)
     from transformers import AutoTokenizer
 
-    src = resolve(name)
     try:
-        tok = AutoTokenizer.from_pretrained(src.path)
+        tok = AutoTokenizer.from_pretrained(src.path, **options)
     except Exception as exc:
         raise _hub_failure(name, exc) from None
     if tok.pad_token_id is None:
@@ -185,6 +207,7 @@ def model_kind(task_type: str, config) -> ModelKind:
 def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dtype: str = "float32",
                tokenizer=None, seed: int = 0) -> torch.nn.Module:
     """The backbone for ``kind``, with a freshly initialised (seeded) task head where it needs one."""
+    import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
@@ -208,8 +231,9 @@ def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dty
             setattr(config, k, v)
         model = auto.from_config(config, dtype=torch_dtype)
     else:
+        options = _hub_options(src)
         try:
-            model = auto.from_pretrained(src.path, dtype=torch_dtype, **extra)
+            model = auto.from_pretrained(src.path, dtype=torch_dtype, **extra, **options)
         except ValueError as exc:
             if "Unrecognized configuration class" in str(exc):
                 raise ModelError(f"model {name!r} has no {kind} head in transformers ({str(exc).splitlines()[0][:120]})") from None

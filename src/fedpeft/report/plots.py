@@ -1,30 +1,59 @@
-"""Plots of one run or several: metric vs round and metric vs cumulative megabytes."""
+"""Plots of one run or several: a metric against rounds, cumulative MiB (up + down) and cumulative upload MiB."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+# x axes: (file name suffix, label, title word, row key, scale)
+X_AXES = (
+    ("round", "round", "round", "round", 1.0),
+    ("mb", "cumulative communication (MiB, up + down)", "communication", "cum_bytes", 2.0**-20),
+    ("upload_mb", "cumulative upload (MiB)", "upload", "cum_bytes_up", 2.0**-20),
+)
 
-def _series(rows: Sequence[dict[str, Any]], metric: str) -> tuple[list[int], list[float], list[float]]:
-    key = f"eval_{metric}"
-    pts = [(r["round"], r[key], r.get("cum_bytes", 0) / 2**20) for r in rows if key in r]
-    return [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
+
+class Plot(NamedTuple):
+    path: Path
+    title: str
 
 
-def plot_curves(runs: dict[str, Sequence[dict[str, Any]]], metric: str, out_dir: Path, prefix: str = "") -> list[Path]:
+def metric_key(metric: str) -> str:
+    """The metrics.jsonl key of a metric: ``train_loss`` as it is, an evaluation metric with ``eval_``."""
+    return metric if metric == "train_loss" else f"eval_{metric}"
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def series(rows: Sequence[dict[str, Any]], metric: str, x_key: str = "round") -> tuple[list[float], list[float]]:
+    """(x, metric) of the rows that hold a finite value of both; null / NaN values are left out."""
+    key = metric_key(metric)
+    pts = [(r[x_key], r[key]) for r in rows if finite(r.get(key)) and finite(r.get(x_key))]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def plot_curves(runs: dict[str, Sequence[dict[str, Any]]], metric: str, out_dir: Path, prefix: str = "",
+                about: str = "") -> list[Plot]:
+    """``metric`` of each run against rounds, cumulative MiB and cumulative upload MiB, one PNG per x axis,
+    titled "<metric> vs <x>" (+ ``about``, e.g. the dataset and model); returns the files and their titles."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for x_name, x_label in (("round", "round"), ("mb", "cumulative communication (MiB, up + down)")):
+    for x_name, x_label, x_word, x_key, scale in X_AXES:
+        title = f"{metric} vs {x_word}" + (f" ({about})" if about else "")
         fig, ax = plt.subplots(figsize=(6, 4))
         for label, rows in runs.items():
-            rounds, values, mbs = _series(rows, metric)
-            ax.plot(rounds if x_name == "round" else mbs, values, marker="o", markersize=3, label=label)
+            xs, values = series(rows, metric, x_key)
+            ax.plot([x * scale for x in xs], values, marker="o", markersize=3, label=label)
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel(x_label)
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
@@ -32,11 +61,27 @@ def plot_curves(runs: dict[str, Sequence[dict[str, Any]]], metric: str, out_dir:
             ax.legend(fontsize=8)
         fig.tight_layout()
         path = out_dir / f"{prefix}{metric}_vs_{x_name}.png"
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, metadata={"Title": title})
         plt.close(fig)
-        written.append(path)
+        written.append(Plot(path, title))
     return written
 
 
-def plot_run(run_dir: Path, rows: Sequence[dict[str, Any]], metric: str) -> list[Path]:
-    return plot_curves({Path(run_dir).name: rows}, metric, Path(run_dir) / "plots")
+def describe_run(run_dir: Path) -> str:
+    """A run's dataset and model ("sst2, tiny-bert"), from its config.yaml; empty if it has none."""
+    path = Path(run_dir) / "config.yaml"
+    cfg = yaml.safe_load(path.read_text()) if path.is_file() else None
+    if not isinstance(cfg, dict):
+        return ""
+    names = [(cfg.get(section) or {}).get(key) for section, key in (("task", "dataset"), ("model", "name"))]
+    return ", ".join(str(n) for n in names if n)
+
+
+def plot_run(run_dir: Path, rows: Sequence[dict[str, Any]], metric: str) -> list[Plot]:
+    """RUN_DIR/plots: the primary metric and, when the run has trained, the training loss."""
+    runs = {Path(run_dir).name: rows}
+    about = describe_run(run_dir)
+    written = plot_curves(runs, metric, Path(run_dir) / "plots", about=about)
+    if metric != "train_loss" and any(finite(r.get("train_loss")) for r in rows):
+        written += plot_curves(runs, "train_loss", Path(run_dir) / "plots", about=about)
+    return written

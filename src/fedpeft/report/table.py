@@ -1,13 +1,16 @@
-"""Side-by-side markdown table of several runs, from their run directories."""
+"""Side-by-side markdown table of several runs, from their run directories, and their comparison plots."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
 
-from fedpeft.report.plots import plot_curves
+from fedpeft.config import ConfigError, load_config
+from fedpeft.metrics.accounting import better_or_equal, summarize
+from fedpeft.report.plots import finite, metric_key, plot_curves
 from fedpeft.rundir import read_metrics, read_summary
 
 COLUMNS = (
@@ -15,8 +18,10 @@ COLUMNS = (
     ("model", "model"),
     ("peft", "method"),
     ("algorithm", "algorithm"),
+    ("dataset", "dataset"),
     ("clients", "N/K"),
     ("rounds", "rounds"),
+    ("metric", "metric"),
     ("initial", "initial"),
     ("final", "final"),
     ("best", "best"),
@@ -26,6 +31,16 @@ COLUMNS = (
     ("trainable", "trainable params"),
     ("wall_s", "wall s"),
 )
+NOT_METRICS = {"samples"}  # eval_samples counts the evaluation examples
+
+
+@dataclass
+class Run:
+    path: Path
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]  # summary.json; computed from the rows while the run has none (unfinished)
+    config: dict[str, Any]  # config.yaml as written, not validated (an older run's may not validate today)
+    primary_metric: str
 
 
 def _fmt(v: Any) -> str:
@@ -38,26 +53,76 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def run_record(run_dir: Path) -> dict[str, Any]:
+def load_run(run_dir: Path) -> Run:
+    """A run directory's rows, summary and config; FileNotFoundError without metrics.jsonl, ValueError (or
+    yaml.YAMLError) if a file is damaged."""
+    rows = read_metrics(run_dir)
+    path = run_dir / "config.yaml"
+    config = yaml.safe_load(path.read_text()) if path.is_file() else None
     summary = read_summary(run_dir)
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
-    fed = cfg.get("federation", {})
+    metric = summary.get("primary_metric")
+    if not metric:
+        try:
+            metric = load_config(path).primary_metric()
+        except ConfigError:
+            metric = "accuracy"
+    if not summary:
+        summary = summarize(rows, metric=metric, target=None)
+    return Run(run_dir, rows, summary, config if isinstance(config, dict) else {}, metric)
+
+
+def available_metrics(rows: Sequence[dict[str, Any]]) -> set[str]:
+    """The metrics a run's rows hold: its evaluation metrics (without ``eval_``) and ``train_loss``."""
+    names = {k[len("eval_"):] for r in rows for k in r if k.startswith("eval_")} - NOT_METRICS
+    return names | ({"train_loss"} if any("train_loss" in r for r in rows) else set())
+
+
+def metric_values(rows: Sequence[dict[str, Any]], metric: str) -> dict[str, Any]:
+    """initial (round 0), final and best value of ``metric`` (a loss is best lowest); null / NaN values
+    are never the best."""
+    key = metric_key(metric)
+    having = [r for r in rows if key in r]
+    best = None
+    for value in (r[key] for r in having if finite(r[key])):
+        if best is None or not better_or_equal(metric, best, value):
+            best = value
     return {
-        "run": run_dir.name,
-        "model": cfg.get("model", {}).get("name"),
-        "peft": cfg.get("peft", {}).get("method"),
-        "algorithm": cfg.get("algorithm", {}).get("name"),
-        "clients": f"{fed.get('num_clients')}/{fed.get('clients_per_round')}",
+        "initial": having[0][key] if having and having[0].get("round") == 0 else None,
+        "final": having[-1][key] if having else None,
+        "best": best,
+    }
+
+
+def _section(cfg: dict[str, Any], section: str, key: str) -> Any:
+    value = cfg.get(section)
+    return value.get(key) if isinstance(value, dict) else None
+
+
+def run_record(run: Run, metric: str | None = None) -> dict[str, Any]:
+    """One table row; ``metric`` (default: the run's primary metric) fills initial / final / best."""
+    summary, cfg = run.summary, run.config
+    metric = metric or run.primary_metric
+    primary = metric == run.primary_metric and "final" in summary
+    values = {k: summary.get(k) for k in ("initial", "final", "best")} if primary else metric_values(run.rows, metric)
+    fed = cfg.get("federation") if isinstance(cfg.get("federation"), dict) else {}
+    up = summary.get("mean_bytes_up_per_client_round")
+    total = summary.get("total_bytes")
+    return {
+        "run": run.path.name,
+        "model": _section(cfg, "model", "name") or summary.get("model"),
+        "peft": _section(cfg, "peft", "method") or summary.get("peft_method"),
+        "algorithm": _section(cfg, "algorithm", "name") or summary.get("algorithm"),
+        "dataset": _section(cfg, "task", "dataset") or summary.get("dataset"),
+        "clients": f"{fed.get('num_clients', summary.get('num_clients'))}/"
+                   f"{fed.get('clients_per_round', summary.get('clients_per_round'))}",
         "rounds": summary.get("rounds"),
-        "initial": summary.get("initial"),
-        "final": summary.get("final"),
-        "best": summary.get("best"),
-        "rounds_to_target": summary.get("rounds_to_target"),
-        "up_mib": (summary["mean_bytes_up_per_client_round"] / 2**20) if "mean_bytes_up_per_client_round" in summary else None,
-        "total_mib": (summary["total_bytes"] / 2**20) if "total_bytes" in summary else None,
+        "metric": metric,
+        **values,
+        "rounds_to_target": summary.get("rounds_to_target") if metric == run.primary_metric else None,
+        "up_mib": up / 2**20 if finite(up) else None,
+        "total_mib": total / 2**20 if finite(total) else None,
         "trainable": summary.get("trainable_parameters"),
         "wall_s": summary.get("wall_s"),
-        "metric": summary.get("primary_metric") or "accuracy",
     }
 
 
@@ -70,18 +135,49 @@ def markdown_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _labels(paths: Sequence[Path]) -> list[str]:
+    """Plot legend labels: the directory names, or the paths where two runs share a name."""
+    names = [p.name for p in paths]
+    return names if len(set(names)) == len(names) else [str(p) for p in paths]
+
+
+def _common(records: Sequence[dict[str, Any]], key: str) -> str | None:
+    values = {r[key] for r in records}
+    return str(values.pop()) if len(values) == 1 and None not in values else None
+
+
 def report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None, metric: str | None = None) -> str:
-    dirs = [Path(d) for d in run_dirs]
-    records = []
-    for d in dirs:
+    """The markdown table of the runs among ``run_dirs`` (paths without a run are skipped and listed under
+    it); with ``out_dir``, also report.md and the plots of ``metric`` there. FileNotFoundError if no path
+    holds a run, ConfigError if ``metric`` is in none of the runs."""
+    runs, skipped, damaged = [], [], []
+    for d in map(Path, run_dirs):
         if not (d / "metrics.jsonl").is_file():
-            raise FileNotFoundError(f"{str(d)!r} is not a run directory (no metrics.jsonl)")
-        records.append(run_record(d))
-    table = markdown_table(records)
+            skipped.append(str(d))
+            continue
+        try:
+            runs.append(load_run(d))
+        except (ValueError, yaml.YAMLError) as exc:
+            damaged.append(f"{d} ({str(exc).splitlines()[0]})")
+    if not runs:
+        raise FileNotFoundError(f"no run directory (with a metrics.jsonl) among {', '.join(map(str, run_dirs))}"
+                                + (f"; unreadable: {', '.join(damaged)}" if damaged else ""))
+    if metric is not None:
+        known = set().union(*(available_metrics(r.rows) for r in runs))
+        if metric not in known:
+            raise ConfigError(f"--metric {metric!r}: the runs have no such metric; choose from "
+                              f"{', '.join(sorted(known))}")
+    records = [run_record(r, metric) for r in runs]
+    text = markdown_table(records)
+    if skipped:
+        text += f"\n\nskipped (no run): {', '.join(skipped)}"
+    if damaged:
+        text += f"\n\nskipped (unreadable): {', '.join(damaged)}"
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "report.md").write_text(table + "\n")
-        chosen = metric or records[0]["metric"]
-        plot_curves({d.name: read_metrics(d) for d in dirs}, chosen, out)
-    return table
+        (out / "report.md").write_text(text + "\n")
+        about = ", ".join(v for v in (_common(records, "dataset"), _common(records, "model")) if v)
+        rows = {label: r.rows for label, r in zip(_labels([r.path for r in runs]), runs)}
+        plot_curves(rows, metric or records[0]["metric"], out, about=about)
+    return text

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import resource
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +25,15 @@ from fedpeft import algorithms, checkpoint, wire
 from fedpeft.algorithms.base import ClientContext
 from fedpeft.config import RunConfig, load_config
 from fedpeft.metrics.accounting import better_or_equal, summarize
-from fedpeft.rundir import RunWriter, new_run_dir, read_metrics, rewrite_metrics
+from fedpeft.rundir import RunWriter, check_run_dir_free, new_run_dir, read_metrics, read_summary, rewrite_metrics
+from fedpeft.runlock import RunLock
 from fedpeft.runtime.setup import Experiment, build_experiment
-from fedpeft.training.evaluate import evaluate
+from fedpeft.training.evaluate import PREDICTIONS, evaluate
 from fedpeft.training.local import NonFiniteLoss
 
 log = logging.getLogger("fedpeft")
 TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s")
+LAST_ADAPTER, BEST_ADAPTER = "adapter", "best_adapter"
 TRAINER_COUNTERS = ("flops_measured", "flops_tokens", "flops_steps")
 # What one client returns for a round: (decoded update or None, bytes down, bytes up, failure reason or None)
 ClientResult = tuple[wire.Payload | None, int, int, str | None]
@@ -82,19 +85,34 @@ class EmbeddedRuntime:
     """Runs the rounds; a subclass changes where clients run by overriding :meth:`run_clients`."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, experiment: Experiment | None = None,
-                 resume: bool = False):
+                 resume: bool = False, lock: bool = True):
+        """A new run (in a new directory, created once the data and model have loaded), or with ``resume`` the
+        run in ``run_dir`` continued with ``cfg`` (its saved config, where only federation.rounds may differ).
+        ``lock``: hold RUN_DIR's lock while writing (fedpeft.runlock); a launcher that holds it for us passes
+        False."""
         self.cfg = cfg
+        self.lock: RunLock | None = None
         restored: tuple[int, dict[str, Any]] | None = None
-        if resume:
-            self.run_dir = Path(run_dir)  # type: ignore[arg-type]
-            restored = checkpoint.load(self.run_dir)  # fails before any work if there is nothing to resume
-            kept = [r for r in read_metrics(self.run_dir) if r["round"] <= restored[0]]
-            rewrite_metrics(self.run_dir, kept)  # rounds after the checkpoint are run again
-        else:
-            self.run_dir = new_run_dir(cfg, run_dir)  # fails fast if the directory already holds a run
-            kept = []
-        self.exp = experiment or build_experiment(cfg)
-        self.writer = RunWriter(self.run_dir, cfg)
+        kept: list[dict[str, Any]] = []
+        try:
+            if resume:
+                self.run_dir = Path(run_dir)  # type: ignore[arg-type]
+                self.lock = RunLock.acquire(self.run_dir) if lock else None  # before reading or rewriting anything
+                restored, kept = resume_point(self.run_dir, cfg.federation.rounds)
+            else:
+                check_run_dir_free(run_dir)  # before the slow part
+            self.exp = experiment or build_experiment(cfg)
+            if not resume:
+                self.run_dir = new_run_dir(cfg, run_dir)
+                self.lock = RunLock.acquire(self.run_dir) if lock else None
+                check_run_dir_free(run_dir)  # another process may have started one meanwhile
+            else:
+                rewrite_metrics(self.run_dir, kept)  # rounds after the checkpoint are run again
+                (self.run_dir / "summary.json").unlink(missing_ok=True)  # an extended run writes it again at the end
+            self.writer = RunWriter(self.run_dir, cfg)
+        except BaseException:
+            self.close()
+            raise
         self.writer.partition(self.exp.partition_stats)
         self.server = algorithms.make_server(
             cfg.algorithm, self.exp.tuned.state(), num_clients=cfg.federation.num_clients,
@@ -111,6 +129,11 @@ class EmbeddedRuntime:
         self.wall_offset = 0.0  # wall seconds already spent before a resume
         if restored is not None:
             self._restore(*restored)
+
+    def close(self) -> None:
+        """Give up the run directory's lock (the end of :meth:`run` does; safe to call twice)."""
+        if self.lock is not None:
+            self.lock.release()
 
     # -- checkpoints -------------------------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
@@ -135,14 +158,10 @@ class EmbeddedRuntime:
         log.warning("resumed %s after round %d (checkpoint %s)", self.run_dir, rnd, checkpoint.FILENAME)
 
     @classmethod
-    def resume(cls, run_dir: str | Path, **kwargs: Any) -> "EmbeddedRuntime":
-        """Continue the run in RUN_DIR from its last checkpoint, with the config it was started with."""
-        run_dir = Path(run_dir)
-        if not (run_dir / "config.yaml").is_file():
-            raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
-        if (run_dir / "summary.json").is_file():
-            raise FileExistsError(f"the run in {str(run_dir)!r} has already finished (summary.json exists)")
-        return cls(load_config(run_dir / "config.yaml"), run_dir, resume=True, **kwargs)
+    def resume(cls, run_dir: str | Path, *, rounds: int | None = None, **kwargs: Any) -> "EmbeddedRuntime":
+        """Continue the run in RUN_DIR from its last checkpoint (from round 1 if it has none yet), with the config
+        it was started with; ``rounds`` changes federation.rounds, which also extends a finished run."""
+        return cls(resume_config(run_dir, rounds), run_dir, resume=True, **kwargs)
 
     # -- pieces of a round -------------------------------------------------------------------------
     def evaluate_global(self) -> dict[str, Any]:
@@ -157,6 +176,8 @@ class EmbeddedRuntime:
         for k, v in result.items():
             if k == "_examples":
                 out["eval_samples"] = v
+            elif k == PREDICTIONS:
+                continue  # per-example predictions are not a round metric (fedpeft eval writes them)
             else:
                 out[k if k.startswith("eval_") else f"eval_{k}"] = v
         return out
@@ -288,6 +309,7 @@ class EmbeddedRuntime:
             bar = tqdm(total=cfg.federation.rounds, initial=self.start_round - 1, desc=cfg.name, unit="round",
                        dynamic_ncols=True)
         every = cfg.runtime.checkpoint_every
+        summary: dict[str, Any] | None = None
         try:
             if cfg.eval.at_start and self.start_round == 1:
                 te = time.perf_counter()
@@ -312,25 +334,52 @@ class EmbeddedRuntime:
                     if key in row:
                         post[self.metric] = f"{row[key]:.4f}"
                     bar.set_postfix(post)
+            summary = self.finish()
         finally:
             if bar is not None:
                 bar.close()
-        return self.finish()
+            self.writer.close()
+            self.close()
+        return summary
 
     def _record(self, row: dict[str, Any], key: str, target: float | None) -> None:
         if key in row and target is not None:
             row["reached_target"] = better_or_equal(self.metric, row[key], target)
         if key in row and not math.isfinite(row[key]):
             log.warning("round %d: %s is not finite", row["round"], key)
+        if key in row and self.cfg.eval.save_best and self._is_best(row[key]):
+            self._save_adapter(BEST_ADAPTER, {"round": row["round"], key: row[key]})
         self.rows.append(row)
         self.writer.row(row)
 
-    def finish(self) -> dict[str, Any]:
+    def _is_best(self, value: float | None) -> bool:
+        """Whether ``value`` beats every earlier evaluation of the primary metric (the first one wins a tie)."""
+        if value is None or not math.isfinite(value):
+            return False
+        key = f"eval_{self.metric}"
+        earlier = [r[key] for r in self.rows if r.get(key) is not None and math.isfinite(r[key])]
+        lower = self.metric.endswith("loss")
+        return not earlier or (value < min(earlier) if lower else value > max(earlier))
+
+    def _save_adapter(self, name: str, extra: dict[str, Any] | None = None) -> None:
+        """The global state as RUN_DIR/``name`` (written aside, then renamed into place)."""
         exp = self.exp
         exp.tuned.load_state(self.server.global_state)
-        exp.tuned.save_adapter(self.run_dir / "adapter", base_model=self.cfg.model.name,
-                               extra={"num_labels": exp.data.num_labels, "label_names": exp.data.label_names})
+        final, staging, old = self.run_dir / name, self.run_dir / f".{name}.new", self.run_dir / f".{name}.old"
+        for leftover in (staging, old):
+            shutil.rmtree(leftover, ignore_errors=True)
+        exp.tuned.save_adapter(staging, base_model=self.cfg.model.name,
+                               extra={"num_labels": exp.data.num_labels, "label_names": exp.data.label_names,
+                                      "seed": self.cfg.seed, "dtype": self.cfg.model.dtype, **(extra or {})})
+        if final.exists():
+            final.rename(old)
+        staging.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def finish(self) -> dict[str, Any]:
+        exp = self.exp
         summary = summarize(self.rows, metric=self.metric, target=self.cfg.eval.target)
+        self._save_adapter(LAST_ADAPTER, {"round": summary.get("rounds", 0)})
         for row in reversed(self.rows):  # privacy spent by the whole run (differential privacy only)
             if "dp_epsilon" in row:
                 summary.update({k: row[k] for k in ("dp_epsilon", "dp_delta", "dp_releases")})
@@ -349,6 +398,8 @@ class EmbeddedRuntime:
             "peak_rss_mb": peak_rss_mb(),
             "device": str(exp.device),
             "torch_threads": torch.get_num_threads(),
+            "adapter": LAST_ADAPTER,
+            "best_adapter": BEST_ADAPTER if (self.run_dir / BEST_ADAPTER).is_dir() else None,
         })
         self.writer.summary(summary)
         try:
@@ -357,8 +408,42 @@ class EmbeddedRuntime:
             plot_run(self.run_dir, self.rows, self.metric)
         except Exception as exc:  # a plotting problem must not lose a finished run; it is logged
             log.warning("plots not written: %s", exc)
-        self.writer.close()
         return summary
+
+
+def resume_point(run_dir: str | Path, rounds: int) -> tuple[tuple[int, dict[str, Any]] | None, list[dict[str, Any]]]:
+    """Where the run in RUN_DIR continues when resumed with federation.rounds = ``rounds``: (its checkpoint, the
+    metrics rows up to it), or (None, []) when it has no checkpoint yet (it starts again from round 1 in place).
+    A finished run continues only with more rounds than it ran, from the checkpoint of its last round."""
+    run_dir = Path(run_dir)
+    finished = read_summary(run_dir)
+    if finished:
+        done = int(finished.get("rounds") or 0)
+        if rounds <= done:
+            raise FileExistsError(
+                f"the run in {str(run_dir)!r} has already finished ({done} rounds); to add rounds, resume it "
+                f"with more: fedpeft run --resume {run_dir} --set federation.rounds={done + 10}")
+    if not (run_dir / checkpoint.FILENAME).is_file():
+        if finished:
+            raise checkpoint.CheckpointError(
+                f"the run in {str(run_dir)!r} saved no checkpoint (runtime.checkpoint_every 0), so it cannot be "
+                "extended; start a new run with the rounds you want")
+        log.warning("%s has no checkpoint yet: the run starts again from round 1 in place", run_dir)
+        return None, []
+    restored = checkpoint.load(run_dir)  # a damaged checkpoint fails here, before any work
+    if restored[0] > rounds:
+        raise checkpoint.CheckpointError(
+            f"the run in {str(run_dir)!r} has a checkpoint after round {restored[0]}, beyond federation.rounds "
+            f"{rounds}; resume with at least that many rounds")
+    return restored, [r for r in read_metrics(run_dir) if r["round"] <= restored[0]]
+
+
+def resume_config(run_dir: str | Path, rounds: int | None = None) -> RunConfig:
+    """The config saved in RUN_DIR, with federation.rounds set to ``rounds`` when given."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
+    return load_config(path, [f"federation.rounds={rounds}"] if rounds is not None else [])
 
 
 def run(cfg: RunConfig, run_dir: str | Path | None = None) -> dict[str, Any]:

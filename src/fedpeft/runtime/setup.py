@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from fedpeft.algorithms import needs_head_layout, needs_prefix_layout, needs_server_model
-from fedpeft.config import RunConfig
+from fedpeft.config import ConfigError, RunConfig
 from fedpeft.data.partition import partition, partition_stats
 from fedpeft.data.prepare import TaskData, prepare_task
 from fedpeft.heads import build_layout
@@ -32,7 +32,8 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("runtime.device is cuda but no CUDA device is available; use auto or cpu")
+        raise ConfigError("runtime.device: cuda, but torch sees no CUDA device on this machine; set "
+                          "runtime.device to auto or cpu (or install a CUDA build of torch)")
     return torch.device(name)
 
 
@@ -136,7 +137,8 @@ def build_experiment(cfg: RunConfig) -> Experiment:
         torch.set_num_threads(cfg.runtime.threads)
     device = pick_device(cfg.runtime.device)
     if cfg.runtime.precision == "fp16" and device.type != "cuda":
-        raise RuntimeError("runtime.precision fp16 needs a CUDA device; use bf16 or fp32")
+        raise ConfigError("runtime.precision: fp16 needs a CUDA device and this run has none; set "
+                          "runtime.precision to bf16 or fp32")
     tokenizer = registry.load_tokenizer(cfg.model.name)
     mconfig = registry.load_config(cfg.model.name)
     kind = registry.model_kind(cfg.task.type, mconfig)

@@ -14,6 +14,8 @@ from fedpeft.data.batching import Encoded, collate, sequential_batches
 from fedpeft.data.features import ChoiceEval, GenerationEval
 from fedpeft.metrics import scores
 
+PREDICTIONS = "_predictions"  # the per-example predictions in evaluate()'s result (not a metric)
+
 
 def _autocast(device: torch.device, precision: str):
     if precision == "fp32":
@@ -89,7 +91,8 @@ def evaluate_classification(model, data: Encoded, *, pad_id, device, batch_size,
         preds[idx] = out.logits.argmax(-1).cpu().numpy()
         num_labels = int(out.logits.shape[-1])
     gold = np.asarray(data.labels)
-    return {"eval_loss": loss_sum / len(data), **scores.classification_scores(preds, gold, num_labels)}
+    return {"eval_loss": loss_sum / len(data), **scores.classification_scores(preds, gold, num_labels),
+            PREDICTIONS: preds.tolist()}
 
 
 @torch.no_grad()
@@ -114,6 +117,7 @@ def evaluate_generation(
     result = {"eval_loss": float(-sums.sum() / max(counts.sum(), 1))}
     result.update(scores.rouge(predictions, data.references))
     result["_examples"] = [{"prediction": p, "reference": r[0]} for p, r in zip(predictions[:3], data.references[:3])]
+    result[PREDICTIONS] = predictions
     return result
 
 
@@ -124,6 +128,7 @@ def evaluate_choice(model, data: ChoiceEval, *, pad_id, device, batch_size, enco
     gold_seq = data.gold[data.example_index] == _choice_positions(data.example_index)
     result = {"eval_loss": float(-sums[gold_seq].sum() / max(counts[gold_seq].sum(), 1))}
     result.update(scores.choice_scores(sums, data.example_index, data.choice_chars, data.gold))
+    result[PREDICTIONS] = scores.choice_picks(sums, data.example_index, data.choice_chars, len(data.gold))[0].tolist()
     return result
 
 
@@ -137,6 +142,8 @@ def _choice_positions(example_index: np.ndarray) -> np.ndarray:
 
 
 def evaluate(model, task_data, *, tokenizer, device, batch_size, encoder_decoder, max_new_tokens, precision) -> dict[str, Any]:
+    """The eval split's metrics ("eval_loss", scores), plus under PREDICTIONS one prediction per example (class
+    index, generated text, or chosen choice index) and, for generation, "_examples" (three of them)."""
     model.eval()
     pad_id = tokenizer.pad_token_id
     if task_data.task_type == "classification":

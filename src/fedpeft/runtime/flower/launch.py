@@ -30,9 +30,10 @@ from typing import Any, Callable
 import psutil
 import tomli_w
 
-from fedpeft import checkpoint
 from fedpeft.config import RunConfig, dump_config
 from fedpeft.rundir import new_run_dir, read_summary
+from fedpeft.runlock import RunLock
+from fedpeft.runtime.embedded import resume_point
 from fedpeft.runtime.flower.fast_supernode import DEFAULT_POLL_S
 from fedpeft.runtime.flower.records import CONFIG_KEY
 
@@ -301,15 +302,27 @@ def simulation_options(cfg: RunConfig) -> list[str]:
 
 def run_flower(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                deployment: LocalDeployment | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run (or resume) ``cfg`` on Flower; returns the run's summary.json."""
+    """Run (or resume, or extend to ``cfg.federation.rounds``) ``cfg`` on Flower; returns the run's summary.json.
+    This process holds the run directory's lock (fedpeft.runlock) until the run ends."""
     if resume:
         run_dir = Path(run_dir)  # type: ignore[arg-type]
-        if (run_dir / "summary.json").is_file():
-            raise FileExistsError(f"the run in {str(run_dir)!r} has already finished (summary.json exists)")
-        checkpoint.load(run_dir)  # fail here, not inside the ServerApp, if there is nothing to resume
+        lock = RunLock.acquire(run_dir)
+        try:
+            resume_point(run_dir, cfg.federation.rounds)  # fail here, not inside the ServerApp, if it cannot go on
+        except BaseException:
+            lock.release()
+            raise
     else:
         run_dir = new_run_dir(cfg, run_dir)
-    run_dir = Path(run_dir).resolve()
+        lock = RunLock.acquire(run_dir)
+    try:
+        return _run_flower(cfg, Path(run_dir).resolve(), resume, deployment, log)
+    finally:
+        lock.release()
+
+
+def _run_flower(cfg: RunConfig, run_dir: Path, resume: bool, deployment: LocalDeployment | None,
+                log: Callable[[str], None]) -> dict[str, Any]:
     flower_dir = run_dir / "flower"
     work = Path(tempfile.mkdtemp(prefix="fedpeft-flower-"))
     own: LocalDeployment | None = None

@@ -34,13 +34,14 @@ DESCRIBE = f"{MessageType.QUERY}.describe"
 
 
 class FlowerServerRuntime(EmbeddedRuntime):
-    def __init__(self, cfg, run_dir=None, *, grid: Grid, resume: bool = False):
+    def __init__(self, cfg, run_dir=None, *, grid: Grid, resume: bool = False, lock: bool = False):
+        # lock: fedpeft.runtime.flower.launch.run_flower holds the run directory's lock for the whole run
         self.grid = grid
         self.node_of_partition: dict[int, int] = {}
         self.num_partitions: int | None = None
         self.described: set[int] = set()
         self.client_times: dict[str, dict[str, float]] = {}
-        super().__init__(cfg, run_dir, resume=resume)
+        super().__init__(cfg, run_dir, resume=resume, lock=lock)
         self.wait_for_nodes()
 
     # -- which SuperNode serves which clients ---------------------------------------------------------
@@ -245,7 +246,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg = config_from_run_config(run_config)
     run_dir = run_dir_from(run_config)
     if run_config.get("resume", False):
-        runtime = FlowerServerRuntime.resume(run_dir, grid=grid)
+        runtime = FlowerServerRuntime.resume(run_dir, grid=grid, rounds=cfg.federation.rounds)
     else:
         runtime = FlowerServerRuntime(cfg, run_dir, grid=grid)
     runtime.cfg.runtime.progress = False

@@ -1,0 +1,74 @@
+"""Loading a run's adapter (RUN_DIR/adapter or RUN_DIR/best_adapter) back onto its backbone, outside a run.
+
+Every adapter directory holds ``fedpeft_adapter.json`` (method, options, base model, task head kind, labels,
+seed) next to the weights, in the format of its method:
+
+* LoRA, IA3, prompt tuning, P-tuning, prefix tuning: HF PEFT format (``adapter_config.json`` +
+  ``adapter_model.safetensors``, classifier head included): loaded with ``peft.PeftModel.from_pretrained``.
+* full fine-tuning: a complete HF model directory.
+* bottleneck adapters (houlsby, pfeiffer) and BitFit: ``fedpeft_adapter.safetensors``, the trainable
+  tensors under their parameter names in the tuned model. BitFit's names are the backbone's own, so plain
+  ``model.load_state_dict(tensors, strict=False)`` restores it; bottleneck adapters first need their
+  modules inserted (:func:`fedpeft.tuners.bottleneck.add_bottleneck_adapters`), which this module does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedpeft.models import registry
+from fedpeft.tuners import PEFT_METHODS, StateError, apply_tuner, method_options
+from fedpeft.tuners.tuned import FEDPEFT_ADAPTER_CONFIG, FEDPEFT_ADAPTER_FILE
+
+
+@dataclass
+class LoadedAdapter:
+    model: torch.nn.Module  # the backbone with the adapter applied, in eval mode
+    tokenizer: Any
+    meta: dict[str, Any]  # fedpeft_adapter.json
+
+
+def read_adapter_meta(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / FEDPEFT_ADAPTER_CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(directory)!r} is not a fedpeft adapter directory (no {FEDPEFT_ADAPTER_CONFIG}); "
+                                "point at RUN_DIR/adapter or RUN_DIR/best_adapter")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_adapter(directory: str | Path, *, base_model: str | None = None, dtype: str = "float32",
+                 device: str | torch.device = "cpu") -> LoadedAdapter:
+    """The model an adapter directory describes, ready for inference. ``base_model`` overrides the backbone
+    named in fedpeft_adapter.json (e.g. a local copy of the same weights)."""
+    directory = Path(directory)
+    meta = read_adapter_meta(directory)
+    method, kind = meta["method"], meta["kind"]
+    name = base_model or meta["base_model"]
+    tokenizer = registry.load_tokenizer(name)
+    num_labels = meta.get("num_labels") if kind == "classification" else None
+    if method == "full":
+        model = registry.load_model(str(directory), kind, num_labels=num_labels, dtype=dtype, tokenizer=tokenizer)
+    else:
+        base = registry.load_model(name, kind, num_labels=num_labels, dtype=dtype, tokenizer=tokenizer,
+                                   seed=int(meta.get("seed", 0)))
+        if method in PEFT_METHODS:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(base, directory)
+        else:
+            options = {k: v for k, v in meta.get("options", {}).items() if k != "method"}
+            tuned = apply_tuner(base, method_options(method, **options), kind)
+            from safetensors.numpy import load_file
+
+            weights = directory / FEDPEFT_ADAPTER_FILE
+            if not weights.is_file():
+                raise StateError(f"{str(directory)!r} has no {FEDPEFT_ADAPTER_FILE} for its {method} weights")
+            tuned.load_state(load_file(str(weights)))
+            model = tuned.module
+    model.to(device).eval()
+    return LoadedAdapter(model, tokenizer, meta)

@@ -1,0 +1,308 @@
+"""Checks of every row a run reads, before any subsetting: one pass over the row dicts, no tokenization.
+
+A problem is one line that names the file (or Hub split), the split as written, the 1-based row in that
+file and the fix. The rules ("Data checks" in the README):
+
+* Text fields (``text``, ``input``, ``target``, ``question``, every entry of ``choices``, each of
+  ``references``) must be non-empty strings: null, numbers, lists and empty or blank strings are refused.
+  ``text_pair`` may be null or empty (no second segment); ``context`` may be empty but must be a string.
+  Every field the prompt template names must be present and not null.
+* Classification labels are either all integers (class ids 0..K-1, -1 marks an unlabeled row) or all
+  strings (class names, numbered by sorted name). A mix is refused, also ``"3"`` among integers. Booleans,
+  null, other negative numbers and fractional floats are refused; whole-number floats (``1.0``) are read as
+  integers, with a warning.
+* Multiple-choice labels are integer indexes into the row's ``choices`` (at least 2); -1 marks an
+  unlabeled row.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections import Counter
+from typing import Any, Callable, Iterable, Iterator
+
+from fedpeft.data.catalog import Row
+
+Origin = tuple[str, str, int]  # (file or Hub split, split part as written, 1-based row in that file)
+TASK_FIELDS = {
+    "classification": ("text", "label"),
+    "generation": ("input", "target"),
+    "multiple_choice": ("question", "choices", "label"),
+}
+
+
+def at(origin: Origin) -> str:
+    source, part, row = origin
+    return f"{source}: split {part!r} row {row}"
+
+
+def show(value: Any, width: int = 40) -> str:
+    """A value as it would be written in Python, on one line and at most ``width`` characters."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def infer_task_type(rows: list[Row]) -> str | None:
+    """The task type a split's fields fit (for ``fedpeft data`` on a dataset outside the catalog)."""
+    fields = {k for r in rows[:100] for k in r}
+    if "choices" in fields:
+        return "multiple_choice"
+    if {"input", "target"} <= fields:
+        return "generation"
+    if "text" in fields:
+        return "classification"
+    return None
+
+
+def template_fields(template: str | None) -> list[str]:
+    return [name for _, name, _, _ in string.Formatter().parse(template or "") if name]
+
+
+# --- one value -------------------------------------------------------------------------------------
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {list: "a list", tuple: "a list", dict: "an object", str: "a string"}.get(type(value), f"a {type(value).__name__}")
+
+
+def _text(field: str, value: Any, *, blank_ok: bool = False) -> str | None:
+    if isinstance(value, str):
+        if value.strip() or blank_ok:
+            return None
+        return f"{field!r} is empty; fill it in or drop the row"
+    if value is None:
+        return f"{field!r} is null; fill it in or drop the row"
+    return f"{field!r} is {_kind(value)} ({show(value)}), not a string; write it as text (in quotes in JSON)"
+
+
+def class_id(value: Any) -> int | str | None:
+    """A valid classification label as an int (whole-number floats included) or a str; None if invalid."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value if value >= -1 else None
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() and value >= -1 else None
+    if isinstance(value, str):
+        return value if value.strip() else None
+    return None
+
+
+def _label(value: Any) -> str | None:
+    if class_id(value) is not None:
+        return None
+    if value is None:
+        return "label is null; give every row its class (or -1 for an unlabeled row)"
+    if isinstance(value, bool):
+        return f"label {value} is a boolean; write the class as an integer (1 for true, 0 for false) or a name"
+    if isinstance(value, (int, float)) and (not isinstance(value, float) or value.is_integer()):
+        return f"label {show(value)} is negative; class ids are 0..K-1 (-1 marks an unlabeled row)"
+    if isinstance(value, float):
+        return f"label {show(value)} is not a whole number; class ids are integers 0..K-1 (or use class names)"
+    if isinstance(value, str):
+        return "label is an empty string; give every row its class"
+    return f"label is {_kind(value)} ({show(value)}); give one class per row, an integer id or a name"
+
+
+def _choice_label(value: Any, n: int) -> str | None:
+    index = class_id(value)
+    if isinstance(index, int) and (index == -1 or 0 <= index < n):
+        return None
+    fix = f"give the index of the gold choice, 0..{n - 1} (-1 marks an unlabeled row)"
+    whole = isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer()
+    if whole:
+        return f"label {show(value)} is not an index into its {n} choices; {fix}"
+    return f"label {show(value)} is {_kind(value)}; {fix}"
+
+
+# --- one row ---------------------------------------------------------------------------------------
+
+
+def _classification_row(row: Row) -> str | None:
+    pair = row.get("text_pair")
+    return (_text("text", row["text"]) or _label(row["label"])
+            or (None if pair is None else _text("text_pair", pair, blank_ok=True)))
+
+
+def _generation_row(row: Row) -> str | None:
+    refs = row.get("references")
+    if refs is not None and not isinstance(refs, (list, tuple)):
+        return f"'references' is {_kind(refs)} ({show(refs)}); give a list of strings (or null to use 'target')"
+    return (_text("input", row["input"]) or _text("target", row["target"])
+            or next((p for p in (_text("references entry", r) for r in refs or ()) if p), None))
+
+
+def _choice_row(row: Row) -> str | None:
+    choices = row["choices"]
+    if not isinstance(choices, (list, tuple)) or len(choices) < 2:
+        return f"'choices' is {show(choices)}; give a list of at least 2 strings"
+    if "context" in row and not isinstance(row["context"], str):
+        return _text("context", row["context"], blank_ok=True)
+    return (_text("question", row["question"])
+            or next((p for p in (_text(f"choice {i}", c) for i, c in enumerate(choices)) if p), None)
+            or _choice_label(row["label"], len(choices)))
+
+
+_ROW_CHECKS: dict[str, Callable[[Row], str | None]] = {
+    "classification": _classification_row,
+    "generation": _generation_row,
+    "multiple_choice": _choice_row,
+}
+
+
+def row_problem(task_type: str, row: Row, template_names: Iterable[str] = ()) -> str | None:
+    """The first problem of one row, without its location; None when the row is fine."""
+    missing = [f for f in TASK_FIELDS[task_type] if f not in row]
+    if missing:
+        return (f"has no field {missing[0]!r} (fields: {', '.join(sorted(row))}); map yours with task.columns, "
+                f"e.g. --set task.columns.{missing[0]}=<your column>")
+    problem = _ROW_CHECKS[task_type](row)
+    if problem:
+        return problem
+    for name in template_names:
+        if row.get(name) is None:
+            return (f"field {name!r}, used by the prompt template, is {'null' if name in row else 'missing'}; "
+                    "fill it in, or change task.prompt_template")
+    return None
+
+
+# --- one split -------------------------------------------------------------------------------------
+
+
+def _mixed_labels(rows: list[Row], origins: list[Origin]) -> str | None:
+    """Integer and string class labels in one split: the first row of the rarer kind."""
+    kinds = [type(class_id(r.get("label"))) for r in rows]
+    counts = Counter(k for k in kinds if k in (int, str))
+    if len(counts) < 2:
+        return None
+    rare = str if counts[str] <= counts[int] else int
+    i = kinds.index(rare)
+    j = kinds.index(int if rare is str else str)
+    value = rows[i]["label"]
+    fix = (f"write it as the number {class_id(value)}" if rare is str and value.strip().lstrip("+-").isdigit()
+           else "use one kind: integer class ids 0..K-1 in every row, or class names in every row")
+    return (f"{at(origins[i])}: label {show(value)} is {'a string' if rare is str else 'an integer'} but "
+            f"{counts[int if rare is str else str]} other labels of the split are "
+            f"{'integers' if rare is str else 'strings'} (e.g. row {origins[j][2]}: {show(rows[j]['label'])}); {fix}")
+
+
+def problems(task_type: str, rows: list[Row], origins: list[Origin], template: str | None = None) -> Iterator[str]:
+    """Every problem of a split that a run refuses whatever role the split plays: one per bad row, then a
+    mix of integer and string class labels."""
+    absent = next((f for f in TASK_FIELDS[task_type] if rows and not any(f in r for r in rows)), None)
+    if absent is not None:  # one line, not one per row
+        yield (f"{at(origins[0])}: has no field {absent!r}, nor has any other row of the split (fields: "
+               f"{', '.join(sorted(rows[0]))}); map yours with task.columns, e.g. --set task.columns.{absent}=<your column>")
+        return
+    names = template_fields(template)
+    for row, origin in zip(rows, origins):
+        problem = row_problem(task_type, row, names)
+        if problem:
+            yield f"{at(origin)}: {problem}"
+    if task_type == "classification":
+        mixed = _mixed_labels(rows, origins)
+        if mixed:
+            yield mixed
+
+
+def unlabeled(task_type: str, rows: list[Row], origins: list[Origin]) -> str | None:
+    """Where a split has rows with label -1 (unlabeled): fine to show, refused for training and evaluation."""
+    if task_type == "generation":
+        return None
+    marks = [i for i, r in enumerate(rows) if class_id(r.get("label")) == -1]
+    if not marks:
+        return None
+    return (f"{at(origins[marks[0]])}: label -1 marks an unlabeled row; the split has unlabeled rows "
+            f"({len(marks)} of {len(rows)}, this is the first)")
+
+
+def float_labels(rows: list[Row], origins: list[Origin]) -> str | None:
+    """Where whole-number float labels (1.0) are read as integer class ids (an accepted, logged rule)."""
+    marks = [i for i, r in enumerate(rows) if isinstance(r.get("label"), float) and class_id(r["label"]) is not None]
+    if not marks:
+        return None
+    return (f"{at(origins[marks[0]])}: label {show(rows[marks[0]]['label'])} and {len(marks) - 1} more whole-number "
+            "float labels are read as integer class ids")
+
+
+def missing_class_ids(ids: Iterable[int]) -> list[int]:
+    """Class ids in 0..max that no row uses (-1, unlabeled, left out)."""
+    used = {i for i in ids if i >= 0}
+    return sorted(set(range(max(used) + 1)) - used) if used else []
+
+
+def describe_missing(missing: list[int], ids: Iterable[int]) -> str:
+    """'never uses class id 0 (labels 1..6); subtract 1 from every label ...': the missing ids and the fix."""
+    used = sorted({i for i in ids if i >= 0})
+    shown = ", ".join(map(str, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+    fix = "subtract 1 from every label (class ids start at 0)" if missing[0] == 0 and used[0] == 1 else \
+        "renumber the classes 0..K-1"
+    ids_word = "class id" if len(missing) == 1 else "class ids"
+    return f"never uses {ids_word} {shown} (labels {used[0]}..{used[-1]}); {fix}, or give class names instead"
+
+
+# --- fedpeft data ----------------------------------------------------------------------------------
+
+
+def _key(value: Any) -> tuple[Any, str]:
+    """A label as a dictionary key that keeps 1, 1.0 and True apart."""
+    plain = value if value is None or isinstance(value, (bool, int, float, str)) else show(value)
+    return plain, type(value).__name__
+
+
+def _order(key: tuple[Any, str]) -> tuple[int, float, str]:
+    value = key[0]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
+        return 0, float(value), key[1]
+    return (1 if isinstance(value, str) else 2), 0.0, str(value)
+
+
+def label_histogram(rows: list[Row]) -> str | None:
+    """'0=negative: 10, 1=positive: 12' (numbers in order, then names, then anything else), or None."""
+    counts = Counter(_key(r["label"]) for r in rows if "label" in r)
+    if not counts:
+        return None
+    names: dict[tuple[Any, str], str] = {}
+    for r in rows:
+        if "label" in r and r.get("label_text"):
+            names.setdefault(_key(r["label"]), str(r["label_text"]))
+    return ", ".join(
+        f"{k[0] if k[1] == 'int' else show(k[0])}{'=' + names[k] if k in names else ''}: {counts[k]}"
+        for k in sorted(counts, key=_order)
+    )
+
+
+def report(task_type: str | None, rows: list[Row], origins: list[Origin], template: str | None,
+           split: str) -> tuple[list[str], list[str]]:
+    """(problems, notes) of one split for ``fedpeft data``. Problems are refused whatever role the split plays
+    in a run; notes are fine to show: unlabeled rows (refused for training and evaluation), whole-number
+    float labels (read as integers) and class ids a split never uses (refused for a train split)."""
+    if not rows:
+        return [f"split {split!r} has no rows"], []
+    if task_type is None:
+        return [], ["no task type fits these fields: classification reads text + label, generation input + "
+                    "target, multiple_choice question + choices + label; map yours with task.columns"]
+    found = list(problems(task_type, rows, origins, template))
+    notes = []
+    blank = unlabeled(task_type, rows, origins)
+    if blank and all(class_id(r.get("label")) == -1 for r in rows):
+        notes.append(f"unlabeled split (label -1 on all {len(rows)} rows): fine to show; a run does not train or "
+                     "evaluate on it")
+    elif blank:
+        notes.append(f"{blank}: a run refuses to train or evaluate on this split")
+    floats = float_labels(rows, origins) if task_type != "generation" else None
+    if floats:
+        notes.append(floats)
+    ids = [i for i in (class_id(r.get("label")) for r in rows) if isinstance(i, int)]
+    missing = missing_class_ids(ids) if task_type == "classification" and not found and len(ids) == len(rows) else []
+    if missing:
+        files = ", ".join(sorted({o[0] for o in origins}))
+        notes.append(f"{files}: split {split!r} {describe_missing(missing, ids)} (refused as a train split)")
+    return found, notes

@@ -1,0 +1,83 @@
+"""One writer per run directory.
+
+A process that writes a run directory (a new run, a resumed one, an extended one) holds an exclusive
+lock on ``RUN_DIR/.fedpeft.lock`` (``filelock``: ``flock`` on POSIX, ``msvcrt`` locking on Windows) for as
+long as it writes. The operating system drops the lock when the process ends, however it ends, so a crash
+never leaves the directory locked. Next to the lock, ``RUN_DIR/.fedpeft.owner.json`` names the writer
+(process id, host, start time) for the message a second writer gets; it is removed on a clean release,
+so finding it on a directory whose lock is free means the last writer died without releasing: that stale
+lock is taken over and logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+LOCK_FILE = ".fedpeft.lock"
+OWNER_FILE = ".fedpeft.owner.json"
+log = logging.getLogger("fedpeft")
+
+
+class RunDirectoryBusy(FileExistsError):
+    """Another live process is writing this run directory."""
+
+
+def _owner(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / OWNER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _describe(owner: dict[str, Any] | None) -> str:
+    if not owner:
+        return "another process"
+    return f"process {owner.get('pid')} on {owner.get('host')} (since {owner.get('started')})"
+
+
+class RunLock:
+    """The exclusive lock of one run directory; :meth:`release` (or the process's end) gives it up."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self._lock = FileLock(str(self.run_dir / LOCK_FILE), timeout=0)
+
+    @classmethod
+    def acquire(cls, run_dir: str | Path) -> "RunLock":
+        """Lock ``run_dir`` (which must exist) or raise :class:`RunDirectoryBusy` at once, naming the writer."""
+        lock = cls(run_dir)
+        try:
+            lock._lock.acquire()
+        except Timeout:
+            raise RunDirectoryBusy(
+                f"run directory {str(lock.run_dir)!r} is being written by {_describe(_owner(lock.run_dir))}; wait "
+                "for it to end (or stop it) before resuming, or choose another --run-dir"
+            ) from None
+        stale = _owner(lock.run_dir)
+        if stale is not None:
+            log.warning("run directory %s: took over the lock of %s, which ended without releasing it (crash or kill)",
+                        lock.run_dir, _describe(stale))
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        (lock.run_dir / OWNER_FILE).write_text(json.dumps(owner), encoding="utf-8")
+        return lock
+
+    @property
+    def held(self) -> bool:
+        return self._lock.is_locked
+
+    def release(self) -> None:
+        if not self._lock.is_locked:
+            return
+        try:
+            (self.run_dir / OWNER_FILE).unlink()
+        except FileNotFoundError:
+            pass
+        self._lock.release()
