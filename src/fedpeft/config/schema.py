@@ -26,7 +26,7 @@ class TaskConfig(Section):
     dataset: str = Field(
         "sst2",
         description="A catalog name (sst2, mnli, 20newsgroups, e2e_nlg, arc_easy, ...), a local "
-        "directory or file (jsonl, jsonl.gz, csv, parquet) or a Hugging Face Hub dataset id.",
+        "directory or file (jsonl, jsonl.gz, json, csv, tsv, parquet) or a Hugging Face Hub dataset id.",
     )
     dataset_config: str | None = Field(None, description="Hub dataset configuration name, if any.")
     data_dir: str | None = Field(
