@@ -101,3 +101,15 @@ def test_a_duplicated_key_or_section_is_refused(tmp_path, text, line, first):
     with pytest.raises(ConfigError, match=rf"{path}:{line}:\d+: key '\w+' is given twice in one mapping "
                                           rf"\(first on line {first}\)"):
         load_config(path)
+
+
+def test_yaml_merge_keys_still_work_and_a_list_as_key_is_refused(tmp_path):
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("defaults: &d\n  lr: 0.01\ntrain:\n  <<: *d\n  batch_size: 4\n")
+    from fedpeft.config.load import read_yaml
+
+    assert read_yaml(merged)["train"] == {"lr": 0.01, "batch_size": 4}
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("train:\n  [lr, batch_size]: 1\n")
+    with pytest.raises(ConfigError, match=rf"{listed}:2:3: a list cannot be a key"):
+        load_config(listed)

@@ -10,8 +10,10 @@ import pytest
 
 from fedpeft import checkpoint
 from fedpeft.rundir import read_metrics, read_summary
+from fedpeft.runlock import RunDirectoryBusy, RunLock
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.runtime.flower.launch import LocalDeployment, run_flower
+from fedpeft.runtime.resume import resume_config
 
 from helpers import tiny_config, without_timings
 
@@ -68,6 +70,20 @@ def test_flower_gives_the_same_results_as_embedded(deployment, tmp_path):
     assert_same_metrics(comparable(a), comparable(b))  # losses, accuracies, selections, bytes up and down
     assert_same_globals(tmp_path / "embedded", tmp_path / "flower")
     assert all(v > 0 for r in b[1:] for v in r["client_flops"].values())  # measured in the ClientApps
+
+    # the launcher takes the run directory's lock: a directory another process writes is refused
+    held = RunLock.acquire(tmp_path / "flower")
+    with pytest.raises(RunDirectoryBusy):
+        run_flower(resume_config(tmp_path / "flower", 4), tmp_path / "flower", resume=True, deployment=deployment,
+                   log=lambda m: None)
+    held.release()
+    # a finished Flower run takes more rounds and ends like the embedded run extended the same way
+    summary = run_flower(resume_config(tmp_path / "flower", 4), tmp_path / "flower", resume=True,
+                         deployment=deployment, log=lambda m: None)
+    assert summary["rounds"] == 4
+    EmbeddedRuntime.resume(tmp_path / "embedded", rounds=4).run()
+    assert_same_metrics(comparable(read_metrics(tmp_path / "embedded")), comparable(read_metrics(tmp_path / "flower")))
+    assert_same_globals(tmp_path / "embedded", tmp_path / "flower")
 
 
 def run_killing_a_supernode(cfg, tmp_path, *, supernodes: int, victim: int, restart_after_s: float = 0.0):
@@ -201,3 +217,18 @@ def test_secure_aggregation_survives_a_client_dropping_out(tmp_path):
     assert set(rows[2]["client_train_loss"]) == {"0", "1"} and rows[2]["agg_update_norm"] > 0
     assert rows[3]["rejected"] == {} and set(rows[3]["client_train_loss"]) == {"0", "1", "2"}
     assert "update of client 2 rejected" in (tmp_path / "run" / "events.log").read_text()
+
+
+def test_a_flower_run_refused_on_its_data_says_why_in_one_line(tmp_path, capsys):
+    from fedpeft.cli import main
+    from fedpeft.config import dump_config
+
+    data = tmp_path / "mine"
+    data.mkdir()
+    for split in ("train", "validation"):
+        (data / f"{split}.jsonl").write_text('{"text": "fine", "label": 0}\n{"text": null, "label": 1}\n')
+    (tmp_path / "tiny.yaml").write_text(dump_config(tiny_config(f"task.dataset={data}", "runtime.name=flower")))
+    assert main(["run", str(tmp_path / "tiny.yaml"), "--run-dir", "run", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: the Flower run ended") and "Traceback" not in err
+    assert f"DataError: {data / 'train.jsonl'}: split 'train' row 2: 'text' is null" in err

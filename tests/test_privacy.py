@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from fedpeft import checkpoint
 from fedpeft.algorithms import make_server
 from fedpeft.algorithms.privacy import PrivateMean, clip, l2_norm
 from fedpeft.config import ConfigError
@@ -85,12 +86,17 @@ def test_private_run_reports_epsilon_every_round(tmp_path):
 
 def test_max_epsilon_ends_the_run_before_the_budget_is_exceeded(tmp_path):
     cfg = tiny_config("algorithm.dp.noise_multiplier=2.0", "algorithm.dp.max_epsilon=10",
-                      "federation.rounds=50", "train.local_steps=1", "eval.every=0")
+                      "federation.rounds=50", "train.local_steps=1", "eval.every=0", "runtime.checkpoint_every=3")
     EmbeddedRuntime(cfg, tmp_path / "run").run()
     rows = read_metrics(tmp_path / "run")[1:]
     assert len(rows) == 4 and rows[-1]["dp_epsilon"] <= 10  # 8.93 after 4 rounds, 10.38 after 5
     assert "would exceed algorithm.dp.max_epsilon=10" in (tmp_path / "run" / "events.log").read_text()
-    assert read_summary(tmp_path / "run")["rounds"] == len(rows)
+    summary = read_summary(tmp_path / "run")
+    assert summary["rounds"] == len(rows) and "would exceed" in summary["stopped_early"]
+    assert "eval_accuracy" in rows[-1] and summary["final_round"] == 4  # the last round run is evaluated ...
+    assert checkpoint.load(tmp_path / "run")[0] == 4  # ... and checkpointed
+    with pytest.raises(FileExistsError, match="stopped early after 4 rounds"):
+        EmbeddedRuntime.resume(tmp_path / "run", rounds=60)
 
 
 def test_budget_without_noise_is_a_config_error():

@@ -57,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.config or args.run_dir:
             raise ConfigError("--resume RUN_DIR continues a run with the config saved in RUN_DIR/config.yaml; "
                               "give no config file or --run-dir with it")
-        from fedpeft.runtime.embedded import resume_config
+        from fedpeft.runtime.resume import resume_config
 
         cfg = resume_config(args.resume, _resume_rounds(args.set))
     else:
@@ -71,9 +71,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     runtime = None
     try:
         if cfg.runtime.name == "flower":
-            from fedpeft.runtime.flower.launch import run_flower
+            from fedpeft.rundir import new_run_dir
+            from fedpeft.runtime.flower.launch import FlowerRunError, run_flower
 
-            summary = run_flower(cfg, run_dir, resume=bool(args.resume), log=lambda m: print(m, file=sys.stderr))
+            if not args.resume:  # made here so that Ctrl-C can name it (a Flower run makes it before its data loads)
+                run_dir = str(new_run_dir(cfg, run_dir))
+            try:
+                summary = run_flower(cfg, run_dir, resume=bool(args.resume), log=lambda m: print(m, file=sys.stderr))
+            except FlowerRunError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
             run_dir = summary["run_dir"]
         else:
             from fedpeft.runtime.embedded import EmbeddedRuntime
@@ -111,10 +118,11 @@ def _figure(value) -> str:
 def end_of_run_line(name: str, summary: dict) -> str:
     """One line: the primary metric before -> after (best, at which round), rounds, traffic, time."""
     best_round = summary.get("best_round")
+    stopped = f" (stopped early: {summary['stopped_early']})" if summary.get("stopped_early") else ""
     return (f"{name}: {summary['primary_metric']} {_figure(summary.get('initial'))} -> {_figure(summary.get('final'))} "
             f"(best {_figure(summary.get('best'))}{f' at round {best_round}' if best_round is not None else ''}) "
-            f"in {summary.get('rounds')} rounds; {summary.get('total_bytes', 0) / 2**20:.2f} MiB exchanged; "
-            f"rounds to target: {_figure(summary.get('rounds_to_target'))}; {summary.get('wall_s', 0):.1f} s")
+            f"in {summary.get('rounds') or 0} rounds{stopped}; {summary.get('total_bytes', 0) / 2**20:.2f} MiB "
+            f"exchanged; rounds to target: {_figure(summary.get('rounds_to_target'))}; {summary.get('wall_s', 0):.1f} s")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -137,7 +145,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     loaded = load_adapter(adapter_dir, dtype=cfg.model.dtype, device=device)
     encdec = bool(getattr(loaded.model.config, "is_encoder_decoder", False))
     data = prepare_eval(cfg.task, split, loaded.tokenizer, encoder_decoder=encdec, seed=cfg.seed,
-                        max_examples=args.max_examples, label_names=meta.get("label_names"))
+                        max_examples=args.max_examples, label_names=meta.get("label_names"),
+                        label_kind=meta.get("label_kind"), template=meta.get("template"))
     result = evaluate(loaded.model, data, tokenizer=loaded.tokenizer, device=device, batch_size=cfg.eval.batch_size,
                       encoder_decoder=encdec, max_new_tokens=cfg.task.generation_max_new_tokens,
                       precision=cfg.runtime.precision)
@@ -453,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     except _expected_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a run catches its own and says how to resume; other commands just stop
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ def _probe_address() -> tuple[str, int]:
     from huggingface_hub import constants
 
     url = urlsplit(constants.ENDPOINT)
-    proxy = urllib.request.getproxies().get(url.scheme or "https")
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(url.scheme or "https") or proxies.get("all")
     if proxy and not urllib.request.proxy_bypass(url.hostname or ""):
         url = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     return url.hostname or "", url.port or (443 if url.scheme == "https" else 80)

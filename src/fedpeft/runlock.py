@@ -69,10 +69,6 @@ class RunLock:
         (lock.run_dir / OWNER_FILE).write_text(json.dumps(owner), encoding="utf-8")
         return lock
 
-    @property
-    def held(self) -> bool:
-        return self._lock.is_locked
-
     def release(self) -> None:
         if not self._lock.is_locked:
             return

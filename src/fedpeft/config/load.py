@@ -24,7 +24,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Mark] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *defaults' merges a mapping; it is no key
+                continue
             key = self.construct_object(key_node, deep=True)
+            mark = key_node.start_mark
+            try:
+                hash(key)
+            except TypeError:
+                raise ConfigError(f"{self.name}:{mark.line + 1}:{mark.column + 1}: a {type(key).__name__} cannot be "
+                                  "a key; write the key as a plain name") from None
             if key in seen:
                 first = seen[key]
                 raise ConfigError(

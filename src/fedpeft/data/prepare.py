@@ -29,6 +29,7 @@ class TaskData:
     label_names: list[str] | None
     num_eval_examples: int
     template: str | None
+    label_kind: str | None = None  # classification: "names" (string labels) or "ids" (integer labels)
 
 
 def _seeded_subset(n: int, k: int | None, seed: int) -> np.ndarray:
@@ -103,6 +104,7 @@ def prepare_task(
             names,
             len(eval_rows),
             None,
+            "names" if isinstance(V.class_id(train_rows[0]["label"]), str) else "ids",
         )
     if task.type == "generation":
         kw2 = dict(
@@ -136,13 +138,19 @@ class EvalData:
     label_names: list[str] | None
 
 
-def eval_class_ids(rows: list, origins: list[V.Origin], label_names: list[str], split: str) -> list[int]:
-    """The class ids of a split's labels for a model trained with ``label_names``: class names are looked up
-    among them, class ids must be below their number."""
+def eval_class_ids(rows: list, origins: list[V.Origin], label_names: list[str], label_kind: str | None) -> list[int]:
+    """The class ids of a split's labels for a model trained with ``label_names``: a model trained on class
+    names ("names") is scored on names, looked up among them; one trained on class ids ("ids") on ids below
+    their number (None: either, from adapters saved before the kind was recorded)."""
     index = {n: i for i, n in enumerate(label_names)}
     out = []
     for row, origin in zip(rows, origins):
         value = V.class_id(row["label"])
+        wanted = {"names": str, "ids": int}.get(label_kind or "")
+        if value is not None and wanted is not None and not isinstance(value, wanted):
+            what = "class names (strings)" if wanted is str else "class ids (integers)"
+            raise DataError(f"{V.at(origin)}: label {V.show(row['label'])} is not of the kind the model was trained "
+                            f"on, {what}; write the labels as the training data did")
         if isinstance(value, str):
             if value not in index:
                 raise DataError(f"{V.at(origin)}: label {value!r} is not a class of the trained model "
@@ -157,24 +165,26 @@ def eval_class_ids(rows: list, origins: list[V.Origin], label_names: list[str], 
 
 
 def prepare_eval(task: TaskConfig, split: str, tokenizer, *, encoder_decoder: bool, seed: int,
-                 max_examples: int | None, label_names: list[str] | None) -> EvalData:
+                 max_examples: int | None, label_names: list[str] | None, label_kind: str | None = None,
+                 template: str | None = None) -> EvalData:
     """``split`` of ``task.dataset`` checked row by row as a run's eval split is, then (with ``max_examples``)
     the same seeded subset a run with that ``eval.max_examples`` evaluates, tokenised. Classification labels
-    are mapped onto the trained model's ``label_names``. Any split may be given, the train split included."""
+    are mapped onto the trained model's ``label_names`` (of ``label_kind``); ``template`` is the prompt the
+    run used. Any split may be given, the train split included."""
     if task.type not in V.TASK_FIELDS:
         raise DataError(f"task.type {task.type!r} is not supported")
     origins: list[V.Origin] = []
     rows = load_rows(task.dataset, split, dataset_config=task.dataset_config, data_dir=task.data_dir,
                      columns=task.columns, shuffle_seed=task.split_shuffle_seed, origins=origins)
     where = f"dataset {task.dataset!r} split {split!r}"
-    template = prompt_template(task.type, task.dataset, rows, task.prompt_template)
+    template = template or prompt_template(task.type, task.dataset, rows, task.prompt_template)
     _check_split(task.type, rows, origins, template, where)
     pick = _seeded_subset(len(rows), max_examples, seed + 1)
     rows, origins = [rows[i] for i in pick], [origins[i] for i in pick]
     if task.type == "classification":
         if not label_names:
             raise DataError("the adapter names no classes (fedpeft_adapter.json has no label_names)")
-        ids = eval_class_ids(rows, origins, label_names, split)
+        ids = eval_class_ids(rows, origins, label_names, label_kind)
         data: EvalSet = F.encode_classification(rows, ids, tokenizer, task.max_length, where)
     elif task.type == "generation":
         data = F.encode_generation_eval(rows, tokenizer, where=where, encoder_decoder=encoder_decoder,

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from fedpeft.data.catalog import CATALOG, Row
+from fedpeft.data.validate import Origin
 
 FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".csv", ".tsv", ".parquet")
-Origin = tuple[str, str, int]  # (file or Hub split, split part as written, 1-based row in that file)
 
 
 class DataError(ValueError):

@@ -9,6 +9,7 @@ index list into the tokenised training set plus whatever state its algorithm kee
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import resource
@@ -23,10 +24,11 @@ import torch
 
 from fedpeft import algorithms, checkpoint, wire
 from fedpeft.algorithms.base import ClientContext
-from fedpeft.config import RunConfig, load_config
+from fedpeft.config import RunConfig
 from fedpeft.metrics.accounting import better_or_equal, summarize
-from fedpeft.rundir import RunWriter, check_run_dir_free, new_run_dir, read_metrics, read_summary, rewrite_metrics
+from fedpeft.rundir import RunWriter, check_run_dir_free, new_run_dir, rewrite_metrics
 from fedpeft.runlock import RunLock
+from fedpeft.runtime.resume import resume_config, resume_point
 from fedpeft.runtime.setup import Experiment, build_experiment
 from fedpeft.training.evaluate import PREDICTIONS, evaluate
 from fedpeft.training.local import NonFiniteLoss
@@ -92,28 +94,28 @@ class EmbeddedRuntime:
         False."""
         self.cfg = cfg
         self.lock: RunLock | None = None
-        restored: tuple[int, dict[str, Any]] | None = None
-        kept: list[dict[str, Any]] = []
+        self.writer: RunWriter | None = None
         try:
-            if resume:
-                self.run_dir = Path(run_dir)  # type: ignore[arg-type]
-                self.lock = RunLock.acquire(self.run_dir) if lock else None  # before reading or rewriting anything
-                restored, kept = resume_point(self.run_dir, cfg.federation.rounds)
-            else:
-                check_run_dir_free(run_dir)  # before the slow part
-            self.exp = experiment or build_experiment(cfg)
-            if not resume:
-                self.run_dir = new_run_dir(cfg, run_dir)
-                self.lock = RunLock.acquire(self.run_dir) if lock else None
-                check_run_dir_free(run_dir)  # another process may have started one meanwhile
-            else:
-                rewrite_metrics(self.run_dir, kept)  # rounds after the checkpoint are run again
-                (self.run_dir / "summary.json").unlink(missing_ok=True)  # an extended run writes it again at the end
-            self.writer = RunWriter(self.run_dir, cfg)
+            self._open(run_dir, experiment, resume, lock)
         except BaseException:
             self.close()
             raise
-        self.writer.partition(self.exp.partition_stats)
+
+    def _open(self, run_dir: str | Path | None, experiment: Experiment | None, resume: bool, lock: bool) -> None:
+        cfg = self.cfg
+        restored: tuple[int, dict[str, Any]] | None = None
+        kept: list[dict[str, Any]] = []
+        if resume:
+            self.run_dir = Path(run_dir)  # type: ignore[arg-type]
+            self.lock = RunLock.acquire(self.run_dir) if lock else None  # before reading or rewriting anything
+            restored, kept = resume_point(self.run_dir, cfg.federation.rounds)
+        else:
+            check_run_dir_free(run_dir)  # before the slow part
+        self.exp = experiment or build_experiment(cfg)
+        if not resume:
+            self.run_dir = new_run_dir(cfg, run_dir)
+            self.lock = RunLock.acquire(self.run_dir) if lock else None
+            check_run_dir_free(run_dir)  # another process may have started one meanwhile
         self.server = algorithms.make_server(
             cfg.algorithm, self.exp.tuned.state(), num_clients=cfg.federation.num_clients,
             clients_per_round=cfg.federation.clients_per_round, seed=cfg.seed, layout=self.exp.algorithm_layout, client_lr=cfg.train.lr,
@@ -127,11 +129,29 @@ class EmbeddedRuntime:
         self.metric = cfg.primary_metric()
         self.start_round = 1
         self.wall_offset = 0.0  # wall seconds already spent before a resume
+        self.stopped_early: str | None = None  # why the run ended before federation.rounds (server.stop_reason)
         if restored is not None:
             self._restore(*restored)
+        if resume:  # only now that the checkpoint has loaded: a failure above leaves the directory as it was
+            rewrite_metrics(self.run_dir, kept)  # rounds after the checkpoint are run again
+            (self.run_dir / "summary.json").unlink(missing_ok=True)  # an extended run writes it again at the end
+            self._drop_best_after(restored[0] if restored is not None else 0)
+        self.writer = RunWriter(self.run_dir, cfg)
+        self.writer.partition(self.exp.partition_stats)
+
+    def _drop_best_after(self, rnd: int) -> None:
+        """Forget a best adapter saved after round ``rnd`` (those rounds run again and may save it again)."""
+        meta = self.run_dir / BEST_ADAPTER / "fedpeft_adapter.json"
+        if meta.is_file() and int(json.loads(meta.read_text()).get("round", 0)) > rnd:
+            log.warning("%s/%s was saved after the checkpoint of round %d: dropped (the rounds after it run again "
+                        "and save it again when they are still the best)", self.run_dir, BEST_ADAPTER, rnd)
+            shutil.rmtree(self.run_dir / BEST_ADAPTER)
 
     def close(self) -> None:
-        """Give up the run directory's lock (the end of :meth:`run` does; safe to call twice)."""
+        """Close the run's files and give up its directory's lock (the end of :meth:`run` does; safe to call
+        twice)."""
+        if self.writer is not None:
+            self.writer.close()
         if self.lock is not None:
             self.lock.release()
 
@@ -293,8 +313,11 @@ class EmbeddedRuntime:
         return {}
 
     def _eval_due(self, rnd: int) -> bool:
+        """Every eval.every rounds, and after the last round (the configured last, or one the algorithm ends
+        the run after, e.g. when the privacy budget is spent)."""
         every = self.cfg.eval.every
-        return rnd == self.cfg.federation.rounds or (every > 0 and rnd % every == 0)
+        last = rnd == self.cfg.federation.rounds or self.server.stop_reason() is not None
+        return last or (every > 0 and rnd % every == 0)
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -323,10 +346,12 @@ class EmbeddedRuntime:
                 stop = self.server.stop_reason()
                 if stop is not None:
                     log.warning("run ends before round %d: %s", rnd, stop)
+                    self.stopped_early = stop
                     break
                 row = self.run_round(rnd, wall_start)
                 self._record(row, key, target)
-                if every and (rnd % every == 0 or rnd == cfg.federation.rounds):
+                last = rnd == cfg.federation.rounds or self.server.stop_reason() is not None
+                if every and (rnd % every == 0 or last):
                     checkpoint.save(self.run_dir, rnd, self.checkpoint_state())
                 if bar is not None:
                     bar.update(1)
@@ -338,7 +363,6 @@ class EmbeddedRuntime:
         finally:
             if bar is not None:
                 bar.close()
-            self.writer.close()
             self.close()
         return summary
 
@@ -370,6 +394,7 @@ class EmbeddedRuntime:
             shutil.rmtree(leftover, ignore_errors=True)
         exp.tuned.save_adapter(staging, base_model=self.cfg.model.name,
                                extra={"num_labels": exp.data.num_labels, "label_names": exp.data.label_names,
+                                      "label_kind": exp.data.label_kind, "template": exp.data.template,
                                       "seed": self.cfg.seed, "dtype": self.cfg.model.dtype, **(extra or {})})
         if final.exists():
             final.rename(old)
@@ -400,6 +425,7 @@ class EmbeddedRuntime:
             "torch_threads": torch.get_num_threads(),
             "adapter": LAST_ADAPTER,
             "best_adapter": BEST_ADAPTER if (self.run_dir / BEST_ADAPTER).is_dir() else None,
+            "stopped_early": self.stopped_early,
         })
         self.writer.summary(summary)
         try:
@@ -409,41 +435,6 @@ class EmbeddedRuntime:
         except Exception as exc:  # a plotting problem must not lose a finished run; it is logged
             log.warning("plots not written: %s", exc)
         return summary
-
-
-def resume_point(run_dir: str | Path, rounds: int) -> tuple[tuple[int, dict[str, Any]] | None, list[dict[str, Any]]]:
-    """Where the run in RUN_DIR continues when resumed with federation.rounds = ``rounds``: (its checkpoint, the
-    metrics rows up to it), or (None, []) when it has no checkpoint yet (it starts again from round 1 in place).
-    A finished run continues only with more rounds than it ran, from the checkpoint of its last round."""
-    run_dir = Path(run_dir)
-    finished = read_summary(run_dir)
-    if finished:
-        done = int(finished.get("rounds") or 0)
-        if rounds <= done:
-            raise FileExistsError(
-                f"the run in {str(run_dir)!r} has already finished ({done} rounds); to add rounds, resume it "
-                f"with more: fedpeft run --resume {run_dir} --set federation.rounds={done + 10}")
-    if not (run_dir / checkpoint.FILENAME).is_file():
-        if finished:
-            raise checkpoint.CheckpointError(
-                f"the run in {str(run_dir)!r} saved no checkpoint (runtime.checkpoint_every 0), so it cannot be "
-                "extended; start a new run with the rounds you want")
-        log.warning("%s has no checkpoint yet: the run starts again from round 1 in place", run_dir)
-        return None, []
-    restored = checkpoint.load(run_dir)  # a damaged checkpoint fails here, before any work
-    if restored[0] > rounds:
-        raise checkpoint.CheckpointError(
-            f"the run in {str(run_dir)!r} has a checkpoint after round {restored[0]}, beyond federation.rounds "
-            f"{rounds}; resume with at least that many rounds")
-    return restored, [r for r in read_metrics(run_dir) if r["round"] <= restored[0]]
-
-
-def resume_config(run_dir: str | Path, rounds: int | None = None) -> RunConfig:
-    """The config saved in RUN_DIR, with federation.rounds set to ``rounds`` when given."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
-    return load_config(path, [f"federation.rounds={rounds}"] if rounds is not None else [])
 
 
 def run(cfg: RunConfig, run_dir: str | Path | None = None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ and its dependencies must already be installed wherever a SuperLink or SuperNode
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -33,7 +34,7 @@ import tomli_w
 from fedpeft.config import RunConfig, dump_config
 from fedpeft.rundir import new_run_dir, read_summary
 from fedpeft.runlock import RunLock
-from fedpeft.runtime.embedded import resume_point
+from fedpeft.runtime.resume import resume_point
 from fedpeft.runtime.flower.fast_supernode import DEFAULT_POLL_S
 from fedpeft.runtime.flower.records import CONFIG_KEY
 
@@ -309,6 +310,8 @@ def run_flower(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: boo
         lock = RunLock.acquire(run_dir)
         try:
             resume_point(run_dir, cfg.federation.rounds)  # fail here, not inside the ServerApp, if it cannot go on
+            # an extended run's old summary must not pass for the new one if the ServerApp fails to start
+            (run_dir / "summary.json").unlink(missing_ok=True)
         except BaseException:
             lock.release()
             raise
@@ -355,7 +358,27 @@ def _run_flower(cfg: RunConfig, run_dir: Path, resume: bool, deployment: LocalDe
             own.close()
         shutil.rmtree(work, ignore_errors=True)
     summary = read_summary(run_dir)
-    if not summary:
-        raise RuntimeError(f"the Flower run ended (flwr exit code {proc.returncode}) without results; see "
-                           f"{flower_dir / 'flwr-run.log'} and the other logs there")
+    if not summary or proc.returncode != 0:
+        cause = last_error(flower_dir)
+        raise FlowerRunError(f"the Flower run ended (flwr exit code {proc.returncode}) without results"
+                             f"{': ' + cause if cause else ''}; logs: {flower_dir}")
     return summary
+
+
+class FlowerRunError(RuntimeError):
+    """A Flower run that ended without results; the message names the cause found in its logs."""
+
+
+_ERROR_LINE = re.compile(r"(?:^|\s)(?:[\w.]+\.)?(\w+(?:Error|Exception|Busy)): (.+)$")
+
+
+def last_error(flower_dir: Path) -> str | None:
+    """The last exception line ("SomeError: message") in the run's Flower logs, flwr-run.log first."""
+    logs = sorted(flower_dir.glob("*.log"), key=lambda p: p.name != "flwr-run.log")
+    for path in logs:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        for line in reversed(lines):
+            m = _ERROR_LINE.search(line.strip())
+            if m:
+                return f"{m[1]}: {m[2]}"
+    return None

@@ -1,0 +1,54 @@
+"""Where a run continues: its saved config (with more rounds, to extend it) and its last checkpoint.
+
+Kept apart from the runtimes (no torch), so that a launcher can check a run before starting one.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from fedpeft import checkpoint
+from fedpeft.config import RunConfig, load_config
+from fedpeft.rundir import read_metrics, read_summary
+
+log = logging.getLogger("fedpeft")
+
+
+def resume_point(run_dir: str | Path, rounds: int) -> tuple[tuple[int, dict[str, Any]] | None, list[dict[str, Any]]]:
+    """Where the run in RUN_DIR continues when resumed with federation.rounds = ``rounds``: (its checkpoint, the
+    metrics rows up to it), or (None, []) when it has no checkpoint yet (it starts again from round 1 in place).
+    A finished run continues only with more rounds than it ran, from the checkpoint of its last round."""
+    run_dir = Path(run_dir)
+    finished = read_summary(run_dir)
+    if finished:
+        done = int(finished.get("rounds") or 0)
+        if finished.get("stopped_early"):
+            raise FileExistsError(f"the run in {str(run_dir)!r} stopped early after {done} rounds "
+                                  f"({finished['stopped_early']}); more rounds would stop the same way")
+        if rounds <= done:
+            raise FileExistsError(
+                f"the run in {str(run_dir)!r} has already finished ({done} rounds); to add rounds, resume it "
+                f"with more: fedpeft run --resume {run_dir} --set federation.rounds={done + 10}")
+    if not (run_dir / checkpoint.FILENAME).is_file():
+        if finished:
+            raise checkpoint.CheckpointError(
+                f"the run in {str(run_dir)!r} has no checkpoint (runtime.checkpoint_every 0), so it cannot be "
+                "extended; start a new run with the rounds you want")
+        log.warning("%s has no checkpoint yet: the run starts again from round 1 in place", run_dir)
+        return None, []
+    restored = checkpoint.load(run_dir)  # a damaged checkpoint fails here, before any work
+    if restored[0] > rounds:
+        raise checkpoint.CheckpointError(
+            f"the run in {str(run_dir)!r} has a checkpoint after round {restored[0]}, beyond federation.rounds "
+            f"{rounds}; resume with at least that many rounds")
+    return restored, [r for r in read_metrics(run_dir) if r["round"] <= restored[0]]
+
+
+def resume_config(run_dir: str | Path, rounds: int | None = None) -> RunConfig:
+    """The config saved in RUN_DIR, with federation.rounds set to ``rounds`` when given."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
+    return load_config(path, [f"federation.rounds={rounds}"] if rounds is not None else [])
