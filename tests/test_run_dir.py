@@ -203,3 +203,15 @@ def test_a_resume_forgets_a_best_adapter_saved_after_the_checkpoint(tmp_path, mo
     # round 2 ran again and did not beat round 0 (the best, whose adapter was replaced), so no adapter is kept:
     # the summary says so rather than naming an adapter of a round that no longer exists
     assert summary["best_round"] == 0 and summary["best_adapter"] is None and not meta_path.exists()
+
+
+@pytest.mark.parametrize("bad", ["model.name=no-such-org/no-such-model", "task.dataset=no_such_dataset"])
+def test_an_unknown_name_is_refused_before_torch_is_imported(tmp_path, bad):
+    cfg = write_config(tmp_path / "tiny.yaml")
+    probe = ("import sys; from fedpeft.cli import main; "
+             f"rc = main(['run', {str(cfg)!r}, '--set', {bad!r}]); "
+             "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.stdout.split() == ["2", "False", "False"], out.stderr
+    assert out.stderr.startswith("error: ") and len(out.stderr.strip().splitlines()) == 1

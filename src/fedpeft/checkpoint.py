@@ -19,13 +19,14 @@ from typing import Any
 import numpy as np
 
 from fedpeft import wire
+from fedpeft.errors import UserError
 from fedpeft.rundir import atomic_write
 
 FILENAME = "checkpoint.safetensors"
 FORMAT = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that is missing, damaged or belongs to another run."""
 
 

@@ -10,18 +10,10 @@ import sys
 from pathlib import Path
 
 from fedpeft.config import ConfigError, dump_config, load_config
+from fedpeft.errors import UserError
 
-EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ConfigError, FileNotFoundError, FileExistsError)
-
-
-def _expected_errors() -> tuple[type[BaseException], ...]:
-    from fedpeft.data.partition import PartitionError
-    from fedpeft.data.sources import DataError
-    from fedpeft.models.registry import ModelError
-    from fedpeft.checkpoint import CheckpointError
-    from fedpeft.tuners import StateError
-
-    return EXPECTED_ERRORS + (DataError, PartitionError, ModelError, StateError, CheckpointError)
+# errors about the user's input: printed as one line, exit code 2 (the classes load without torch)
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError, FileExistsError)
 
 
 def _quiet_libraries() -> None:
@@ -66,21 +58,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.set)
     if args.no_progress:
         cfg.runtime.progress = False
+    from fedpeft.data.sources import check_available
+    from fedpeft.models import registry
+
+    registry.check_available(cfg.model.name)  # an unknown name fails here, in milliseconds, before the
+    check_available(cfg.task.dataset, cfg.task.data_dir, cfg.task.dataset_config)  # libraries load
     _quiet_libraries()
     run_dir = args.resume or args.run_dir
     runtime = None
     try:
         if cfg.runtime.name == "flower":
             from fedpeft.rundir import new_run_dir
-            from fedpeft.runtime.flower.launch import FlowerRunError, run_flower
+            from fedpeft.runtime.flower.launch import run_flower
 
             if not args.resume:  # made here so that Ctrl-C can name it (a Flower run makes it before its data loads)
                 run_dir = str(new_run_dir(cfg, run_dir))
-            try:
-                summary = run_flower(cfg, run_dir, resume=bool(args.resume), log=lambda m: print(m, file=sys.stderr))
-            except FlowerRunError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
+            summary = run_flower(cfg, run_dir, resume=bool(args.resume), log=lambda m: print(m, file=sys.stderr))
             run_dir = summary["run_dir"]
         else:
             from fedpeft.runtime.embedded import EmbeddedRuntime
@@ -459,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except _expected_errors() as exc:
+    except EXPECTED_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a run catches its own and says how to resume; other commands just stop

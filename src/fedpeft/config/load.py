@@ -11,9 +11,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from fedpeft.config.schema import RunConfig
+from fedpeft.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration problem, one line per problem, each naming the key and the fix."""
 
 

@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from fedpeft.errors import UserError
 
-class PartitionError(ValueError):
+
+class PartitionError(UserError, ValueError):
     pass
 
 

@@ -20,11 +20,12 @@ from typing import Any, Iterable
 
 from fedpeft.data.catalog import CATALOG, Row
 from fedpeft.data.validate import Origin
+from fedpeft.errors import UserError
 
 FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".csv", ".tsv", ".parquet")
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A problem with the data: missing file, column or label. One line, naming the fix."""
 
 
@@ -187,6 +188,17 @@ def _not_local(dataset: str, data_dir: str | None, why: str) -> DataError:
         f"FEDPEFT_DATA_DIR to a folder holding {dataset}/<split>.jsonl, or give a catalog name listed"
         + (", or unset HF_HUB_OFFLINE / HF_DATASETS_OFFLINE to load it from the Hub" if offline else "")
     )
+
+
+def check_available(dataset: str, data_dir: str | None = None, config: str | None = None) -> None:
+    """Raise the DataError a run would get later when ``dataset`` is neither local nor loadable from the Hub
+    (in milliseconds: nothing heavy is imported)."""
+    from fedpeft.hub import hub_unavailable
+
+    if locate_local(dataset, data_dir) is None:
+        why = hub_unavailable(_hub_target(dataset, config)[0], "dataset")
+        if why is not None:
+            raise _not_local(dataset, data_dir, why)
 
 
 def _hub_target(dataset: str, config: str | None) -> tuple[str, str | None]:

@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from fedpeft.errors import UserError
 from fedpeft.models.layout import arch_spec, model_shape
 
 _LAYER_INDEX = re.compile(r"\.(?:layer|layers|block|h)\.(\d+)\.")
@@ -88,7 +89,7 @@ class HeadLayout:
         }
 
 
-class LayoutError(ValueError):
+class LayoutError(UserError, ValueError):
     """The trainable parameters cannot be mapped to attention heads."""
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from fedpeft.errors import UserError
+
 if TYPE_CHECKING:
     import torch
 
@@ -35,7 +37,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY = ("tiny-bert", "tiny-gpt2", "tiny-llama", "tiny-t5", "tiny-bart")
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """Unknown model name, missing package or unsuitable architecture. One line, naming the fix."""
 
 
@@ -143,6 +145,13 @@ def _not_loadable(name: str, why: str, fix: str = "") -> ModelError:
     )
 
 
+def check_available(name: str) -> None:
+    """Raise the ModelError loading ``name`` would raise later when it is a Hub id that cannot be loaded (offline
+    or unreachable Hub, not cached), before transformers is imported."""
+    if name not in BUNDLED and name not in TINY:
+        _hub_options(resolve(name))
+
+
 def _hub_failure(name: str, exc: Exception) -> ModelError:
     return _not_loadable(name, (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200])
 
@@ -209,7 +218,11 @@ def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dty
     """The backbone for ``kind``, with a freshly initialised (seeded) task head where it needs one."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSequenceClassification,
+    )
 
     transformers.logging.set_verbosity_error()  # the "newly initialised classifier" report is expected
     torch_dtype = getattr(torch, dtype)

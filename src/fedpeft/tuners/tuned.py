@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from fedpeft.config import schema as S
+from fedpeft.errors import UserError
 from fedpeft.models.layout import ArchSpec, arch_spec
 from fedpeft.tuners.bottleneck import add_bottleneck_adapters
 
@@ -25,7 +26,7 @@ FEDPEFT_ADAPTER_FILE = "fedpeft_adapter.safetensors"
 FEDPEFT_ADAPTER_CONFIG = "fedpeft_adapter.json"
 
 
-class StateError(ValueError):
+class StateError(UserError, ValueError):
     """A state dict that does not match the model's trainable parameters."""
 
 

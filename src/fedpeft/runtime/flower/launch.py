@@ -32,11 +32,12 @@ import psutil
 import tomli_w
 
 from fedpeft.config import RunConfig, dump_config
+from fedpeft.errors import UserError
 from fedpeft.rundir import new_run_dir, read_summary
 from fedpeft.runlock import RunLock
-from fedpeft.runtime.resume import resume_point
 from fedpeft.runtime.flower.fast_supernode import DEFAULT_POLL_S
 from fedpeft.runtime.flower.records import CONFIG_KEY
+from fedpeft.runtime.resume import resume_point
 
 SERVER_APP = "fedpeft.runtime.flower.server_app:app"
 CLIENT_APP = "fedpeft.runtime.flower.client_app:app"
@@ -365,7 +366,7 @@ def _run_flower(cfg: RunConfig, run_dir: Path, resume: bool, deployment: LocalDe
     return summary
 
 
-class FlowerRunError(RuntimeError):
+class FlowerRunError(UserError, RuntimeError):
     """A Flower run that ended without results; the message names the cause found in its logs."""
 
 
