@@ -136,8 +136,10 @@ class EmbeddedRuntime:
             rewrite_metrics(self.run_dir, kept)  # rounds after the checkpoint are run again
             (self.run_dir / "summary.json").unlink(missing_ok=True)  # an extended run writes it again at the end
             self._drop_best_after(restored[0] if restored is not None else 0)
-        self.writer = RunWriter(self.run_dir, cfg)
+        self.writer = RunWriter(self.run_dir, cfg)  # events.log: logged from here on
         self.writer.partition(self.exp.partition_stats)
+        if restored is not None:
+            log.warning("resumed %s after round %d (checkpoint %s)", self.run_dir, restored[0], checkpoint.FILENAME)
 
     def _drop_best_after(self, rnd: int) -> None:
         """Forget a best adapter saved after round ``rnd`` (those rounds run again and may save it again)."""
@@ -175,7 +177,6 @@ class EmbeddedRuntime:
         for k, v in state["trainer"].items():
             setattr(self.exp.trainer, k, v)
         self.start_round = rnd + 1
-        log.warning("resumed %s after round %d (checkpoint %s)", self.run_dir, rnd, checkpoint.FILENAME)
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, rounds: int | None = None, **kwargs: Any) -> "EmbeddedRuntime":
