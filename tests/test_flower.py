@@ -86,6 +86,19 @@ def test_flower_gives_the_same_results_as_embedded(deployment, tmp_path):
     assert_same_globals(tmp_path / "embedded", tmp_path / "flower")
 
 
+def test_a_plugin_algorithm_runs_on_flower_like_embedded(deployment, tmp_path):
+    from conftest import REPO
+    from fedpeft.config import load_config
+
+    example = REPO / "examples" / "custom_algorithm"  # the SuperNodes load the plugin named in the run's config
+    cfg = load_config(example / "config.yaml", ["runtime.progress=false"], plugins=[str(example / "plugin.py")])
+    EmbeddedRuntime(cfg, tmp_path / "embedded").run()
+    summary = run_flower(cfg, tmp_path / "flower", deployment=deployment, log=lambda m: None)
+    assert summary["rounds"] == 2 and summary["rejected_updates"] == 0
+    assert_same_metrics(comparable(read_metrics(tmp_path / "embedded")), comparable(read_metrics(tmp_path / "flower")))
+    assert_same_globals(tmp_path / "embedded", tmp_path / "flower")
+
+
 def run_killing_a_supernode(cfg, tmp_path, *, supernodes: int, victim: int, restart_after_s: float = 0.0):
     """Run cfg on local SuperNodes into tmp_path/run; once round 1's checkpoint exists, SIGKILL SuperNode
     ``victim`` (and its ClientApp worker), then after ``restart_after_s`` start a new SuperNode (new node

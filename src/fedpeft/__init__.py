@@ -1,3 +1,56 @@
-"""fedpeft: federated parameter-efficient fine-tuning of transformer language models."""
+"""fedpeft: federated parameter-efficient fine-tuning of transformer language models.
+
+The public API (see README, "Python API"); names load on first use, so ``import fedpeft`` stays light:
+
+* configs: :class:`RunConfig`, :func:`load_config`, :func:`validate_config`, :func:`dump_config`;
+* runs: :func:`run`, :func:`resume`, and reading a run directory back: :func:`read_metrics`,
+  :func:`read_summary`, :func:`read_partition`, :func:`load_adapter`;
+* your own algorithms: :class:`AlgorithmOptions`, :class:`ServerAlgorithm`, :class:`ClientAlgorithm`,
+  :class:`ClientContext`, :class:`Payload`, :func:`register_algorithm`; plugins: :func:`load_plugin`;
+* errors about the user's input: :class:`UserError`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "RunConfig": "fedpeft.config.schema",
+    "AlgorithmOptions": "fedpeft.config.schema",
+    "PeftOptions": "fedpeft.config.schema",
+    "load_config": "fedpeft.config.load",
+    "validate_config": "fedpeft.config.load",
+    "dump_config": "fedpeft.config.load",
+    "ConfigError": "fedpeft.config.load",
+    "run": "fedpeft.api",
+    "resume": "fedpeft.api",
+    "read_metrics": "fedpeft.rundir",
+    "read_summary": "fedpeft.rundir",
+    "read_partition": "fedpeft.api",
+    "load_adapter": "fedpeft.adapters",
+    "ServerAlgorithm": "fedpeft.algorithms.base",
+    "ClientAlgorithm": "fedpeft.algorithms.base",
+    "ClientContext": "fedpeft.algorithms.base",
+    "UpdateRejected": "fedpeft.algorithms.base",
+    "Payload": "fedpeft.wire",
+    "register_algorithm": "fedpeft.api",
+    "load_plugin": "fedpeft.plugins",
+    "UserError": "fedpeft.errors",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fedpeft' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -46,16 +46,16 @@ def _resume_rounds(sets: list[str]) -> int | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
-        if args.config or args.run_dir:
-            raise ConfigError("--resume RUN_DIR continues a run with the config saved in RUN_DIR/config.yaml; "
-                              "give no config file or --run-dir with it")
+        if args.config or args.run_dir or args.plugin:
+            raise ConfigError("--resume RUN_DIR continues a run with the config saved in RUN_DIR/config.yaml (its "
+                              "plugins included); give no config file, --run-dir or --plugin with it")
         from fedpeft.runtime.resume import resume_config
 
         cfg = resume_config(args.resume, _resume_rounds(args.set))
     else:
         if not args.config:
             raise ConfigError("give a YAML config (fedpeft run CONFIG) or a run to continue (fedpeft run --resume RUN_DIR)")
-        cfg = load_config(args.config, args.set)
+        cfg = load_config(args.config, args.set, plugins=args.plugin)
     if args.no_progress:
         cfg.runtime.progress = False
     from fedpeft.data.sources import check_available
@@ -200,7 +200,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, args.set, plugins=args.plugin)
     print(dump_config(cfg), end="")
     return 0
 
@@ -379,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "round 1 if it saved none), or a finished one with more rounds (--set federation.rounds=N)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. train.lr=1e-3")
     r.add_argument("--run-dir", help="directory for the results (default: OUTPUT_DIR/NAME-TIMESTAMP)")
+    r.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                   help="load a plugin (a .py file or a module) that registers algorithms or PEFT methods; kept in "
+                   "the run's config.yaml, so --resume and Flower apps load it too (repeatable)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_run)
 
@@ -416,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="validate a config and print it with every default filled in")
     c.add_argument("config")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    c.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE")
     c.set_defaults(func=cmd_config)
 
     d = sub.add_parser("data", help="show a dataset's splits, sizes, fields and labels")

@@ -81,7 +81,7 @@ def _task_head_names(spec: dict[str, Any], model_type: str) -> set[str]:
 
 def footprint(name: str, config, method_opts, kind: str, *, num_labels: int = 2, sparsity: float | None = None,
               tokens: int = 128) -> Footprint:
-    """The footprint of the PEFT method ``method_opts`` (a member of schema.PeftConfig) on ``config``."""
+    """The footprint of the PEFT method ``method_opts`` (a registered schema.PeftOptions) on ``config``."""
     from fedpeft.tuners import apply_tuner
 
     method = method_opts.method

@@ -1,8 +1,12 @@
-"""Federated algorithms: each one a server half and a client half, registered by name."""
+"""Federated algorithms: each one a server half and a client half, registered by name.
+
+The built-in algorithms below register through :func:`fedpeft.algorithms.registry.register_algorithm`, the
+same function a plugin calls (``fedpeft.register_algorithm``).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from fedpeft.algorithms.base import (
     ClientAlgorithm,
@@ -14,48 +18,48 @@ from fedpeft.algorithms.base import (
 )
 from fedpeft.algorithms.fedavg import FedAdamServer, FedAvgClient, FedAvgMServer, FedAvgServer, FedYogiServer
 from fedpeft.algorithms.fedpeptao import FedPepTAOClient, FedPepTAOServer
-from fedpeft.algorithms.fedsp import FedSPClient, FedSPServer
 from fedpeft.algorithms.fedprox import FedProxClient, FedProxServer
+from fedpeft.algorithms.fedsp import FedSPClient, FedSPServer
 from fedpeft.algorithms.headprune import HeadPruneClient, HeadPruneServer
+from fedpeft.algorithms.registry import ALGORITHMS, register_algorithm, registered_algorithm
+from fedpeft.config import schema as S
 
-# name -> (server class, client factory taking the algorithm options)
-REGISTRY: dict[str, tuple[type[ServerAlgorithm], Callable[[Any], ClientAlgorithm]]] = {
-    "fedavg": (FedAvgServer, lambda o: FedAvgClient(o.dp)),
-    "fedavgm": (FedAvgMServer, lambda o: FedAvgClient(o.dp)),
-    "fedadam": (FedAdamServer, lambda o: FedAvgClient(o.dp)),
-    "fedyogi": (FedYogiServer, lambda o: FedAvgClient(o.dp)),
-    "fedprox": (FedProxServer, lambda o: FedProxClient(o.mu, o.dp)),
-    "headprune": (HeadPruneServer, HeadPruneClient),
-    "fedpeptao": (FedPepTAOServer, FedPepTAOClient),
-    "fedsp": (FedSPServer, FedSPClient),
-}
+register_algorithm("fedavg", options=S.FedAvgOptions, server=FedAvgServer, client=lambda o: FedAvgClient(o.dp))
+register_algorithm("fedavgm", options=S.FedAvgMOptions, server=FedAvgMServer, client=lambda o: FedAvgClient(o.dp))
+register_algorithm("fedadam", options=S.FedAdamOptions, server=FedAdamServer, client=lambda o: FedAvgClient(o.dp))
+register_algorithm("fedyogi", options=S.FedYogiOptions, server=FedYogiServer, client=lambda o: FedAvgClient(o.dp))
+register_algorithm("fedprox", options=S.FedProxOptions, server=FedProxServer,
+                   client=lambda o: FedProxClient(o.mu, o.dp))
+register_algorithm("headprune", options=S.HeadPruneOptions, server=HeadPruneServer, client=HeadPruneClient)
+register_algorithm("fedpeptao", options=S.FedPepTAOOptions, server=FedPepTAOServer, client=FedPepTAOClient)
+register_algorithm("fedsp", options=S.FedSPOptions, server=FedSPServer, client=FedSPClient)
 
 
 def make_server(options: Any, initial_state, *, num_clients: int, clients_per_round: int, seed: int,
                 layout: Any = None, client_lr: float | None = None, server_model: Any = None) -> ServerAlgorithm:
-    server_cls, _ = REGISTRY[options.name]
+    server_cls = registered_algorithm(options.name).server
     return server_cls(options, initial_state, num_clients=num_clients, clients_per_round=clients_per_round, seed=seed,
                       layout=layout, client_lr=client_lr, server_model=server_model)
 
 
 def needs_head_layout(options: Any) -> bool:
-    return REGISTRY[options.name][0].needs_head_layout
+    return registered_algorithm(options.name).server.needs_head_layout
 
 
 def needs_prefix_layout(options: Any) -> bool:
-    return REGISTRY[options.name][0].needs_prefix_layout
+    return registered_algorithm(options.name).server.needs_prefix_layout
 
 
 def needs_server_model(options: Any) -> bool:
-    return REGISTRY[options.name][0].needs_server_model
+    return registered_algorithm(options.name).server.needs_server_model
 
 
 def make_client(options: Any) -> ClientAlgorithm:
-    return REGISTRY[options.name][1](options)
+    return registered_algorithm(options.name).client(options)
 
 
 __all__ = [
-    "REGISTRY", "ClientAlgorithm", "ClientContext", "ServerAlgorithm", "UpdateRejected", "check_update",
-    "make_client", "make_server", "needs_head_layout", "needs_prefix_layout",
-    "needs_server_model", "random_selection",
+    "ALGORITHMS", "ClientAlgorithm", "ClientContext", "ServerAlgorithm", "UpdateRejected", "check_update",
+    "make_client", "make_server", "needs_head_layout", "needs_prefix_layout", "needs_server_model",
+    "random_selection", "register_algorithm", "registered_algorithm",
 ]

@@ -171,10 +171,19 @@ def _format(err: dict[str, Any], raw: dict[str, Any]) -> str:
     return f"{key}: {msg}{shown}"
 
 
-def validate_config(raw: dict[str, Any]) -> RunConfig:
+def validate_config(raw: dict[str, Any], base_dir: str | Path | None = None) -> RunConfig:
+    """A RunConfig from a raw mapping, after loading the plugins it lists (relative plugin paths are taken
+    from ``base_dir``: the config file's directory) and the installed ones (fedpeft.plugins)."""
     if not isinstance(raw, dict):
         raise ConfigError("config: the top level must be a mapping of sections (task:, model:, ...)")
     raw = dict(raw)
+    plugins = raw.get("plugins") or []
+    if not isinstance(plugins, list) or not all(isinstance(x, str) for x in plugins):
+        raise ConfigError("plugins: give a list of plugin modules or .py files, e.g. plugins: [./my_plugin.py]")
+    from fedpeft.plugins import load_plugins, resolve_plugin  # registers their algorithms and methods first
+
+    raw["plugins"] = list(dict.fromkeys(resolve_plugin(x, base_dir) for x in plugins))
+    load_plugins(raw["plugins"])
     # A section given without its tag means the default method/algorithm with those options.
     for section, tag, default in (("peft", "method", "lora"), ("algorithm", "name", "fedavg")):
         if isinstance(raw.get(section), dict) and tag not in raw[section]:
@@ -186,16 +195,27 @@ def validate_config(raw: dict[str, Any]) -> RunConfig:
         raise ConfigError("\n".join(lines)) from None
 
 
-def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
-    """Read ``path`` (YAML; None = all defaults), apply overrides, validate."""
+def load_config(path: str | Path | None, overrides: Iterable[str] = (), plugins: Iterable[str] = ()) -> RunConfig:
+    """Read ``path`` (YAML; None = all defaults), apply overrides, add ``plugins`` (files relative to the
+    working directory, or module names) to the config's own, validate."""
     raw: dict[str, Any] = {}
+    base_dir = None
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file such as configs/quickstart.yaml")
         raw = read_yaml(p) or {}
+        base_dir = p.parent
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (task:, model:, ...)")
     raw = apply_overrides(raw, overrides)
-    return validate_config(raw)
+    if plugins:
+        from fedpeft.plugins import resolve_plugin
+
+        listed = raw.get("plugins") or []
+        raw["plugins"] = [*(resolve_plugin(x, base_dir) for x in listed if isinstance(x, str)),
+                          *(resolve_plugin(x) for x in plugins)]
+    return validate_config(raw, base_dir)
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -7,13 +7,40 @@ starts with a message naming the valid choices (see :mod:`fedpeft.config.load`).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PeftOptions(Section):
+    """Base of a PEFT method's options. A subclass names its method with a literal default,
+    ``method: Literal["mine"] = "mine"``, and is registered with :func:`register_options` (through
+    ``fedpeft.register_peft_method``); the config then accepts ``peft: {method: mine, ...}``."""
+
+    method: str
+    # whether fedpeft.heads.layout splits this method's trainable tensors by attention head (head pruning)
+    maps_to_heads: ClassVar[bool] = False
+
+    def check(self, run: "RunConfig") -> None:
+        """Refuse (ValueError, one line naming the key and the fix) settings of the run this method cannot
+        work with; called when a whole config is validated."""
+
+
+class AlgorithmOptions(Section):
+    """Base of a federated algorithm's options: ``name: Literal["mine"] = "mine"`` names it (registered
+    through ``fedpeft.register_algorithm``); the config then accepts ``algorithm: {name: mine, ...}``."""
+
+    name: str
+    # whether the server can aggregate from the sample-weighted mean update alone (needed by SecAgg+)
+    supports_secure_aggregation: ClassVar[bool] = False
+
+    def check(self, run: "RunConfig") -> None:
+        """Refuse (ValueError, one line naming the key and the fix) settings of the run this algorithm cannot
+        work with; called when a whole config is validated."""
 
 
 TaskType = Literal["classification", "generation", "multiple_choice"]
@@ -82,12 +109,13 @@ class ModelConfig(Section):
 # --- PEFT methods -------------------------------------------------------------------------------
 
 
-class FullFineTuning(Section):
+class FullFineTuning(PeftOptions):
     method: Literal["full"] = "full"
 
 
-class LoraOptions(Section):
+class LoraOptions(PeftOptions):
     method: Literal["lora"] = "lora"
+    maps_to_heads: ClassVar[bool] = True
     r: int = Field(16, ge=1, description="LoRA rank.")
     alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
     dropout: float = Field(0.1, ge=0, lt=1)
@@ -96,29 +124,33 @@ class LoraOptions(Section):
     )
 
 
-class IA3Options(Section):
+class IA3Options(PeftOptions):
     method: Literal["ia3"] = "ia3"
+    maps_to_heads: ClassVar[bool] = True
     target_modules: list[str] | None = Field(None, description="Default: peft's choice for the architecture.")
     feedforward_modules: list[str] | None = None
 
 
-class PromptTuningOptions(Section):
+class PromptTuningOptions(PeftOptions):
     method: Literal["prompt_tuning"] = "prompt_tuning"
+    maps_to_heads: ClassVar[bool] = True
     num_virtual_tokens: int = Field(20, ge=1)
     init_text: str | None = Field(None, description="Initialise the prompt from this text's embeddings.")
 
 
-class PTuningOptions(Section):
+class PTuningOptions(PeftOptions):
     method: Literal["p_tuning"] = "p_tuning"
+    maps_to_heads: ClassVar[bool] = True
     num_virtual_tokens: int = Field(20, ge=1)
     encoder_type: Literal["mlp", "lstm"] = "mlp"
     encoder_hidden_size: int = Field(128, ge=1)
 
 
-class PrefixTuningOptions(Section):
+class PrefixTuningOptions(PeftOptions):
     """Deep prompts: trainable key/value prefixes at every layer (prefix tuning / P-tuning v2)."""
 
     method: Literal["prefix_tuning"] = "prefix_tuning"
+    maps_to_heads: ClassVar[bool] = True
     num_virtual_tokens: int = Field(20, ge=1)
     projection: bool = Field(False, description="Reparametrise the prefixes through a 2-layer MLP.")
     encoder_hidden_size: int = Field(512, ge=1, description="Hidden size of the projection MLP.")
@@ -134,7 +166,7 @@ class PrefixTuningOptions(Section):
         return self
 
 
-class BottleneckOptions(Section):
+class BottleneckOptions(PeftOptions):
     reduction_factor: int = Field(16, ge=1, description="Bottleneck size = hidden size / reduction_factor.")
     bottleneck_size: int | None = Field(None, ge=1, description="Overrides reduction_factor.")
     non_linearity: Literal["relu", "gelu", "swish", "tanh"] = "relu"
@@ -153,24 +185,9 @@ class PfeifferOptions(BottleneckOptions):
     method: Literal["pfeiffer"] = "pfeiffer"
 
 
-class BitFitOptions(Section):
+class BitFitOptions(PeftOptions):
     method: Literal["bitfit"] = "bitfit"
 
-
-PeftConfig = Annotated[
-    Union[
-        FullFineTuning,
-        LoraOptions,
-        IA3Options,
-        PromptTuningOptions,
-        PTuningOptions,
-        PrefixTuningOptions,
-        HoulsbyOptions,
-        PfeifferOptions,
-        BitFitOptions,
-    ],
-    Field(discriminator="method"),
-]
 
 # --- FL algorithms -------------------------------------------------------------------------------
 
@@ -198,23 +215,26 @@ class PrivacyOptions(Section):
         return self
 
 
-class FedAvgOptions(Section):
+class FedAvgOptions(AlgorithmOptions):
     """FedAvg with a server learning rate: x += server_lr * weighted mean of client deltas (Eq. 5)."""
 
     name: Literal["fedavg"] = "fedavg"
+    supports_secure_aggregation: ClassVar[bool] = True
     server_lr: float = Field(1.0, gt=0)
     dp: PrivacyOptions | None = Field(None, description="Client-level differential privacy (off by default).")
 
 
-class FedAvgMOptions(Section):
+class FedAvgMOptions(AlgorithmOptions):
     name: Literal["fedavgm"] = "fedavgm"
+    supports_secure_aggregation: ClassVar[bool] = True
     server_lr: float = Field(1.0, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     dp: PrivacyOptions | None = None
 
 
-class FedAdamOptions(Section):
+class FedAdamOptions(AlgorithmOptions):
     name: Literal["fedadam"] = "fedadam"
+    supports_secure_aggregation: ClassVar[bool] = True
     dp: PrivacyOptions | None = None
     server_lr: float = Field(1e-2, gt=0)
     beta1: float = Field(0.9, ge=0, lt=1)
@@ -226,18 +246,17 @@ class FedYogiOptions(FedAdamOptions):
     name: Literal["fedyogi"] = "fedyogi"  # type: ignore[assignment]
 
 
-class FedProxOptions(Section):
+class FedProxOptions(AlgorithmOptions):
     name: Literal["fedprox"] = "fedprox"
+    supports_secure_aggregation: ClassVar[bool] = True
     server_lr: float = Field(1.0, gt=0)
     mu: float = Field(0.01, ge=0, description="Weight of the proximal term mu/2 * ||w - w_global||^2.")
     dp: PrivacyOptions | None = None
 
 
-# The PEFT methods whose trainable tensors fedpeft.heads.layout splits by attention head.
-HEAD_MAPPED_PEFT_METHODS = ("lora", "ia3", "prompt_tuning", "p_tuning", "prefix_tuning")
 
 
-class HeadPruneOptions(Section):
+class HeadPruneOptions(AlgorithmOptions):
     """Paper 000: head pruning, head-weighted aggregation, loss-difference selection (and baselines B1/B2)."""
 
     name: Literal["headprune"] = "headprune"
@@ -259,6 +278,16 @@ class HeadPruneOptions(Section):
                      "scores, which the server must see in the clear per client; use fedavg-family algorithms "
                      "for differential privacy or secure aggregation.")
 
+    def check(self, run: "RunConfig") -> None:
+        # here, so that the error comes before any data or model is loaded
+        if not type(run.peft).maps_to_heads:
+            heads = ", ".join(n for n, m in PEFT_OPTIONS.items() if m.maps_to_heads)
+            raise ValueError(f"algorithm headprune prunes attention heads, which {run.peft.method!r} has none of: "
+                             f"set peft.method to one of {heads}")
+        if getattr(run.peft, "projection", False):
+            raise ValueError("algorithm headprune maps prefixes to heads layer by layer; a prefix projection MLP "
+                             "mixes them: set peft.projection: false")
+
     @model_validator(mode="before")
     @classmethod
     def _no_dp(cls, data):
@@ -269,7 +298,7 @@ class HeadPruneOptions(Section):
         return data
 
 
-class FedPepTAOOptions(Section):
+class FedPepTAOOptions(AlgorithmOptions):
     """Paper 002 (FedPepTAO): deep prompts (peft.method prefix_tuning, projection: false) of which only
     the selected layers travel, with Adam on the clients (train.optimizer) and momentum plus control
     variates on the server (Algorithm 2). Rounds 1..selection_round exchange every layer; clients report
@@ -310,8 +339,13 @@ class FedPepTAOOptions(Section):
     )
     dp: None = Field(None, description="Not available for fedpeptao.")
 
+    def check(self, run: "RunConfig") -> None:
+        if run.peft.method != "prefix_tuning" or getattr(run.peft, "projection", False):
+            raise ValueError("algorithm fedpeptao exchanges deep prompts layer by layer: set peft.method: "
+                             "prefix_tuning with peft.projection: false")
 
-class FedSPOptions(Section):
+
+class FedSPOptions(AlgorithmOptions):
     """Paper 003 (FedSP): the global model stays on the server; clients receive once an auxiliary model built
     from k of its blocks (applied cyclically at its L positions with cross-layer sharing) and distilled from
     it on the server's data shard, then only prefix prompts (peft.method prefix_tuning). Each round a client
@@ -351,13 +385,21 @@ class FedSPOptions(Section):
         "each round (0: none).")
     dp: None = Field(None, description="Not available for fedsp.")
 
+    def check(self, run: "RunConfig") -> None:
+        if run.peft.method != "prefix_tuning":
+            raise ValueError("algorithm fedsp exchanges prefix prompts: set peft.method: prefix_tuning")
+        if run.task.type == "classification":
+            raise ValueError("algorithm fedsp trains causal language models: set task.type to generation or "
+                             "multiple_choice")
+        if run.runtime.name != "embedded":
+            raise ValueError("algorithm fedsp runs in the embedded runtime only (a Flower ClientApp would load the "
+                             "global model, which FedSP keeps on the server): set runtime.name: embedded")
+        if not self.share_layers and getattr(run.peft, "projection", False):
+            raise ValueError("fedsp without cross-layer sharing maps prompts layer by layer: set peft.projection: false")
+        if (self.distill_steps or self.server_steps) and self.server_data_fraction == 0:
+            raise ValueError("fedsp distils and tunes on the server's data: set algorithm.server_data_fraction > 0, "
+                             "or distill_steps and server_steps to 0")
 
-SECURE_AGGREGATION_ALGORITHMS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox")
-AlgorithmConfig = Annotated[
-    Union[FedAvgOptions, FedAvgMOptions, FedAdamOptions, FedYogiOptions, FedProxOptions, HeadPruneOptions,
-          FedPepTAOOptions, FedSPOptions],
-    Field(discriminator="name"),
-]
 
 # --- federation, training, evaluation, runtime ----------------------------------------------------
 
@@ -512,14 +554,40 @@ class RuntimeConfig(Section):
     progress: bool = Field(True, description="Show a progress bar with live round metrics.")
 
 
+# --- the registered choices of peft.method and algorithm.name -----------------------------------------
+
+PEFT_OPTIONS: dict[str, type[PeftOptions]] = {
+    m.model_fields["method"].default: m
+    for m in (FullFineTuning, LoraOptions, IA3Options, PromptTuningOptions, PTuningOptions, PrefixTuningOptions,
+              HoulsbyOptions, PfeifferOptions, BitFitOptions)
+}
+ALGORITHM_OPTIONS: dict[str, type[AlgorithmOptions]] = {
+    m.model_fields["name"].default: m
+    for m in (FedAvgOptions, FedAvgMOptions, FedAdamOptions, FedYogiOptions, FedProxOptions, HeadPruneOptions,
+              FedPepTAOOptions, FedSPOptions)
+}
+
+
+def _choice_union(models: Any, tag: str) -> Any:
+    """The config type of a section with registered choices: their options models, told apart by ``tag``."""
+    return Annotated[Union[tuple(models)], Field(discriminator=tag)]
+
+
+PeftChoice = _choice_union(PEFT_OPTIONS.values(), "method")
+AlgorithmChoice = _choice_union(ALGORITHM_OPTIONS.values(), "name")
+
+
 class RunConfig(Section):
+    plugins: list[str] = Field(
+        default_factory=list, description="Plugins loaded before the rest is validated: modules or .py files "
+        "that register algorithms or PEFT methods (fedpeft.register_algorithm, fedpeft.register_peft_method).")
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int = 0
     output_dir: str = "runs"
     task: TaskConfig = Field(default_factory=TaskConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    peft: PeftConfig = Field(default_factory=LoraOptions)
-    algorithm: AlgorithmConfig = Field(default_factory=FedAvgOptions)
+    peft: PeftChoice = Field(default_factory=LoraOptions)
+    algorithm: AlgorithmChoice = Field(default_factory=FedAvgOptions)
     federation: FederationConfig = Field(default_factory=FederationConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -531,49 +599,18 @@ class RunConfig(Section):
             raise ValueError("runtime.precision fp16 needs a GPU; use bf16 or fp32 on cpu")
         if self.runtime.flower.secure_aggregation is not None:
             self._check_secure_aggregation()
-        if self.algorithm.name == "fedpeptao" and (self.peft.method != "prefix_tuning" or self.peft.projection):
-            raise ValueError("algorithm fedpeptao exchanges deep prompts layer by layer: set peft.method: "
-                             "prefix_tuning with peft.projection: false")
-        if self.algorithm.name == "fedsp":
-            self._check_fedsp()
-        if self.algorithm.name == "headprune":
-            self._check_headprune()
+        self.peft.check(self)
+        self.algorithm.check(self)
         return self
-
-    def _check_headprune(self) -> None:
-        # checked here so that the error comes before any data or model is loaded (heads.layout maps these)
-        if self.peft.method not in HEAD_MAPPED_PEFT_METHODS:
-            raise ValueError(f"algorithm headprune prunes attention heads, which {self.peft.method!r} has none of: "
-                             f"set peft.method to one of {', '.join(HEAD_MAPPED_PEFT_METHODS)}")
-        if getattr(self.peft, "projection", False):
-            raise ValueError("algorithm headprune maps prefixes to heads layer by layer; a prefix projection MLP "
-                             "mixes them: set peft.projection: false")
-
-    def _check_fedsp(self) -> None:
-        o = self.algorithm
-        assert isinstance(o, FedSPOptions)
-        if self.peft.method != "prefix_tuning":
-            raise ValueError("algorithm fedsp exchanges prefix prompts: set peft.method: prefix_tuning")
-        if self.task.type == "classification":
-            raise ValueError("algorithm fedsp trains causal language models: set task.type to generation or "
-                             "multiple_choice")
-        if self.runtime.name != "embedded":
-            raise ValueError("algorithm fedsp runs in the embedded runtime only (a Flower ClientApp would load the "
-                             "global model, which FedSP keeps on the server): set runtime.name: embedded")
-        if not o.share_layers and self.peft.projection:
-            raise ValueError("fedsp without cross-layer sharing maps prompts layer by layer: set peft.projection: false")
-        if (o.distill_steps or o.server_steps) and o.server_data_fraction == 0:
-            raise ValueError("fedsp distils and tunes on the server's data: set algorithm.server_data_fraction > 0, "
-                             "or distill_steps and server_steps to 0")
 
     def _check_secure_aggregation(self) -> None:
         where = "runtime.flower.secure_aggregation"
         if self.runtime.name != "flower":
             raise ValueError(f"{where} needs runtime.name: flower (in the embedded runtime the server runs the clients)")
-        if self.algorithm.name not in SECURE_AGGREGATION_ALGORITHMS:
-            raise ValueError(f"{where} covers the FedAvg family ({', '.join(SECURE_AGGREGATION_ALGORITHMS)}); "
-                             f"{self.algorithm.name} needs the clients' updates in the clear (headprune weights "
-                             "heads by each client's importance scores)")
+        if not type(self.algorithm).supports_secure_aggregation:
+            family = ", ".join(n for n, m in ALGORITHM_OPTIONS.items() if m.supports_secure_aggregation)
+            raise ValueError(f"{where} needs an algorithm that aggregates from the mean update alone ({family}); "
+                             f"{self.algorithm.name} needs the clients' updates in the clear")
         if getattr(self.algorithm, "dp", None) is not None:
             raise ValueError(f"{where} and algorithm.dp together are not supported (the private mean needs each "
                              "clipped update; SecAgg+ reveals only the weighted mean): choose one")
@@ -595,3 +632,40 @@ class RunConfig(Section):
         return {"classification": "accuracy", "generation": "rougeL", "multiple_choice": "accuracy"}[
             self.task.type
         ]
+
+
+def register_options(model: type[PeftOptions] | type[AlgorithmOptions]) -> str:
+    """Make ``model`` a valid choice of ``peft.method`` (a PeftOptions subclass) or ``algorithm.name`` (an
+    AlgorithmOptions subclass) in every config validated from now on; returns its name. Registering the same
+    class again (a plugin module loaded twice) is a no-op; another class under a taken name is refused."""
+    from pydantic.fields import FieldInfo
+
+    if isinstance(model, type) and issubclass(model, AlgorithmOptions):
+        table, field, tag = ALGORITHM_OPTIONS, "algorithm", "name"
+    elif isinstance(model, type) and issubclass(model, PeftOptions):
+        table, field, tag = PEFT_OPTIONS, "peft", "method"
+    else:
+        raise TypeError(f"{model!r} is not a subclass of fedpeft.config.schema.AlgorithmOptions or PeftOptions")
+    name = model.model_fields[tag].default
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{model.__name__}: give the {tag} a literal default, e.g. {tag}: Literal['mine'] = 'mine'")
+    known = table.get(name)
+    if known is not None:
+        if (known.__module__, known.__qualname__) == (model.__module__, model.__qualname__):
+            return name
+        raise ValueError(f"{field}.{tag} {name!r} is already registered ({known.__module__}.{known.__qualname__}); "
+                         "choose another name")
+    table[name] = model
+    RunConfig.model_fields[field] = FieldInfo.merge_field_infos(
+        RunConfig.model_fields[field], annotation=_choice_union(table.values(), tag))
+    RunConfig.model_rebuild(force=True)
+    return name
+
+
+def options_for(section: str, name: str) -> type[BaseModel]:
+    """The options model registered under ``name`` for section "peft" or "algorithm"."""
+    table: dict[str, Any] = PEFT_OPTIONS if section == "peft" else ALGORITHM_OPTIONS
+    if name not in table:
+        key = "method" if section == "peft" else "name"
+        raise ValueError(f"{section}.{key}: unknown choice {name!r}; valid choices: {', '.join(table)}")
+    return table[name]

@@ -173,7 +173,7 @@ def _set_trainable_heads(model: nn.Module, spec: ArchSpec | None) -> None:
 
 def apply_tuner(model: nn.Module, opts: Any, kind: str, *, tokenizer_path: str | None = None,
                 tokenizer: Any = None) -> TunedModel:
-    """Wrap ``model`` with the PEFT method described by ``opts`` (a member of schema.PeftConfig). ``tokenizer``
+    """Wrap ``model`` with the PEFT method described by ``opts`` (a registered schema.PeftOptions). ``tokenizer``
     is needed for prefix tuning's ``init_text``."""
     spec = None
     try:
@@ -221,6 +221,4 @@ def apply_tuner(model: nn.Module, opts: Any, kind: str, *, tokenizer_path: str |
 
 def method_options(method: str, **kwargs: Any):
     """Build the validated option object of a method by name (handy outside a full RunConfig)."""
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(S.PeftConfig).validate_python({"method": method, **kwargs})
+    return S.options_for("peft", method).model_validate({"method": method, **kwargs})

@@ -1,0 +1,61 @@
+"""The functions behind ``import fedpeft`` that compose several layers: running and resuming a run in the
+runtime its config names, reading a run's partition, and registering an algorithm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fedpeft.config import RunConfig, load_config, validate_config
+
+
+def _as_config(config: RunConfig | dict[str, Any] | str | Path) -> RunConfig:
+    if isinstance(config, RunConfig):
+        return validate_config(config.model_dump(mode="json"))  # the cross-checks of a whole config, again
+    if isinstance(config, dict):
+        return validate_config(config)
+    return load_config(config)
+
+
+def run(config: RunConfig | dict[str, Any] | str | Path, run_dir: str | Path | None = None) -> dict[str, Any]:
+    """Run a federated fine-tuning (a RunConfig, a mapping as in YAML, or a YAML path) in the runtime its
+    ``runtime.name`` names; returns the run's summary (also in RUN_DIR/summary.json)."""
+    cfg = _as_config(config)
+    if cfg.runtime.name == "flower":
+        from fedpeft.runtime.flower.launch import run_flower
+
+        return run_flower(cfg, run_dir)
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+
+    return EmbeddedRuntime(cfg, run_dir).run()
+
+
+def resume(run_dir: str | Path, *, rounds: int | None = None) -> dict[str, Any]:
+    """Continue the run in ``run_dir`` from its last checkpoint (``rounds``: a new federation.rounds, which
+    also extends a finished run); returns its summary."""
+    from fedpeft.runtime.resume import resume_config
+
+    cfg = resume_config(run_dir, rounds)
+    if cfg.runtime.name == "flower":
+        from fedpeft.runtime.flower.launch import run_flower
+
+        return run_flower(cfg, run_dir, resume=True)
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+
+    return EmbeddedRuntime(cfg, run_dir, resume=True).run()
+
+
+def read_partition(run_dir: str | Path) -> dict[str, Any]:
+    """RUN_DIR/partition.json: client sizes and label histograms."""
+    path = Path(run_dir) / "partition.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no partition.json)")
+    return json.loads(path.read_text())
+
+
+def register_algorithm(name: str, *, options: Any, server: Any, client: Any) -> None:
+    """Register a federated algorithm (see :func:`fedpeft.algorithms.registry.register_algorithm`)."""
+    from fedpeft.algorithms.registry import register_algorithm as register  # the built-ins register first
+
+    register(name, options=options, server=server, client=client)

@@ -1,0 +1,96 @@
+"""Loading plugins: Python modules that register algorithms or PEFT methods through the public API
+(``fedpeft.register_algorithm``, ``fedpeft.register_peft_method``).
+
+A plugin is named in a config (``plugins: [my_package.fl, ./my_plugin.py]``), on the command line
+(``fedpeft run CONFIG --plugin ./my_plugin.py``, which adds it to the config) or by an installed package
+through the entry-point group ``fedpeft.plugins`` (loaded whenever a config is validated). Since a run's
+saved config.yaml lists its plugins, a resumed run and every Flower ServerApp and ClientApp load them too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
+
+from fedpeft.errors import UserError
+
+ENTRY_POINT_GROUP = "fedpeft.plugins"
+_installed_loaded = False
+
+
+class PluginError(UserError, ImportError):
+    """A plugin that cannot be found or fails while it loads."""
+
+
+def resolve_plugin(spec: str, base_dir: str | Path | None = None) -> str:
+    """A plugin spec as it is kept in a config: a file as an absolute path (relative ones are taken from
+    ``base_dir``, else the working directory), a module name as given."""
+    if spec.endswith(".py") or "/" in spec or spec.startswith("."):
+        path = Path(spec).expanduser()
+        if not path.is_absolute():
+            path = Path(base_dir or ".") / path
+        return str(path.resolve())
+    return spec
+
+
+def load_plugin(spec: str) -> ModuleType:
+    """Import a plugin once per process: a .py file (by path) or an importable module name."""
+    if spec.endswith(".py"):
+        path = Path(spec)
+        if not path.is_file():
+            raise PluginError(f"plugin file {spec!r} does not exist; give a .py file or an importable module name")
+        name = f"fedpeft_plugin_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        if name in sys.modules:
+            return sys.modules[name]
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except UserError:
+            del sys.modules[name]
+            raise
+        except Exception as exc:
+            del sys.modules[name]
+            raise PluginError(f"plugin {spec}: {type(exc).__name__}: {exc}") from exc
+        return module
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as exc:
+        if exc.name and spec.startswith(exc.name):
+            raise PluginError(f"plugin module {spec!r} not found; install it or give the path of a .py file") from None
+        raise
+
+
+def load_installed_plugins() -> list[str]:
+    """Load (once per process) every plugin that installed packages declare in the ``fedpeft.plugins``
+    entry-point group: the entry point's object is imported and, when it is a function, called."""
+    global _installed_loaded
+    if _installed_loaded:
+        return []
+    _installed_loaded = True
+    names = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, ModuleType):
+                obj()
+        except UserError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"installed plugin {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}") from exc
+        names.append(ep.name)
+    return names
+
+
+def load_plugins(specs: list[str]) -> None:
+    """Load the installed plugins, then each of ``specs`` (resolved specs, see :func:`resolve_plugin`)."""
+    load_installed_plugins()
+    for spec in specs:
+        load_plugin(spec)

@@ -1,0 +1,86 @@
+"""The plugin contract: algorithms registered from outside the package, through `import fedpeft` only, are
+first-class (config validation, CLI, resume, Flower); built-ins go through the same registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+import fedpeft
+from fedpeft.algorithms.registry import ALGORITHMS
+from fedpeft.cli import main
+from fedpeft.config import ConfigError, load_config
+from fedpeft.config.schema import ALGORITHM_OPTIONS
+from fedpeft.rundir import read_metrics, read_summary
+
+EXAMPLE = REPO / "examples" / "custom_algorithm"
+PLUGIN = str(EXAMPLE / "plugin.py")
+
+
+def test_the_example_plugin_runs_from_the_command_line_and_resumes(tmp_path, capsys):
+    assert main(["run", str(EXAMPLE / "config.yaml"), "--plugin", PLUGIN, "--run-dir", "run", "--no-progress"]) == 0
+    rows = read_metrics("run")
+    assert [r["round"] for r in rows] == [0, 1, 2] and all(r["agg_median_norm"] > 0 for r in rows[1:])
+    assert f"- {PLUGIN}" in Path("run/config.yaml").read_text()  # kept with the run ...
+    assert main(["run", "--resume", "run", "--set", "federation.rounds=3", "--no-progress"]) == 0  # ... and reloaded
+    assert read_summary("run")["rounds"] == 3
+
+
+def test_without_the_plugin_the_name_is_refused_with_the_valid_choices(tmp_path, capsys):
+    with pytest.raises(ConfigError, match=r"algorithm.name: unknown choice 'nosuch'; valid choices: 'fedavg'"):
+        load_config(None, ["algorithm.name=nosuch"])
+    assert main(["run", str(EXAMPLE / "config.yaml"), "--plugin", str(tmp_path / "missing.py")]) == 2
+    assert "plugin file" in capsys.readouterr().err
+
+
+def test_the_median_ignores_one_poisoned_update():
+    plugin = fedpeft.load_plugin(PLUGIN)
+    options = load_config(None, ["algorithm.name=median"], plugins=[PLUGIN]).algorithm
+    assert isinstance(options, plugin.MedianOptions)
+    server = plugin.MedianServer(options, {"w": np.zeros(3, np.float32)}, num_clients=3, clients_per_round=3, seed=0)
+    updates = {c: fedpeft.Payload({"w": np.array(v, np.float32)}, {"round": 1, "num_examples": 10})
+               for c, v in enumerate([[1.0, 2.0, 3.0], [1.2, 1.8, 3.1], [1e6, -1e6, 1e6]])}
+    accepted, rejected = server.accept(1, updates)
+    assert not rejected
+    server.aggregate(1, accepted)
+    np.testing.assert_allclose(server.global_state["w"], [1.2, 1.8, 3.1], rtol=1e-6)
+
+
+def test_a_taken_name_and_a_misnamed_options_model_are_refused():
+    from typing import Literal
+
+    class Again(fedpeft.AlgorithmOptions):
+        name: Literal["fedavg"] = "fedavg"
+
+    class Misnamed(fedpeft.AlgorithmOptions):
+        name: Literal["one"] = "one"
+
+    with pytest.raises(ValueError, match="already registered"):
+        fedpeft.register_algorithm("fedavg", options=Again, server=ALGORITHMS["fedavg"].server,
+                                   client=ALGORITHMS["fedavg"].client)
+    with pytest.raises(ValueError, match="must default to 'two'"):
+        fedpeft.register_algorithm("two", options=Misnamed, server=ALGORITHMS["fedavg"].server,
+                                   client=ALGORITHMS["fedavg"].client)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_registered_algorithm_keeps_the_contract(name):
+    entry = ALGORITHMS[name]
+    assert ALGORITHM_OPTIONS[name] is entry.options and entry.options().name == name
+    assert issubclass(entry.server, fedpeft.ServerAlgorithm)
+    assert isinstance(entry.client(entry.options()), fedpeft.ClientAlgorithm)
+
+
+def test_the_public_api_runs_reads_and_resumes(tmp_path):
+    cfg = load_config(None, ["model.name=tiny-bert", "task.max_train_examples=32", "task.max_length=32",
+                             "federation.num_clients=2", "federation.rounds=1", "eval.max_examples=16",
+                             "runtime.progress=false"])
+    summary = fedpeft.run(cfg, tmp_path / "run")
+    assert summary == fedpeft.read_summary(tmp_path / "run") and summary["rounds"] == 1
+    assert len(fedpeft.read_partition(tmp_path / "run")["clients"]) == 2
+    assert fedpeft.resume(tmp_path / "run", rounds=2)["rounds"] == 2
+    assert len(fedpeft.read_metrics(tmp_path / "run")) == 3
+    assert fedpeft.load_adapter(tmp_path / "run" / "adapter").meta["round"] == 2
