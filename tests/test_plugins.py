@@ -84,3 +84,33 @@ def test_the_public_api_runs_reads_and_resumes(tmp_path):
     assert fedpeft.resume(tmp_path / "run", rounds=2)["rounds"] == 2
     assert len(fedpeft.read_metrics(tmp_path / "run")) == 3
     assert fedpeft.load_adapter(tmp_path / "run" / "adapter").meta["round"] == 2
+
+
+SCAFFOLD = REPO / "examples" / "scaffold"
+
+
+def test_scaffold_keeps_its_control_variates_consistent_and_starts_as_fedavg(tmp_path):
+    from fedpeft import checkpoint
+
+    plugin = [str(SCAFFOLD / "plugin.py")]
+    iid = ["federation.partition.scheme=iid", "runtime.progress=false"]
+    fedpeft.run(load_config(SCAFFOLD / "config.yaml", iid, plugins=plugin), tmp_path / "scaffold")
+    state = checkpoint.load(tmp_path / "scaffold")[1]
+    control, clients = state["server"]["control"], state["clients"]
+    assert len(clients) >= 2 and all("control" in s for s in clients.values())
+    for k, c in control.items():  # c = (1/N) sum_i c_i, all of them starting at 0
+        mean = sum(s["control"][k] for s in clients.values()) / 4
+        np.testing.assert_allclose(c, mean, rtol=1e-4, atol=1e-6)
+    # in round 1 every control variate is 0, so SCAFFOLD takes FedAvg's step (equal client sizes, SGD)
+    one = [*iid, "federation.rounds=1"]
+    fedpeft.run(load_config(SCAFFOLD / "config.yaml", one, plugins=plugin), tmp_path / "s1")
+    fedpeft.run(load_config(SCAFFOLD / "config.yaml", [*one, "algorithm={name: fedavg}"]), tmp_path / "f1")
+    a = checkpoint.load(tmp_path / "s1")[1]["server"]["global_state"]
+    b = checkpoint.load(tmp_path / "f1")[1]["server"]["global_state"]
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-7)
+
+
+def test_scaffold_refuses_an_optimizer_it_cannot_correct():
+    with pytest.raises(ConfigError, match="scaffold corrects plain SGD steps"):
+        load_config(SCAFFOLD / "config.yaml", ["train.optimizer=adamw"], plugins=[str(SCAFFOLD / "plugin.py")])

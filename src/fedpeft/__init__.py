@@ -6,7 +6,7 @@ The public API (see README, "Python API"); names load on first use, so ``import 
 * runs: :func:`run`, :func:`resume`, and reading a run directory back: :func:`read_metrics`,
   :func:`read_summary`, :func:`read_partition`, :func:`load_adapter`;
 * your own algorithms: :class:`AlgorithmOptions`, :class:`ServerAlgorithm`, :class:`ClientAlgorithm`,
-  :class:`ClientContext`, :class:`Payload`, :func:`register_algorithm`; plugins: :func:`load_plugin`;
+  :class:`ClientContext`, :class:`Payload`, :func:`check_update`, :func:`register_algorithm`; plugins: :func:`load_plugin`;
 * errors about the user's input: :class:`UserError`.
 """
 
@@ -35,6 +35,7 @@ _EXPORTS = {
     "ClientAlgorithm": "fedpeft.algorithms.base",
     "ClientContext": "fedpeft.algorithms.base",
     "UpdateRejected": "fedpeft.algorithms.base",
+    "check_update": "fedpeft.algorithms.base",
     "Payload": "fedpeft.wire",
     "register_algorithm": "fedpeft.api",
     "load_plugin": "fedpeft.plugins",
