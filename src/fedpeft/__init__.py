@@ -34,6 +34,7 @@ _EXPORTS = {
     "ServerAlgorithm": "fedpeft.algorithms.base",
     "ClientAlgorithm": "fedpeft.algorithms.base",
     "ClientContext": "fedpeft.algorithms.base",
+    "RuntimeNeeds": "fedpeft.algorithms.base",
     "UpdateRejected": "fedpeft.algorithms.base",
     "check_update": "fedpeft.algorithms.base",
     "Payload": "fedpeft.wire",

@@ -11,6 +11,7 @@ from typing import Any
 from fedpeft.algorithms.base import (
     ClientAlgorithm,
     ClientContext,
+    RuntimeNeeds,
     ServerAlgorithm,
     UpdateRejected,
     check_update,
@@ -42,16 +43,9 @@ def make_server(options: Any, initial_state, *, num_clients: int, clients_per_ro
                       layout=layout, client_lr=client_lr, server_model=server_model)
 
 
-def needs_head_layout(options: Any) -> bool:
-    return registered_algorithm(options.name).server.needs_head_layout
-
-
-def needs_prefix_layout(options: Any) -> bool:
-    return registered_algorithm(options.name).server.needs_prefix_layout
-
-
-def needs_server_model(options: Any) -> bool:
-    return registered_algorithm(options.name).server.needs_server_model
+def runtime_needs(options: Any) -> RuntimeNeeds:
+    """What the algorithm ``options`` names needs from the runtime (its server half's declaration)."""
+    return registered_algorithm(options.name).server.runtime_needs(options)
 
 
 def make_client(options: Any) -> ClientAlgorithm:
@@ -60,6 +54,6 @@ def make_client(options: Any) -> ClientAlgorithm:
 
 __all__ = [
     "ALGORITHMS", "ClientAlgorithm", "ClientContext", "ServerAlgorithm", "UpdateRejected", "check_update",
-    "make_client", "make_server", "needs_head_layout", "needs_prefix_layout", "needs_server_model",
-    "random_selection", "register_algorithm", "registered_algorithm",
+    "RuntimeNeeds", "make_client", "make_server", "random_selection", "register_algorithm", "registered_algorithm",
+    "runtime_needs",
 ]

@@ -80,12 +80,30 @@ class ClientContext:
     resources: dict[str, Any] = field(default_factory=dict)  # layout, pad_id, device, ... (see runtime)
 
 
+@dataclass(frozen=True)
+class RuntimeNeeds:
+    """What a server half needs from the runtime besides the shared model and the clients' data; every
+    runtime honours it (see :meth:`ServerAlgorithm.runtime_needs`)."""
+
+    head_layout: bool = False  # a fedpeft.heads.HeadLayout of the PEFT method's tensors, passed as ``layout``
+    prefix_layout: bool = False  # a fedpeft.tuners.prefix_layers.PrefixLayout, passed as ``layout``
+    server_model: bool = False  # a fedpeft.runtime.setup.ServerModel (global model + server shard), as ``server_model``
+    server_data_fraction: float = 0.0  # share of the training split the server keeps; no client gets it
+
+    def __post_init__(self) -> None:
+        if self.head_layout and self.prefix_layout:
+            raise ValueError("an algorithm gets one layout: a head layout or a prefix layout, not both")
+        if not 0.0 <= self.server_data_fraction < 1.0:
+            raise ValueError(f"server_data_fraction {self.server_data_fraction} must lie in [0, 1)")
+
+
 class ServerAlgorithm(ABC):
     """Holds the global trainable state; subclasses define how updates are combined."""
 
-    needs_head_layout = False  # True: the runtime builds a fedpeft.heads.HeadLayout and passes it as ``layout``
-    needs_prefix_layout = False  # True: ... a fedpeft.tuners.prefix_layers.PrefixLayout, as ``layout``
-    needs_server_model = False  # True: the runtime passes a fedpeft.runtime.setup.ServerModel as ``server_model``
+    @classmethod
+    def runtime_needs(cls, options: Any) -> RuntimeNeeds:
+        """What this algorithm, with these options, needs from the runtime (default: nothing more)."""
+        return RuntimeNeeds()
 
     def __init__(self, options: Any, initial_state: Arrays, *, num_clients: int, clients_per_round: int, seed: int,
                  layout: Any = None, client_lr: float | None = None, server_model: Any = None):

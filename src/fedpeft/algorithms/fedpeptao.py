@@ -33,8 +33,8 @@ import numpy as np
 
 from fedpeft.algorithms import adaptive_server as AS
 from fedpeft.algorithms import aggregate as A
-from fedpeft.algorithms.base import (ClientAlgorithm, ClientContext, ServerAlgorithm, UpdateRejected, check_update,
-                                    log)
+from fedpeft.algorithms.base import (ClientAlgorithm, ClientContext, RuntimeNeeds, ServerAlgorithm, UpdateRejected,
+                                    check_update, log)
 from fedpeft.algorithms.layer_selection import aggregate_scores, layer_order, select_layers
 from fedpeft.algorithms.privacy import l2_norm
 from fedpeft.algorithms.prompt_probes import client_kept_ratio, client_layer_scores, sample_batch
@@ -75,7 +75,10 @@ def to_blocks(arrays: Mapping[str, np.ndarray], layout: PrefixLayout) -> Arrays:
 
 
 class FedPepTAOServer(ServerAlgorithm):
-    needs_prefix_layout = True
+    @classmethod
+    def runtime_needs(cls, options: Any) -> RuntimeNeeds:
+        return RuntimeNeeds(prefix_layout=True)
+
     state_attrs = ("global_state", "selected", "c_clients", "c_global", "momentum", "prev_update", "score_reports",
                    "ratio", "holders")
 

@@ -31,7 +31,7 @@ import torch
 
 from fedpeft.algorithms.aggregate import deltas as update_deltas
 from fedpeft.algorithms.aggregate import fedavg_step, weighted_mean
-from fedpeft.algorithms.base import ClientAlgorithm, ClientContext, ServerAlgorithm, check_update
+from fedpeft.algorithms.base import ClientAlgorithm, ClientContext, RuntimeNeeds, ServerAlgorithm, check_update
 from fedpeft.algorithms.privacy import l2_norm
 from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload
@@ -56,7 +56,10 @@ def tile_layers(prefix: np.ndarray, layout: PrefixLayout, k: int) -> np.ndarray:
 
 
 class FedSPServer(ServerAlgorithm):
-    needs_server_model = True
+    @classmethod
+    def runtime_needs(cls, options: Any) -> RuntimeNeeds:
+        return RuntimeNeeds(server_model=True, server_data_fraction=options.server_data_fraction)
+
     state_attrs = ("global_state", "aux_state", "aux_info")
 
     def __init__(self, options: Any, initial_state, **kwargs: Any):

@@ -44,7 +44,8 @@ import numpy as np
 import torch
 
 from fedpeft.algorithms import aggregate as A
-from fedpeft.algorithms.base import ClientAlgorithm, ClientContext, ServerAlgorithm, UpdateRejected, check_update
+from fedpeft.algorithms.base import (ClientAlgorithm, ClientContext, RuntimeNeeds, ServerAlgorithm, UpdateRejected,
+                                    check_update)
 from fedpeft.heads import ALPHA_KEY, KEPT_KEY, HeadLayout, head_importance, kept_at_random, kept_by_importance, pack
 from fedpeft.heads.sparse import keep_count, pruned_mask, unpack_into
 from fedpeft.wire import Payload, clock_seconds, clock_text
@@ -71,7 +72,10 @@ def loss_difference_selection(last_loss: dict[int, float], global_loss: float | 
 
 
 class HeadPruneServer(ServerAlgorithm):
-    needs_head_layout = True
+    @classmethod
+    def runtime_needs(cls, options: Any) -> RuntimeNeeds:
+        return RuntimeNeeds(head_layout=True)
+
     state_attrs = ("global_state", "last_loss", "global_loss", "failures", "backoff_until")
 
     def __init__(self, options: Any, initial_state, **kwargs: Any):

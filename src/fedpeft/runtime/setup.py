@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpeft.algorithms import needs_head_layout, needs_prefix_layout, needs_server_model
+from fedpeft.algorithms import runtime_needs
 from fedpeft.config import ConfigError, RunConfig
 from fedpeft.data.partition import partition, partition_stats
 from fedpeft.data.prepare import TaskData, prepare_task
@@ -56,8 +56,8 @@ class Experiment:
 
     @functools.cached_property
     def server_model(self) -> "ServerModel | None":
-        """The server's model and data shard, for algorithms that train on the server (see needs_server_model)."""
-        if not needs_server_model(self.cfg.algorithm):
+        """The server's model and data shard, for algorithms that train on the server (RuntimeNeeds.server_model)."""
+        if not runtime_needs(self.cfg.algorithm).server_model:
             return None
         data = self.data.train.subset(self.server_part if self.server_part is not None else np.arange(0))
         return ServerModel(self.cfg, self.tuned, data, self.tokenizer.pad_token_id, self.device)
@@ -117,7 +117,7 @@ def build_partition(cfg: RunConfig, data: TaskData) -> tuple[list[np.ndarray], n
     p = cfg.federation.partition
     rng = np.random.default_rng([cfg.seed, 0xDA7A])
     n = len(data.train)
-    share = float(getattr(cfg.algorithm, "server_data_fraction", 0.0))
+    share = runtime_needs(cfg.algorithm).server_data_fraction
     server = None
     rest = np.arange(n)
     if share > 0:
@@ -162,8 +162,9 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     trainer = LocalTrainer(cfg.train, device=device, pad_id=tokenizer.pad_token_id, precision=cfg.runtime.precision,
                            flops_sample_steps=cfg.runtime.flops_sample_steps, ops_per_sequence=ops_per_sequence)
     layout = None
-    if needs_head_layout(cfg.algorithm):
+    needs = runtime_needs(cfg.algorithm)
+    if needs.head_layout:
         layout = build_layout(tuned.spec(), mconfig, cfg.peft.method)
-    prefix = prefix_layout(tuned) if needs_prefix_layout(cfg.algorithm) else None
+    prefix = prefix_layout(tuned) if needs.prefix_layout else None
     return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout, prefix,
                       server_part)
