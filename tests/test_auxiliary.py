@@ -9,7 +9,7 @@ import torch
 from fedpeft.data.batching import Encoded, collate
 from fedpeft.models import registry
 from fedpeft.models.auxiliary import auxiliary_from_config, block_stack, build_auxiliary, chosen_blocks, public_config
-from fedpeft.models.distill import distill_hidden_states, last_hidden, masked_mse
+from fedpeft.training.distill import distill_hidden_states, last_hidden, masked_mse
 from fedpeft.tuners.tuned import apply_tuner, method_options
 
 

@@ -114,3 +114,16 @@ def test_scaffold_keeps_its_control_variates_consistent_and_starts_as_fedavg(tmp
 def test_scaffold_refuses_an_optimizer_it_cannot_correct():
     with pytest.raises(ConfigError, match="scaffold corrects plain SGD steps"):
         load_config(SCAFFOLD / "config.yaml", ["train.optimizer=adamw"], plugins=[str(SCAFFOLD / "plugin.py")])
+
+
+def test_the_layers_keep_to_themselves():
+    """Importing the algorithms and the embedded runtime loads neither Flower nor a plotting library, and
+    `import fedpeft` loads neither torch nor the config."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, fedpeft; light = [m for m in ('torch', 'pydantic') if m in sys.modules]; "
+             "import fedpeft.algorithms, fedpeft.runtime.embedded; "
+             "print(light, sorted({m.split('.')[0] for m in sys.modules} & {'flwr', 'matplotlib'}))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[] []", out.stdout + out.stderr

@@ -27,6 +27,10 @@ def test_every_algorithm_runs(algorithm, tmp_path):
     for name in ("config.yaml", "partition.json", "summary.json", "metrics.jsonl", "events.log"):
         assert (tmp_path / "run" / name).is_file()
     assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
+    assert not (tmp_path / "run" / "plots").exists()  # the runtime draws nothing ...
+    from fedpeft.report.plots import write_run_plots
+
+    write_run_plots(tmp_path / "run")  # ... fedpeft run and fedpeft.run do, after the run
     assert len(list((tmp_path / "run" / "plots").glob("*.png"))) == 6
 
 

@@ -4,6 +4,7 @@ runtime its config names, reading a run's partition, and registering an algorith
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +21,26 @@ def _as_config(config: RunConfig | dict[str, Any] | str | Path) -> RunConfig:
 
 def run(config: RunConfig | dict[str, Any] | str | Path, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Run a federated fine-tuning (a RunConfig, a mapping as in YAML, or a YAML path) in the runtime its
-    ``runtime.name`` names; returns the run's summary (also in RUN_DIR/summary.json)."""
+    ``runtime.name`` names, then draw RUN_DIR/plots; returns the run's summary (also in RUN_DIR/summary.json)."""
     cfg = _as_config(config)
     if cfg.runtime.name == "flower":
         from fedpeft.runtime.flower.launch import run_flower
 
-        return run_flower(cfg, run_dir)
+        return plotted(run_flower(cfg, run_dir))
     from fedpeft.runtime.embedded import EmbeddedRuntime
 
-    return EmbeddedRuntime(cfg, run_dir).run()
+    return plotted(EmbeddedRuntime(cfg, run_dir).run())
+
+
+def plotted(summary: dict[str, Any]) -> dict[str, Any]:
+    """Draw the plots of the run ``summary`` describes; a plotting problem is logged, never fatal."""
+    try:
+        from fedpeft.report.plots import write_run_plots
+
+        write_run_plots(summary["run_dir"])
+    except Exception as exc:
+        logging.getLogger("fedpeft").warning("plots not written: %s", exc)
+    return summary
 
 
 def resume(run_dir: str | Path, *, rounds: int | None = None) -> dict[str, Any]:
@@ -40,10 +52,10 @@ def resume(run_dir: str | Path, *, rounds: int | None = None) -> dict[str, Any]:
     if cfg.runtime.name == "flower":
         from fedpeft.runtime.flower.launch import run_flower
 
-        return run_flower(cfg, run_dir, resume=True)
+        return plotted(run_flower(cfg, run_dir, resume=True))
     from fedpeft.runtime.embedded import EmbeddedRuntime
 
-    return EmbeddedRuntime(cfg, run_dir, resume=True).run()
+    return plotted(EmbeddedRuntime(cfg, run_dir, resume=True).run())
 
 
 def read_partition(run_dir: str | Path) -> dict[str, Any]:

@@ -89,6 +89,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             print(f"\ninterrupted; {_resume_hint(Path(where))}", file=sys.stderr)
         return 130
+    from fedpeft.api import plotted
+
+    plotted(summary)
     print(end_of_run_line(cfg.name, summary))
     print(f"results: {run_dir}")
     return 0

@@ -2,7 +2,7 @@
 
 Before round 1 the server builds the auxiliary model from its global model (k blocks, cross-layer
 sharing: :mod:`fedpeft.models.auxiliary`) and distils it on its own data shard (last hidden states,
-:mod:`fedpeft.models.distill`). A client receives the auxiliary model once, in its first payload,
+:mod:`fedpeft.training.distill`). A client receives the auxiliary model once, in its first payload,
 and from then on only the prefix prompts; the payload never holds any other tensor of the global model.
 
 Each round a client loads the prompts into its own copy of the auxiliary model and trains in two
@@ -82,7 +82,7 @@ class FedSPServer(ServerAlgorithm):
         if self.aux_state is not None:
             return
         from fedpeft.models.auxiliary import build_auxiliary, public_config
-        from fedpeft.models.distill import distill_hidden_states
+        from fedpeft.training.distill import distill_hidden_states
 
         o, sm = self.options, self.server_model
         teacher = sm.base_model()

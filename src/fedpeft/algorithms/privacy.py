@@ -26,9 +26,8 @@ import math
 from typing import Any, Mapping
 
 import numpy as np
-from flwr.serverapp import GaussianPrivacyEvent, PrivacyConfig, RdpAccountant
-from flwr.supercore.differential_privacy import clip_inputs_inplace, compute_stdv
-from flwr.supercore.privacy_accounting import NeighboringRelation, SamplingMethod
+# Flower's building blocks are imported where they are used, so that importing fedpeft.algorithms does not load
+# Flower (only a run with algorithm.dp does)
 
 Arrays = dict[str, np.ndarray]
 
@@ -42,6 +41,8 @@ def clip(delta: Arrays, clipping_norm: float) -> Arrays:
     names = sorted(delta)
     arrays = [np.array(delta[k], dtype=np.float32) for k in names]
     if l2_norm(delta) > 0:
+        from flwr.supercore.differential_privacy import clip_inputs_inplace
+
         clip_inputs_inplace(arrays, clipping_norm)
     return dict(zip(names, arrays))
 
@@ -54,14 +55,20 @@ class PrivateMean:
         self.num_clients = num_clients
         self.k = clients_per_round
         self.sampler = np.random.default_rng()  # client sampling from OS entropy, secret from clients
-        self.accountant: RdpAccountant | None = None
+        self.accountant: Any = None  # flwr's RdpAccountant
         if options.noise_multiplier > 0:
+            from flwr.serverapp import PrivacyConfig, RdpAccountant
+            from flwr.supercore.privacy_accounting import NeighboringRelation, SamplingMethod
+
             self.accountant = RdpAccountant(PrivacyConfig(
                 target_delta=options.target_delta, population_size=num_clients,
                 neighboring_relation=NeighboringRelation.REPLACE_ONE,
                 sampling_method=SamplingMethod.WITHOUT_REPLACEMENT, max_epsilon=options.max_epsilon))
 
-    def event(self) -> GaussianPrivacyEvent:
+    def event(self) -> Any:
+        """flwr's GaussianPrivacyEvent of one round."""
+        from flwr.serverapp import GaussianPrivacyEvent
+
         # sensitivity of the clipped sum under replace-one neighbours is 2 C; the noise is z C
         return GaussianPrivacyEvent(self.options.noise_multiplier / 2, self.k, self.num_clients)
 
@@ -74,6 +81,8 @@ class PrivateMean:
     def mean(self, deltas: list[Arrays]) -> Arrays:
         C = self.options.clipping_norm
         clipped = [clip(d, C) for d in deltas]  # idempotent for updates the clients clipped already
+        from flwr.supercore.differential_privacy import compute_stdv
+
         std = compute_stdv(self.options.noise_multiplier, C, self.k)
         rng = np.random.default_rng()  # fresh OS entropy: see the module docstring
         out: Arrays = {}

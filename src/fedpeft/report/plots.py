@@ -85,3 +85,12 @@ def plot_run(run_dir: Path, rows: Sequence[dict[str, Any]], metric: str) -> list
     if metric != "train_loss" and any(finite(r.get("train_loss")) for r in rows):
         written += plot_curves(runs, "train_loss", Path(run_dir) / "plots", about=about)
     return written
+
+
+def write_run_plots(run_dir: str | Path) -> list[Plot]:
+    """RUN_DIR/plots of a finished (or running) run, from its metrics.jsonl and primary metric. Called by
+    ``fedpeft run`` and :func:`fedpeft.run` after a run; the runtimes draw nothing."""
+    from fedpeft.rundir import read_metrics, read_summary
+
+    metric = read_summary(run_dir).get("primary_metric") or "accuracy"
+    return plot_run(Path(run_dir), read_metrics(run_dir), metric)

@@ -429,12 +429,6 @@ class EmbeddedRuntime:
             "stopped_early": self.stopped_early,
         })
         self.writer.summary(summary)
-        try:
-            from fedpeft.report.plots import plot_run
-
-            plot_run(self.run_dir, self.rows, self.metric)
-        except Exception as exc:  # a plotting problem must not lose a finished run; it is logged
-            log.warning("plots not written: %s", exc)
         return summary
 
 
