@@ -38,15 +38,15 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import psutil
+from results_io import save  # benchmarks/results_io.py
 
 from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.runtime.flower.launch import LocalDeployment, run_flower
-
-from results_io import save  # benchmarks/results_io.py
 
 BASE = [
     "name=flower-overhead", "model.name=minilm-l6", "task.dataset=mnli", "task.train_split=train_subset",
@@ -75,7 +75,7 @@ class PeakRSS:
             self.peak = max(self.peak, total)
             time.sleep(self.interval)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

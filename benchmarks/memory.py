@@ -23,10 +23,9 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from results_io import print_table, save  # benchmarks/results_io.py
 
 from fedpeft.config import apply_overrides
-
-from results_io import print_table, save  # benchmarks/results_io.py
 
 BASE = [
     "model.name=minilm-l6", "task.dataset=mnli", "task.train_split=train_subset", "task.eval_split=heldout_subset",

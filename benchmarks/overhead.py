@@ -17,13 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from results_io import save  # benchmarks/results_io.py
 from torch.nn.utils.rnn import pad_sequence
 
 from fedpeft.config import load_config
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.training.local import plan_batches
-
-from results_io import save  # benchmarks/results_io.py
 
 BASE = [
     "name=overhead", "model.name=minilm-l6", "task.dataset=sst2", "task.max_train_examples=1600",

@@ -41,12 +41,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from results_io import (  # benchmarks/results_io.py
+    over_seeds,
+    parse_seeds,
+    pm,
+    print_table,
+    reuse_or_clear,
+    save,
+)
 
 from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
-
-from results_io import over_seeds, parse_seeds, pm, print_table, reuse_or_clear, save  # benchmarks/results_io.py
 
 CONFIG = "configs/paper000_mnli_heads.yaml"
 B1 = ["algorithm.pruning=none", "algorithm.aggregation=fedavg"]
@@ -104,7 +110,7 @@ class Bench:
     def describe(self, key: str, cfg, run_dir: Path) -> dict[str, Any]:
         summary = read_summary(run_dir)
         rows = [r for r in read_metrics(run_dir) if r["round"] > 0]
-        per_client = lambda field: [v for r in rows for v in (r.get(field) or {}).values() if v is not None]  # noqa: E731
+        per_client = lambda field: [v for r in rows for v in (r.get(field) or {}).values() if v is not None]
         evals = [(r["round"], r["eval_accuracy"]) for r in read_metrics(run_dir) if "eval_accuracy" in r]
         return {
             "key": key,
@@ -154,7 +160,7 @@ def table1(b: Bench) -> dict[str, Any]:
 
 
 def fig4(b: Bench) -> dict[str, Any]:
-    rows = [b.run(f"method-loss-s{int(round(100 * s))}", [*METHOD, *SELECTIONS["loss"], f"algorithm.sparsity={s}"])
+    rows = [b.run(f"method-loss-s{round(100 * s)}", [*METHOD, *SELECTIONS["loss"], f"algorithm.sparsity={s}"])
             for s in (0.0, 0.5, 0.8, 0.9, 0.95)]
     dense = b.run("B1-loss-s90", [*B1, *SELECTIONS["loss"], "algorithm.sparsity=0.9"])
     print_table(["sparsity", "final acc", "mean of last 3 evals", "best acc", "MiB up / client / round", "OPs (G) / client / round",
@@ -310,9 +316,9 @@ def table3(b: Bench) -> dict[str, Any]:
         tried: dict[float, dict[str, Any]] = {}
 
         def at(s: float) -> dict[str, Any]:
-            tried[s] = b.run(f"method-loss-s{int(round(100 * s))}{suffix}",
-                             [*METHOD, *SELECTIONS["loss"], f"algorithm.sparsity={s}", *peft])
-            return tried[s]
+            tried[s] = b.run(f"method-loss-s{round(100 * s)}{suffix}",  # noqa: B023 (called within the iteration)
+                             [*METHOD, *SELECTIONS["loss"], f"algorithm.sparsity={s}", *peft])  # noqa: B023 (called within the iteration)
+            return tried[s]  # noqa: B023 (called within the iteration)
 
         if not _collapsed(b, at(0.9)):
             at(0.95)
@@ -424,7 +430,7 @@ def table2(b: Bench) -> dict[str, Any]:
                 metric_rows = read_metrics(run_dir)
                 curves[variant] = metric_rows
                 trained = [r for r in metric_rows if r["round"] > 0]
-                per_client = lambda field: [v for r in trained for v in (r.get(field) or {}).values() if v is not None]  # noqa: E731
+                per_client = lambda field: [v for r in trained for v in (r.get(field) or {}).values() if v is not None]  # noqa: B023 (called within the iteration)
                 final = summary.get("final_eval", {})
                 primary = summary["primary_metric"]
                 evals = [r[f"eval_{primary}"] for r in trained if f"eval_{primary}" in r]

@@ -59,12 +59,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from results_io import (  # benchmarks/results_io.py
+    is_finished_run,
+    over_seeds,
+    parse_seeds,
+    pm,
+    print_table,
+    reuse_or_clear,
+    save,
+)
 
 from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
-
-from results_io import is_finished_run, over_seeds, parse_seeds, pm, print_table, reuse_or_clear, save  # benchmarks/results_io.py
 
 CONFIG = "configs/fedpeptao_rte.yaml"
 TASKS = {  # dataset overrides, primary metric, the paper's Table 2 target

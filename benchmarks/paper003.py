@@ -44,12 +44,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from results_io import (  # benchmarks/results_io.py
+    over_seeds,
+    parse_seeds,
+    pm,
+    print_table,
+    reuse_or_clear,
+    save,
+)
 
 from fedpeft.config import dump_config, load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
-
-from results_io import over_seeds, parse_seeds, pm, print_table, reuse_or_clear, save  # benchmarks/results_io.py
 
 CONFIG = "configs/fedsp_arc_easy.yaml"
 DATASETS = {  # train part, evaluation part (disjoint slices of one split where no train split exists here)

@@ -17,12 +17,12 @@ import argparse
 import statistics
 from pathlib import Path
 
+from results_io import save  # benchmarks/results_io.py
+
 from fedpeft.config import load_config
 from fedpeft.metrics.accounting import total_transmission
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import run
-
-from results_io import save  # benchmarks/results_io.py
 
 METHODS = {
     "full": ["peft={method: full}", "train.lr=0.0001"],

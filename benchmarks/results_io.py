@@ -75,7 +75,7 @@ def over_seeds(rows: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     import numpy as np
 
     out: dict[str, Any] = {**rows[0], "seeds": seeds, "per_seed": rows}
-    for key, first in rows[0].items():
+    for key in rows[0]:
         values = [r.get(key) for r in rows]
         if not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
             continue

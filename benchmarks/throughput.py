@@ -13,6 +13,7 @@ import argparse
 
 import numpy as np
 import torch
+from results_io import print_table, save  # benchmarks/results_io.py
 
 from fedpeft.config import load_config
 from fedpeft.data.prepare import prepare_task
@@ -20,21 +21,19 @@ from fedpeft.models import registry
 from fedpeft.training.local import LocalTrainer
 from fedpeft.tuners import apply_tuner, method_options
 
-from results_io import print_table, save  # benchmarks/results_io.py
-
 SETUPS = {
-    "minilm-l6": dict(
-        overrides=["task.dataset=mnli", "task.train_split=train_subset", "task.eval_split=heldout_subset",
+    "minilm-l6": {
+        "overrides": ["task.dataset=mnli", "task.train_split=train_subset", "task.eval_split=heldout_subset",
                    "task.max_length=128", "train.batch_size=16"],
-        kind="classification",
-        methods=["full", "lora", "ia3", "prompt_tuning", "p_tuning", "prefix_tuning", "houlsby", "pfeiffer", "bitfit"],
-    ),
-    "smollm2-135m": dict(
-        overrides=["task.type=generation", "task.dataset=e2e_nlg", "task.train_split=validation_pairs",
+        "kind": "classification",
+        "methods": ["full", "lora", "ia3", "prompt_tuning", "p_tuning", "prefix_tuning", "houlsby", "pfeiffer", "bitfit"],
+    },
+    "smollm2-135m": {
+        "overrides": ["task.type=generation", "task.dataset=e2e_nlg", "task.train_split=validation_pairs",
                    "task.eval_split=test", "task.max_length=96", "train.batch_size=8"],
-        kind="causal",
-        methods=["full", "lora", "ia3", "prompt_tuning", "prefix_tuning", "houlsby", "pfeiffer"],
-    ),
+        "kind": "causal",
+        "methods": ["full", "lora", "ia3", "prompt_tuning", "prefix_tuning", "houlsby", "pfeiffer"],
+    },
 }
 
 

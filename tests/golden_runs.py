@@ -42,9 +42,10 @@ GOLDEN: dict[str, list[str]] = {
 
 def golden_rows(name: str, run_dir: Path) -> list[dict[str, Any]]:
     """Run GOLDEN[name] into ``run_dir``; its metrics rows without the timing fields."""
+    from helpers import tiny_config, without_timings
+
     from fedpeft.rundir import read_metrics
     from fedpeft.runtime.embedded import EmbeddedRuntime
-    from helpers import tiny_config, without_timings
 
     EmbeddedRuntime(tiny_config(*GOLDEN[name]), run_dir).run()
     return [{k: v for k, v in row.items() if not is_timing(k)} for row in without_timings(read_metrics(run_dir))]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
+
 from fedpeft.adapters import load_adapter
 from fedpeft.cli import main
 from fedpeft.rundir import read_metrics, read_summary
@@ -24,7 +24,7 @@ SMALL = ["--set", "model.name=minilm-l6", "--set", "task.max_train_examples=96",
 def readme_samples() -> list[str]:
     text = (REPO / "README.md").read_text()
     marker = text.index("<!-- the two samples below run in tests/test_adapter_loading.py -->")
-    blocks = re.findall(r"```python\n(.*?)```", text[marker:], flags=re.S)[:2]
+    blocks = re.findall(r"```python\n(.*?)```", text[marker:], flags=re.DOTALL)[:2]
     assert len(blocks) == 2
     return blocks
 
@@ -71,10 +71,10 @@ def test_any_split_can_be_scored_including_train(runs, capsys):
 def test_the_readme_samples_run_as_written(runs, monkeypatch, capsys):
     monkeypatch.chdir(runs)
     bottleneck, bitfit = readme_samples()
-    exec(compile(bottleneck, "README bottleneck sample", "exec"), {})
+    exec(compile(bottleneck, "README bottleneck sample", "exec"), {})  # noqa: S102 (runs the README's sample)
     assert capsys.readouterr().out.strip() in ("negative", "positive")
     namespace: dict = {}
-    exec(compile(bitfit, "README BitFit sample", "exec"), namespace)
+    exec(compile(bitfit, "README BitFit sample", "exec"), namespace)  # noqa: S102 (runs the README's sample)
     plain = namespace["model"]
     ours = load_adapter("runs/bitfit/adapter").model
     batch = load_adapter("runs/bitfit/adapter").tokenizer(["a gripping film", "dull"], return_tensors="pt",

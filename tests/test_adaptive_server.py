@@ -29,7 +29,7 @@ def test_a_round_by_hand():
 
 
 def test_the_first_round_is_fedavg_with_control_variates():
-    w, m, cg, c, delta = step(None)
+    w, m, cg, _c, _delta = step(None)
     assert w["p"][0] == pytest.approx(0.75) and m is None and cg["p"][0] == pytest.approx(0.25)
 
 
@@ -39,7 +39,7 @@ def test_server_learning_rate_decays_to_a_floor():
 
 
 def test_without_control_variates_the_momentum_sees_only_the_update_difference():
-    w, m, cg, c, delta = adaptive_step(a(1.0), [a(0.2), a(-0.4)], num_examples=[1, 3], local_steps=[2, 4],
+    w, m, cg, c, _delta = adaptive_step(a(1.0), [a(0.2), a(-0.4)], num_examples=[1, 3], local_steps=[2, 4],
                                        client_lr=0.1, c_clients=[None, None], c_global=None, momentum=a(1.0),
                                        prev_update=a(0.1), beta=0.9, eta=0.5, sampled_fraction=0.5,
                                        control_variates=False)

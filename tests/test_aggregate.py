@@ -46,7 +46,7 @@ def test_fedadam_one_step_by_hand():
 
 def test_fedyogi_one_step_by_hand():
     x, d = {"w": arr(0.0)}, {"w": arr(2.0)}
-    x1, m1, v1 = A.fedyogi_step(x, d, None, None, server_lr=0.1, beta1=0.9, beta2=0.99, tau=0.01)
+    x1, _m1, v1 = A.fedyogi_step(x, d, None, None, server_lr=0.1, beta1=0.9, beta2=0.99, tau=0.01)
     v0 = 0.01**2
     v = v0 - 0.01 * 4.0 * np.sign(v0 - 4.0)  # = v0 + 0.04
     assert v1["w"][0] == pytest.approx(v)

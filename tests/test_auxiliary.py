@@ -8,7 +8,13 @@ import torch
 
 from fedpeft.data.batching import Encoded, collate
 from fedpeft.models import registry
-from fedpeft.models.auxiliary import auxiliary_from_config, block_stack, build_auxiliary, chosen_blocks, public_config
+from fedpeft.models.auxiliary import (
+    auxiliary_from_config,
+    block_stack,
+    build_auxiliary,
+    chosen_blocks,
+    public_config,
+)
 from fedpeft.training.distill import distill_hidden_states, last_hidden, masked_mse
 from fedpeft.tuners.tuned import apply_tuner, method_options
 
@@ -76,7 +82,7 @@ def test_unique_parameters_and_no_tensor_shared_with_the_global_model(tok):
     aux, info = build_auxiliary(glob, k=1, position="top", share=True)
     block = sum(p.numel() for p in block_stack(glob)[0].layers[0].parameters())
     assert info.global_parameters - info.parameters == 3 * block
-    assert [n for n, _ in aux.named_parameters() if ".layers." in n][0].startswith("model.layers.0.")
+    assert next(n for n, _ in aux.named_parameters() if ".layers." in n).startswith("model.layers.0.")
     assert not any(n.startswith("model.layers.1.") for n, _ in aux.named_parameters())
     glob_ptrs = {p.data_ptr() for p in glob.parameters()}
     assert not any(p.data_ptr() in glob_ptrs for p in aux.parameters())

@@ -40,10 +40,10 @@ def test_other_converters_and_split_aliases():
 
 
 def test_a_catalog_dataset_reports_its_own_metric_unless_the_user_names_one(tmp_path):
+    from helpers import tiny_config
+
     from fedpeft.rundir import read_summary
     from fedpeft.runtime.embedded import run
-
-    from helpers import tiny_config
 
     assert tiny_config("task.dataset=cola").primary_metric() == "mcc"
     assert tiny_config("task.dataset=cola", "task.metric=accuracy").primary_metric() == "accuracy"

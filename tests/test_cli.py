@@ -3,11 +3,9 @@ import subprocess
 import sys
 
 import pytest
-
+from conftest import REPO
 
 from fedpeft.cli import main
-
-from conftest import REPO
 
 
 def test_bad_config_key_exits_2_with_one_line(capsys):
@@ -113,13 +111,13 @@ def test_entry_point_is_installed():
                                               ("{name: headprune, sparsity: 0.5, selection: random}", True)])
 def test_footprint_run_bytes_match_a_real_upload(tmp_path, algorithm, pruned):
     """`fedpeft model`'s run bytes against the bytes a tiny run's client really sent (metadata digits aside)."""
+    from helpers import tiny_config
+
     from fedpeft.config import load_config as load
     from fedpeft.footprint import footprint
     from fedpeft.models import registry
     from fedpeft.rundir import read_metrics
     from fedpeft.runtime.embedded import run
-
-    from helpers import tiny_config
 
     run(tiny_config(f"algorithm={algorithm}", "federation.rounds=1"), tmp_path / "run")
     sent = [b for b in read_metrics(tmp_path / "run")[1]["bytes_up"].values() if b]

@@ -1,10 +1,9 @@
 import pytest
+from conftest import REPO
 
 from fedpeft.config import ConfigError, load_config
 from fedpeft.config.load import apply_overrides, parse_override
 from fedpeft.config.schema import RunConfig
-
-from conftest import REPO
 
 
 def test_defaults_are_valid():

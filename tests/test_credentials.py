@@ -24,14 +24,14 @@ def test_server_certificate_passes_a_strict_tls_handshake(tmp_path):
             try:
                 with server_ctx.wrap_socket(conn, server_side=True) as tls:
                     tls.sendall(b"ok")
-            except BaseException as exc:  # reported below
+            except BaseException as exc:  # reported below  # noqa: BLE001
                 errors.append(exc)
 
         thread = threading.Thread(target=serve)
         thread.start()
-        with socket.create_connection(("127.0.0.1", port)) as raw:
-            with client_ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-                assert tls.recv(2) == b"ok"
+        with socket.create_connection(("127.0.0.1", port)) as raw, \
+                client_ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            assert tls.recv(2) == b"ok"
         thread.join(timeout=10)
     assert not errors
 

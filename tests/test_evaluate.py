@@ -4,12 +4,11 @@ full logits of every position, log-softmax over the whole vocabulary, summed ove
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_config
 
 from fedpeft.data.batching import collate, sequential_batches
 from fedpeft.runtime.setup import build_experiment
 from fedpeft.training.evaluate import _lm_loss
-
-from helpers import tiny_config
 
 
 def reference_logprobs(model, data, pad_id: int, encoder_decoder: bool) -> np.ndarray:

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_config
 
 from fedpeft import checkpoint
 from fedpeft.algorithms import make_server
@@ -14,8 +15,6 @@ from fedpeft.config.schema import FedPepTAOOptions
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload
-
-from helpers import tiny_config
 
 NAME = "base_model.prompt_encoder.default.embedding.weight"
 LAYOUT = PrefixLayout(NAME, 3, 2)  # 3 layers, 2 columns each
@@ -85,8 +84,8 @@ def test_hostile_numbers_are_rejected_and_an_overflowing_step_is_not_applied():
     before = {k: v.copy() for k, v in srv.global_state.items()}
     huge = {NAME: np.full((4, 6), 3e38, np.float32), "head": np.full(2, 3e38, np.float32)}
     srv.aggregate(1, {0: update(1, huge), 1: update(1, huge)})  # c_i = delta / (K alpha) overflows float32
-    for k in before:
-        np.testing.assert_array_equal(srv.global_state[k], before[k])
+    for k, value in before.items():
+        np.testing.assert_array_equal(srv.global_state[k], value)
 
 
 def test_bad_measurements_are_rejected():
@@ -126,7 +125,7 @@ def test_the_adaptive_step_runs_on_the_exchanged_arrays_with_state_per_seen_clie
     # the same step by adaptive_step on the whole arrays, with layer blocks joined back
     keys = (NAME, "head") if head_step == "same" else (NAME,)
     w = {k: before[k] for k in keys}
-    join = lambda blocks: {k: np.concatenate([blocks[block_name(NAME, l)] for l in range(3)], axis=1)  # noqa: E731
+    join = lambda blocks: {k: np.concatenate([blocks[block_name(NAME, l)] for l in range(3)], axis=1)
                            if k == NAME else blocks[k] for k in keys}
     expect, *_ = adaptive_step(w, [{k: r2[c].arrays[k] - w[k] for k in w} for c in (1, 2)], [30, 10], [2, 1], 0.1,
                                [join(c_before[1]), None], join(cg), m and join(m), join(prev), beta=0.9, eta=0.5,

@@ -5,13 +5,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import crash_at_round
 
 from fedpeft.algorithms.fedsp import AUX, fold_layers, tile_layers
 from fedpeft.config import load_config
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.tuners.prefix_layers import PrefixLayout
-
-from helpers import crash_at_round
 
 
 def fedsp_config(*overrides):

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import tiny_config, without_timings
 
 from fedpeft import checkpoint
 from fedpeft.rundir import read_metrics, read_summary
@@ -14,8 +15,6 @@ from fedpeft.runlock import RunDirectoryBusy, RunLock
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.runtime.flower.launch import LocalDeployment, run_flower
 from fedpeft.runtime.resume import resume_config
-
-from helpers import tiny_config, without_timings
 
 pytestmark = pytest.mark.slow
 # FLOPs are measured on sampled steps per process, so the estimates (only those) differ between runtimes
@@ -88,6 +87,7 @@ def test_flower_gives_the_same_results_as_embedded(deployment, tmp_path):
 
 def test_a_plugin_algorithm_runs_on_flower_like_embedded(deployment, tmp_path):
     from conftest import REPO
+
     from fedpeft.config import load_config
 
     example = REPO / "examples" / "custom_algorithm"  # the SuperNodes load the plugin named in the run's config
@@ -203,7 +203,7 @@ def test_secure_aggregation_gives_fedavg_results_without_showing_the_server_an_u
     a, b = read_metrics(tmp_path / "embedded"), read_metrics(tmp_path / "secure")
     money = {"bytes_down", "bytes_up", "bytes_down_total", "bytes_up_total", "cum_bytes", "cum_bytes_up",
              "cum_bytes_down", "agg_update_norm"}
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in money} for r in comparable(rows)]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in money} for r in comparable(rows)]
     assert_same_metrics(strip(a), strip(b), rel=1e-4)  # losses and accuracies: the models agree
     for ra, rb in zip(a[1:], b[1:]):
         assert math.isclose(ra["agg_update_norm"], rb["agg_update_norm"], rel_tol=1e-4)

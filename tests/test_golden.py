@@ -7,7 +7,6 @@ import json
 import math
 
 import pytest
-
 from golden_runs import GOLDEN, golden_path, golden_rows
 
 

@@ -4,12 +4,21 @@ format, Eq. 8 aggregation and Eq. 9 selection, checked against hand-computed val
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_config
 
 from fedpeft.algorithms.headprune import HeadPruneServer, loss_difference_selection
 from fedpeft.config.schema import HeadPruneOptions
 from fedpeft.heads import (
-    ALPHA_KEY, KEPT_KEY, HeadLayout, HeadParam, HeadUnit, build_layout, head_importance, keep_count,
-    kept_by_importance, pack,
+    ALPHA_KEY,
+    KEPT_KEY,
+    HeadLayout,
+    HeadParam,
+    HeadUnit,
+    build_layout,
+    head_importance,
+    keep_count,
+    kept_by_importance,
+    pack,
 )
 from fedpeft.models import registry
 from fedpeft.rundir import read_metrics
@@ -17,8 +26,6 @@ from fedpeft.runtime.embedded import EmbeddedRuntime, run
 from fedpeft.runtime.setup import build_experiment
 from fedpeft.tuners import apply_tuner, method_options
 from fedpeft.wire import Payload
-
-from helpers import tiny_config
 
 GEN = ["task.type=generation", "task.dataset=e2e_nlg", "task.train_split=validation_pairs", "task.eval_split=test"]
 
@@ -35,7 +42,7 @@ def units_of(layout: HeadLayout, fragment: str) -> list[tuple[int, int, tuple[in
 
 
 def test_bert_lora_rows_of_b_per_head():
-    layout, spec = layout_for("tiny-bert", "lora", "classification")  # 2 layers x 4 heads, head dim 16
+    layout, _spec = layout_for("tiny-bert", "lora", "classification")  # 2 layers x 4 heads, head dim 16
     assert (layout.num_modules, layout.heads_per_module) == (2, 4)
     assert units_of(layout, "layer.1.attention.self.key.lora_B") == [(0, 16, (4,)), (16, 32, (5,)), (32, 48, (6,)), (48, 64, (7,))]
     assert not any("lora_A" in n or "classifier" in n for n in layout.params)
@@ -97,7 +104,7 @@ def test_prompt_tuning_embedding_split_over_every_head_of_the_model():
                                                ("tiny-llama", "p_tuning", "causal")])
 def test_uploaded_share_of_an_input_prompt_follows_the_sparsity(model, method, kind):
     """Paper 000, Table 3: prompt tuning sends 743 KB dense and 74 KB at 90%: the kept share of heads."""
-    layout, spec = layout_for(model, method, kind)
+    layout, _spec = layout_for(model, method, kind)
     [param] = layout.params.values()
     dims, n = param.shape[1], layout.num_heads
     rng = np.random.default_rng(0)
@@ -246,7 +253,7 @@ def test_pruned_heads_get_no_update_even_with_weight_decay(tmp_path):
     rt.client.importance_observer = lambda rnd, c, alpha: observed.append((rnd, c, alpha))
     update, _, _, failure = rt.run_client(1, cid, rt.server.configure(1, [cid])[cid])
     assert failure is None
-    kept = set(int(h) for h in update.arrays[KEPT_KEY])
+    kept = {int(h) for h in update.arrays[KEPT_KEY]}
     assert len(kept) == 4
     # the observer sees the full Eq. 6 scores; the upload carries them for kept heads only (Eq. 7)
     [(rnd, c, alpha)] = observed

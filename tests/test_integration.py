@@ -4,12 +4,11 @@ saved adapter reloads with HF peft and scores the same."""
 import numpy as np
 import pytest
 import torch
+from helpers import without_timings
 
 from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import run
-
-from helpers import without_timings
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,12 @@ import numpy as np
 import pytest
 
 from fedpeft.metrics import ops, scores
-from fedpeft.metrics.accounting import better_or_equal, first_reaching, summarize, total_transmission
+from fedpeft.metrics.accounting import (
+    better_or_equal,
+    first_reaching,
+    summarize,
+    total_transmission,
+)
 
 
 def test_appendix_a_rows_by_hand():

@@ -3,12 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from test_tuners import method_options
 
 from fedpeft.models import registry
 from fedpeft.tuners.prefix_layers import prefix_layout
 from fedpeft.tuners.tuned import apply_tuner
-
-from test_tuners import method_options
 
 
 @pytest.mark.parametrize("name", ["tiny-bert", "tiny-llama"])  # tiny-llama has grouped key/value heads

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import tiny_config
 
 from fedpeft import checkpoint
 from fedpeft.algorithms import make_server
@@ -13,8 +14,6 @@ from fedpeft.config.schema import FedAvgOptions, PrivacyOptions
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.wire import Payload
-
-from helpers import tiny_config
 
 
 def test_clip_bounds_the_norm_and_keeps_small_updates():

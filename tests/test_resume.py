@@ -9,14 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import crash_at_round, tiny_config, without_timings
 
 from fedpeft import checkpoint
 from fedpeft.cli import main as cli_main
 from fedpeft.config import dump_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
-
-from helpers import crash_at_round, tiny_config, without_timings
 
 VOLATILE = {"wall_s", "time_to_target_s", "time_client_s", "time_aggregation_s", "time_evaluation_s",
             "time_overhead_s", "peak_rss_mb", "run_dir"}

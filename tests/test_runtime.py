@@ -4,13 +4,12 @@ import json
 
 import numpy as np
 import pytest
+from helpers import tiny_config, without_timings
 
 from fedpeft import wire
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import EmbeddedRuntime, run
 from fedpeft.training.local import NonFiniteLoss
-
-from helpers import tiny_config, without_timings
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox"])

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from helpers import tiny_config
 
 from fedpeft.runtime.flower.secure import CountingGrid, quantization_range
-
-from helpers import tiny_config
 
 SECURE = "runtime.flower.secure_aggregation.clipping_range=1.0"
 FLOWER_2 = ["runtime.name=flower", "federation.num_clients=2", "runtime.flower.num_supernodes=2"]

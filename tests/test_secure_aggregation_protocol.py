@@ -14,11 +14,10 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.task_identity import TaskIdentity
+from helpers import tiny_config
 
 from fedpeft.runtime.flower.records import META_KEY
 from fedpeft.runtime.flower.secure import secure_mean
-
-from helpers import tiny_config
 
 STAGES = [Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT_MASKED_VECTORS, Stage.UNMASK]
 NAMES = ["a", "b"]
@@ -78,7 +77,7 @@ def run_protocol(num_clients: int, lost: dict[int, str], clipping_range: float =
                               num_partitions=num_clients, exp=SimpleNamespace(parts=[range(n) for n in sizes]),
                               _exchange=clients.exchange)
     payloads = {c: b"fedpeft payload %d" % c for c in range(num_clients)}
-    mean, replies, dropped, down, up = secure_mean(runtime, 1, payloads, NAMES)
+    mean, replies, dropped, _down, _up = secure_mean(runtime, 1, payloads, NAMES)
     return mean, replies, dropped, updates, sizes, clients
 
 
@@ -90,7 +89,7 @@ def weighted_mean(updates, sizes, clients):
 @pytest.mark.parametrize("lost", [{}, {4: Stage.SETUP}, {4: Stage.SHARE_KEYS}, {4: Stage.COLLECT_MASKED_VECTORS},
                                   {1: Stage.SETUP, 3: Stage.COLLECT_MASKED_VECTORS}, {2: Stage.UNMASK}])
 def test_the_server_gets_the_weighted_mean_of_the_clients_that_finished(lost):
-    mean, replies, dropped, updates, sizes, clients = run_protocol(5, lost)
+    mean, replies, dropped, updates, sizes, _clients = run_protocol(5, lost)
     finished = [c for c in range(5) if c not in lost or lost[c] == Stage.UNMASK]  # unmask-stage loss: update is in
     assert sorted(replies) == finished
     assert sorted(dropped) == sorted(c for c in lost if c not in finished)

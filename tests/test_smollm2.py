@@ -4,13 +4,12 @@ heads; one federated round of LoRA on real E2E NLG pairs."""
 import os
 
 import pytest
+from helpers import tiny_config
 
 from fedpeft.models import registry
 from fedpeft.models.layout import model_shape
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import run
-
-from helpers import tiny_config
 
 pytestmark = pytest.mark.slow
 

@@ -42,7 +42,7 @@ _EXPORTS = {
     "load_plugin": "fedpeft.plugins",
     "UserError": "fedpeft.errors",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605
 
 
 def __getattr__(name: str) -> Any:

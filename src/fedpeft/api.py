@@ -38,7 +38,7 @@ def plotted(summary: dict[str, Any]) -> dict[str, Any]:
         from fedpeft.report.plots import write_run_plots
 
         write_run_plots(summary["run_dir"])
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (a plot must not fail a finished run)
         logging.getLogger("fedpeft").warning("plots not written: %s", exc)
     return summary
 
@@ -68,6 +68,8 @@ def read_partition(run_dir: str | Path) -> dict[str, Any]:
 
 def register_algorithm(name: str, *, options: Any, server: Any, client: Any) -> None:
     """Register a federated algorithm (see :func:`fedpeft.algorithms.registry.register_algorithm`)."""
-    from fedpeft.algorithms.registry import register_algorithm as register  # the built-ins register first
+    from fedpeft.algorithms.registry import (
+        register_algorithm as register,  # the built-ins register first
+    )
 
     register(name, options=options, server=server, client=client)

@@ -149,8 +149,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else run_dir / "eval" / f"{names[choice]}-{split.replace('/', '_')}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as fh:
-        for line in prediction_lines(data, result[PREDICTIONS]):
-            fh.write(json.dumps(line) + "\n")
+        fh.writelines(json.dumps(line) + "\n" for line in prediction_lines(data, result[PREDICTIONS]))
     scores = {(k if k.startswith("eval_") else f"eval_{k}"): v for k, v in result.items() if not k.startswith("_")}
     summary = {"run_dir": str(run_dir), "adapter": names[choice], "round": meta.get("round"), "dataset": cfg.task.dataset,
                "split": split, "examples": len(data.rows), **scores, "predictions": str(out)}

@@ -24,9 +24,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fedpeft import wire
 import numpy as np
 
+from fedpeft import wire
 from fedpeft.heads import LayoutError, build_layout, keep_count
 from fedpeft.heads.sparse import packed_spec
 from fedpeft.metrics import ops as analytic

@@ -56,7 +56,7 @@ def _probe_address() -> tuple[str, int]:
     return url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reachable(host: str, port: int) -> bool:
     answer: list[bool] = []
 

@@ -105,7 +105,7 @@ class RunWriter:
     def __init__(self, path: Path, cfg: RunConfig):
         self.path = path
         (path / "config.yaml").write_text(dump_config(cfg))
-        self._metrics = open(path / "metrics.jsonl", "a", encoding="utf-8")
+        self._metrics = open(path / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (held open for the whole run)
         self._handler = logging.FileHandler(path / "events.log", encoding="utf-8")
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logging.getLogger("fedpeft").addHandler(self._handler)

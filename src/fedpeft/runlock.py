@@ -51,7 +51,7 @@ class RunLock:
         self._lock = FileLock(str(self.run_dir / LOCK_FILE), timeout=0)
 
     @classmethod
-    def acquire(cls, run_dir: str | Path) -> "RunLock":
+    def acquire(cls, run_dir: str | Path) -> RunLock:
         """Lock ``run_dir`` (which must exist) or raise :class:`RunDirectoryBusy` at once, naming the writer."""
         lock = cls(run_dir)
         try:

@@ -70,7 +70,7 @@ def decode(data: bytes, *, max_bytes: int | None = None) -> Payload:
         raise PayloadError("payload metadata is not a JSON object")
     try:
         arrays = st_load(data)
-    except Exception as exc:  # safetensors raises its own error type for every malformed input
+    except Exception as exc:  # safetensors raises its own error type for every malformed input  # noqa: BLE001 (any decoding failure is a PayloadError)
         raise PayloadError(f"payload tensors are malformed: {str(exc).splitlines()[0][:160]}") from None
     return Payload(arrays=dict(arrays), meta=meta)
 

@@ -17,7 +17,13 @@ from fedpeft.algorithms.base import (
     check_update,
     random_selection,
 )
-from fedpeft.algorithms.fedavg import FedAdamServer, FedAvgClient, FedAvgMServer, FedAvgServer, FedYogiServer
+from fedpeft.algorithms.fedavg import (
+    FedAdamServer,
+    FedAvgClient,
+    FedAvgMServer,
+    FedAvgServer,
+    FedYogiServer,
+)
 from fedpeft.algorithms.fedpeptao import FedPepTAOClient, FedPepTAOServer
 from fedpeft.algorithms.fedprox import FedProxClient, FedProxServer
 from fedpeft.algorithms.fedsp import FedSPClient, FedSPServer
@@ -53,7 +59,17 @@ def make_client(options: Any) -> ClientAlgorithm:
 
 
 __all__ = [
-    "ALGORITHMS", "ClientAlgorithm", "ClientContext", "ServerAlgorithm", "UpdateRejected", "check_update",
-    "RuntimeNeeds", "make_client", "make_server", "random_selection", "register_algorithm", "registered_algorithm",
+    "ALGORITHMS",
+    "ClientAlgorithm",
+    "ClientContext",
+    "RuntimeNeeds",
+    "ServerAlgorithm",
+    "UpdateRejected",
+    "check_update",
+    "make_client",
+    "make_server",
+    "random_selection",
+    "register_algorithm",
+    "registered_algorithm",
     "runtime_needs",
 ]

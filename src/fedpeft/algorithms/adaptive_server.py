@@ -25,7 +25,7 @@ parallel form of lines 20-25 is used here, with every m_i starting from the same
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

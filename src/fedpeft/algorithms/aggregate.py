@@ -8,7 +8,7 @@ Federated Optimization, Alg. 2): no bias correction, ``v`` initialised to ``tau*
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

@@ -7,12 +7,19 @@ delta (paper 000, Eq. 5) and applies its optimizer.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from fedpeft.algorithms import aggregate as A
-from fedpeft.algorithms.base import ClientAlgorithm, ClientContext, ServerAlgorithm, UpdateRejected, check_arrays
+from fedpeft.algorithms.base import (
+    ClientAlgorithm,
+    ClientContext,
+    ServerAlgorithm,
+    UpdateRejected,
+    check_arrays,
+)
 from fedpeft.algorithms.privacy import PrivateMean, clip, l2_norm
 from fedpeft.wire import Payload
 

@@ -27,14 +27,22 @@ any extra communication.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from fedpeft.algorithms import adaptive_server as AS
 from fedpeft.algorithms import aggregate as A
-from fedpeft.algorithms.base import (ClientAlgorithm, ClientContext, RuntimeNeeds, ServerAlgorithm, UpdateRejected,
-                                    check_update, log)
+from fedpeft.algorithms.base import (
+    ClientAlgorithm,
+    ClientContext,
+    RuntimeNeeds,
+    ServerAlgorithm,
+    UpdateRejected,
+    check_update,
+    log,
+)
 from fedpeft.algorithms.layer_selection import aggregate_scores, layer_order, select_layers
 from fedpeft.algorithms.privacy import l2_norm
 from fedpeft.algorithms.prompt_probes import client_kept_ratio, client_layer_scores, sample_batch

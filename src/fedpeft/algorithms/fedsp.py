@@ -23,15 +23,22 @@ Each client keeps its auxiliary model between rounds (in client state: only the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedpeft.algorithms.aggregate import deltas as update_deltas
 from fedpeft.algorithms.aggregate import fedavg_step, weighted_mean
-from fedpeft.algorithms.base import ClientAlgorithm, ClientContext, RuntimeNeeds, ServerAlgorithm, check_update
+from fedpeft.algorithms.base import (
+    ClientAlgorithm,
+    ClientContext,
+    RuntimeNeeds,
+    ServerAlgorithm,
+    check_update,
+)
 from fedpeft.algorithms.privacy import l2_norm
 from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload
@@ -242,7 +249,7 @@ class FedSPClient(ClientAlgorithm):
             result = phase(True, True)
         else:
             result = phase(False, True)
-        for n, p in params.items():
+        for p in params.values():
             p.requires_grad_(False)
         for p in prompt_params:
             p.requires_grad_(True)

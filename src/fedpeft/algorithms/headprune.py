@@ -38,18 +38,32 @@ and clears no count. Random selection ignores the counts.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedpeft.algorithms import aggregate as A
-from fedpeft.algorithms.base import (ClientAlgorithm, ClientContext, RuntimeNeeds, ServerAlgorithm, UpdateRejected,
-                                    check_update)
-from fedpeft.heads import ALPHA_KEY, KEPT_KEY, HeadLayout, head_importance, kept_at_random, kept_by_importance, pack
+from fedpeft.algorithms.base import (
+    ClientAlgorithm,
+    ClientContext,
+    RuntimeNeeds,
+    ServerAlgorithm,
+    UpdateRejected,
+    check_update,
+)
+from fedpeft.heads import (
+    ALPHA_KEY,
+    KEPT_KEY,
+    HeadLayout,
+    head_importance,
+    kept_at_random,
+    kept_by_importance,
+    pack,
+)
 from fedpeft.heads.sparse import keep_count, pruned_mask, unpack_into
 from fedpeft.wire import Payload, clock_seconds, clock_text
-
 
 MAX_BACKOFF_ROUNDS = 64
 
@@ -146,7 +160,7 @@ class HeadPruneServer(ServerAlgorithm):
         if len(kept) > allowed:
             raise UpdateRejected(f"{KEPT_KEY}: {len(kept)} heads kept, sparsity {self.options.sparsity} allows {allowed}")
         expected = {KEPT_KEY: (tuple(kept.shape), "int32")}
-        kept_set = set(int(h) for h in kept)
+        kept_set = {int(h) for h in kept}
         for name, (shape, dtype) in self.expected.items():
             param = self.layout.params.get(name)
             expected[name] = (shape if param is None else param.packed_shape(kept_set), dtype)
@@ -196,7 +210,7 @@ class HeadPruneServer(ServerAlgorithm):
 
     def _kept(self, p: Payload) -> set[int]:
         if KEPT_KEY in p.arrays:
-            return set(int(h) for h in p.arrays[KEPT_KEY])
+            return {int(h) for h in p.arrays[KEPT_KEY]}
         return set(range(self.layout.num_heads))
 
     def _alpha(self, p: Payload) -> np.ndarray | None:
@@ -265,7 +279,7 @@ class HeadPruneClient(ClientAlgorithm):
             kept = kept_at_random(layout, o.sparsity, rng, per_module=o.per_layer)
         else:
             kept = np.arange(layout.num_heads, dtype=np.int32)
-        kept_set = set(int(h) for h in kept)
+        kept_set = {int(h) for h in kept}
         before, after = _freeze_pruned(ctx.tuned, layout, kept_set) if o.pruning != "none" else (None, None)
         result = ctx.train(before_step=before, after_step=after, head_fraction=len(kept) / layout.num_heads)
         meta.update(result.as_meta())

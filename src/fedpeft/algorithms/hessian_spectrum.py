@@ -25,7 +25,7 @@ the one that produced the paper's numbers and because every quantity in it is de
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch

@@ -23,7 +23,7 @@ Appendix B.6 order the layers otherwise: ``random`` (seeded), ``ascending`` (bot
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

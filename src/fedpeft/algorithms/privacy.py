@@ -23,9 +23,11 @@ state is checkpointed, so the privacy spent carries over.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
+
 # Flower's building blocks are imported where they are used, so that importing fedpeft.algorithms does not load
 # Flower (only a run with algorithm.dp does)
 

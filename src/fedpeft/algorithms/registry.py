@@ -6,8 +6,9 @@ runtimes look algorithms up by the config's ``algorithm.name`` and never name on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from fedpeft.algorithms.base import ClientAlgorithm, ServerAlgorithm
 from fedpeft.config.schema import ALGORITHM_OPTIONS, AlgorithmOptions, register_options

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import copy
 import typing
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -180,7 +181,10 @@ def validate_config(raw: dict[str, Any], base_dir: str | Path | None = None) -> 
     plugins = raw.get("plugins") or []
     if not isinstance(plugins, list) or not all(isinstance(x, str) for x in plugins):
         raise ConfigError("plugins: give a list of plugin modules or .py files, e.g. plugins: [./my_plugin.py]")
-    from fedpeft.plugins import load_plugins, resolve_plugin  # registers their algorithms and methods first
+    from fedpeft.plugins import (  # registers their algorithms and methods first
+        load_plugins,
+        resolve_plugin,
+    )
 
     raw["plugins"] = list(dict.fromkeys(resolve_plugin(x, base_dir) for x in plugins))
     load_plugins(raw["plugins"])

@@ -7,7 +7,7 @@ starts with a message naming the valid choices (see :mod:`fedpeft.config.load`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -25,7 +25,7 @@ class PeftOptions(Section):
     # whether fedpeft.heads.layout splits this method's trainable tensors by attention head (head pruning)
     maps_to_heads: ClassVar[bool] = False
 
-    def check(self, run: "RunConfig") -> None:
+    def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this method cannot
         work with; called when a whole config is validated."""
 
@@ -38,7 +38,7 @@ class AlgorithmOptions(Section):
     # whether the server can aggregate from the sample-weighted mean update alone (needed by SecAgg+)
     supports_secure_aggregation: ClassVar[bool] = False
 
-    def check(self, run: "RunConfig") -> None:
+    def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this algorithm cannot
         work with; called when a whole config is validated."""
 
@@ -209,7 +209,7 @@ class PrivacyOptions(Section):
     max_epsilon: float | None = Field(None, gt=0, description="Stop before a round would exceed this epsilon.")
 
     @model_validator(mode="after")
-    def _budget_needs_noise(self) -> "PrivacyOptions":
+    def _budget_needs_noise(self) -> PrivacyOptions:
         if self.max_epsilon is not None and self.noise_multiplier == 0:
             raise ValueError("max_epsilon needs noise_multiplier > 0: without noise there is no finite epsilon")
         return self
@@ -278,7 +278,7 @@ class HeadPruneOptions(AlgorithmOptions):
                      "scores, which the server must see in the clear per client; use fedavg-family algorithms "
                      "for differential privacy or secure aggregation.")
 
-    def check(self, run: "RunConfig") -> None:
+    def check(self, run: RunConfig) -> None:
         # here, so that the error comes before any data or model is loaded
         if not type(run.peft).maps_to_heads:
             heads = ", ".join(n for n, m in PEFT_OPTIONS.items() if m.maps_to_heads)
@@ -339,7 +339,7 @@ class FedPepTAOOptions(AlgorithmOptions):
     )
     dp: None = Field(None, description="Not available for fedpeptao.")
 
-    def check(self, run: "RunConfig") -> None:
+    def check(self, run: RunConfig) -> None:
         if run.peft.method != "prefix_tuning" or getattr(run.peft, "projection", False):
             raise ValueError("algorithm fedpeptao exchanges deep prompts layer by layer: set peft.method: "
                              "prefix_tuning with peft.projection: false")
@@ -385,7 +385,7 @@ class FedSPOptions(AlgorithmOptions):
         "each round (0: none).")
     dp: None = Field(None, description="Not available for fedsp.")
 
-    def check(self, run: "RunConfig") -> None:
+    def check(self, run: RunConfig) -> None:
         if run.peft.method != "prefix_tuning":
             raise ValueError("algorithm fedsp exchanges prefix prompts: set peft.method: prefix_tuning")
         if run.task.type == "classification":
@@ -431,7 +431,7 @@ class FederationConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _k_le_n(self) -> "FederationConfig":
+    def _k_le_n(self) -> FederationConfig:
         if self.clients_per_round > self.num_clients:
             raise ValueError(
                 f"clients_per_round ({self.clients_per_round}) exceeds num_clients ({self.num_clients})"
@@ -570,7 +570,7 @@ ALGORITHM_OPTIONS: dict[str, type[AlgorithmOptions]] = {
 
 def _choice_union(models: Any, tag: str) -> Any:
     """The config type of a section with registered choices: their options models, told apart by ``tag``."""
-    return Annotated[Union[tuple(models)], Field(discriminator=tag)]
+    return Annotated[tuple(models), Field(discriminator=tag)]
 
 
 PeftChoice = _choice_union(PEFT_OPTIONS.values(), "method")
@@ -594,7 +594,7 @@ class RunConfig(Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "RunConfig":
+    def _cross_checks(self) -> RunConfig:
         if self.runtime.precision == "fp16" and self.runtime.device == "cpu":
             raise ValueError("runtime.precision fp16 needs a GPU; use bf16 or fp32 on cpu")
         if self.runtime.flower.secure_aggregation is not None:
@@ -634,7 +634,7 @@ class RunConfig(Section):
         ]
 
 
-def register_options(model: type[PeftOptions] | type[AlgorithmOptions]) -> str:
+def register_options(model: type[PeftOptions | AlgorithmOptions]) -> str:
     """Make ``model`` a valid choice of ``peft.method`` (a PeftOptions subclass) or ``algorithm.name`` (an
     AlgorithmOptions subclass) in every config validated from now on; returns its name. Registering the same
     class again (a plugin module loaded twice) is a no-op; another class under a taken name is refused."""

@@ -31,7 +31,7 @@ class Encoded:
     def lengths(self) -> np.ndarray:
         return np.fromiter((len(x) for x in self.input_ids), dtype=np.int64, count=len(self.input_ids))
 
-    def subset(self, idx: np.ndarray) -> "Encoded":
+    def subset(self, idx: np.ndarray) -> Encoded:
         idx = [int(i) for i in idx]
         return Encoded(
             input_ids=[self.input_ids[i] for i in idx],

@@ -11,8 +11,9 @@ A Hub row is converted to that schema by the entry's ``convert`` function.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 Row = dict[str, Any]
 

@@ -148,7 +148,7 @@ def partition_stats(parts: list[np.ndarray], labels: np.ndarray | None = None) -
             nz = q[q > 0]
             entropies.append(float(-(nz * np.log(nz)).sum()))
             tv.append(float(0.5 * np.abs(q - global_p).sum()))
-        stats["num_classes"] = int(len(classes))
+        stats["num_classes"] = len(classes)
         stats["classes_per_client_mean"] = float(np.mean([len(c["labels"]) for c in stats["clients"]]))
         stats["label_entropy_mean"] = float(np.mean(entropies))
         stats["label_entropy_max_possible"] = float(np.log(len(classes)))
@@ -158,8 +158,8 @@ def partition_stats(parts: list[np.ndarray], labels: np.ndarray | None = None) -
 
 def format_stats(stats: dict[str, Any], max_rows: int = 20) -> str:
     lines = [
-        f"clients: {stats['num_clients']}  examples: {stats['num_examples']}  "
-        f"size min/mean/max: {stats['size_min']}/{stats['size_mean']:.1f}/{stats['size_max']} (std {stats['size_std']:.1f})"
+        (f"clients: {stats['num_clients']}  examples: {stats['num_examples']}  "
+        f"size min/mean/max: {stats['size_min']}/{stats['size_mean']:.1f}/{stats['size_max']} (std {stats['size_std']:.1f})")
     ]
     if "num_classes" in stats:
         lines.append(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 
@@ -16,7 +15,7 @@ from fedpeft.data.catalog import prompt_template
 from fedpeft.data.sources import DataError, load_rows, shared_rows
 
 log = logging.getLogger("fedpeft")
-EvalSet = Union[Encoded, F.GenerationEval, F.ChoiceEval]
+EvalSet = Encoded | F.GenerationEval | F.ChoiceEval
 
 
 @dataclass
@@ -66,8 +65,8 @@ def prepare_task(
     the seeded subsets and tokenises them. Class labels are numbered over the whole train split."""
     if task.type not in V.TASK_FIELDS:
         raise DataError(f"task.type {task.type!r} is not supported")
-    kw = dict(dataset_config=task.dataset_config, data_dir=task.data_dir, columns=task.columns,
-              shuffle_seed=task.split_shuffle_seed)
+    kw = {"dataset_config": task.dataset_config, "data_dir": task.data_dir, "columns": task.columns,
+              "shuffle_seed": task.split_shuffle_seed}
     train_spans: dict[str, list[tuple[int, int]]] = {}
     eval_spans: dict[str, list[tuple[int, int]]] = {}
     train_origins: list[V.Origin] = []
@@ -107,17 +106,17 @@ def prepare_task(
             "names" if isinstance(V.class_id(train_rows[0]["label"]), str) else "ids",
         )
     if task.type == "generation":
-        kw2 = dict(
-            encoder_decoder=encoder_decoder, template=template, max_length=task.max_length,
-            max_target_length=task.max_target_length,
-        )
+        kw2 = {
+            "encoder_decoder": encoder_decoder, "template": template, "max_length": task.max_length,
+            "max_target_length": task.max_target_length,
+        }
         return TaskData(
             "generation",
             F.encode_generation(train_rows, tokenizer, where=where_train, **kw2),
             F.encode_generation_eval(eval_rows, tokenizer, where=where_eval, **kw2),
             None, None, None, len(eval_rows), template,
         )
-    kw3 = dict(encoder_decoder=encoder_decoder, template=template, max_length=task.max_length)
+    kw3 = {"encoder_decoder": encoder_decoder, "template": template, "max_length": task.max_length}
     return TaskData(
         "multiple_choice",
         F.encode_choice_train(train_rows, tokenizer, where=where_train, **kw3),

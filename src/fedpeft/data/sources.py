@@ -15,8 +15,9 @@ import gzip
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from fedpeft.data.catalog import CATALOG, Row
 from fedpeft.data.validate import Origin
@@ -43,7 +44,7 @@ def data_dirs(explicit: str | None = None) -> list[Path]:
 def read_file(path: Path, label_column: str = "label") -> list[Row]:
     """Rows of a jsonl / jsonl.gz / json / csv / tsv / parquet file."""
     name = path.name.lower()
-    if name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
+    if name.endswith((".jsonl", ".jsonl.gz")):
         opener = gzip.open if name.endswith(".gz") else open
         rows = []
         with opener(path, "rt", encoding="utf-8") as f:
@@ -221,7 +222,7 @@ def _load_hub_split(dataset: str, config: str | None, split: str, data_dir: str 
         import datasets
 
         ds = datasets.load_dataset(hub_id, hub_config, split=split)
-    except Exception as exc:  # network, unknown id, unknown split: all end here
+    except Exception as exc:  # network, unknown id, unknown split: all end here  # noqa: BLE001 (every Hub failure becomes one DataError)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
         raise DataError(
             f"dataset {dataset!r} split {split!r}: not found locally (looked in {', '.join(map(str, data_dirs(data_dir)))}) "
@@ -252,7 +253,7 @@ def _bound(spec: str | None, n: int, default: int) -> int:
         pct = int(spec[:-1])
         if not -100 <= pct <= 100:
             raise DataError(f"split slice {spec!r}: a percentage must lie in [-100%, 100%]")
-        pos = int(round(abs(pct) * n / 100))  # nearest row, as datasets' "closest" rounding
+        pos = round(abs(pct) * n / 100)  # nearest row, as datasets' "closest" rounding
         return n - pos if pct < 0 else pos
     value = int(spec)
     return max(0, n + value) if value < 0 else min(value, n)
@@ -372,7 +373,7 @@ def _describe_hub(dataset: str, data_dir: str | None) -> dict[str, Any]:
         import datasets
 
         splits = datasets.get_dataset_split_names(hub_id, hub_config)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (every Hub failure becomes one DataError)
         first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
         raise _not_local(dataset, data_dir, f"the Hub has no dataset {hub_id!r} ({first})") from None
     return {"dataset": dataset, "source": f"hub:{hub_id}", "splits": list(splits), "notes": []}

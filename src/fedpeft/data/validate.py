@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 import string
 from collections import Counter
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from fedpeft.data.catalog import Row
 
@@ -287,8 +288,8 @@ def report(task_type: str | None, rows: list[Row], origins: list[Origin], templa
     if not rows:
         return [f"split {split!r} has no rows"], []
     if task_type is None:
-        return [], ["no task type fits these fields: classification reads text + label, generation input + "
-                    "target, multiple_choice question + choices + label; map yours with task.columns"]
+        return [], [("no task type fits these fields: classification reads text + label, generation input + "
+                    "target, multiple_choice question + choices + label; map yours with task.columns")]
     found = list(problems(task_type, rows, origins, template))
     notes = []
     blank = unlabeled(task_type, rows, origins)

@@ -30,8 +30,9 @@ and follows FedAvg (paper 000, Eq. 5).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from fedpeft.errors import UserError
 from fedpeft.models.layout import arch_spec, model_shape
@@ -97,7 +98,7 @@ def _modules(config) -> tuple[list[str], bool]:
     shape = model_shape(config)
     if not shape.encoder_decoder:
         return [f"self.{i}" for i in range(shape.num_layers)], False
-    enc = int(getattr(config, "encoder_layers", None) or getattr(config, "num_layers"))
+    enc = int(getattr(config, "encoder_layers", None) or config.num_layers)
     dec = int(getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None) or enc)
     names = [f"encoder.self.{i}" for i in range(enc)] + [f"decoder.self.{i}" for i in range(dec)]
     return names + [f"decoder.cross.{i}" for i in range(dec)], True

@@ -23,7 +23,7 @@ def keep_count(num: int, sparsity: float) -> int:
     """Heads kept at ``sparsity`` (the top (1 - s) fraction, at least one)."""
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
-    return max(1, int(math.floor((1.0 - sparsity) * num + 0.5)))
+    return max(1, math.floor((1.0 - sparsity) * num + 0.5))
 
 
 def kept_by_importance(alpha: np.ndarray, sparsity: float, layout: HeadLayout, *, per_module: bool = False) -> np.ndarray:
@@ -61,7 +61,7 @@ def _take(param: HeadParam, value: np.ndarray, kept: set[int]) -> np.ndarray:
 
 def pack(state: dict[str, np.ndarray], layout: HeadLayout, kept: np.ndarray) -> dict[str, np.ndarray]:
     """The arrays of a pruned upload (without alpha): non-head in full, head parameters packed, kept ids."""
-    kept_set = set(int(h) for h in kept)
+    kept_set = {int(h) for h in kept}
     out = {}
     for name, value in state.items():
         param = layout.params.get(name)
@@ -74,7 +74,7 @@ def packed_spec(spec: dict[str, tuple[tuple[int, ...], str]], layout: HeadLayout
                 with_scores: bool) -> dict[str, tuple[tuple[int, ...], str]]:
     """(shape, dtype) of every array :func:`pack` makes from a state of ``spec`` (plus the importance scores
     when the upload carries them), without the values: for accounting (``wire.encoded_size``)."""
-    kept_set = set(int(h) for h in kept)
+    kept_set = {int(h) for h in kept}
     out = {n: ((layout.params[n].packed_shape(kept_set) if n in layout.params else tuple(shape)), dtype)
            for n, (shape, dtype) in spec.items()}
     out[KEPT_KEY] = ((len(kept_set),), "int32")

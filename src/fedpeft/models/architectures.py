@@ -58,7 +58,11 @@ def build_on_meta(config, kind: str, num_labels: int | None = None) -> torch.nn.
     import copy
 
     import transformers
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSequenceClassification,
+    )
 
     transformers.logging.set_verbosity_error()
     auto = {"classification": AutoModelForSequenceClassification, "causal": AutoModelForCausalLM,

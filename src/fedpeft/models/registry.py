@@ -93,7 +93,7 @@ def _tiny_config(alias: str, tokenizer):
 
     v = len(tokenizer)
     pad, bos, eos = tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id
-    common = dict(vocab_size=v, pad_token_id=pad, bos_token_id=bos, eos_token_id=eos)
+    common = {"vocab_size": v, "pad_token_id": pad, "bos_token_id": bos, "eos_token_id": eos}
     if alias == "tiny-bert":
         return BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                           max_position_embeddings=512, **common)
@@ -178,7 +178,7 @@ def load_config(name: str):
 
     try:
         return AutoConfig.from_pretrained(src.path, **options)
-    except Exception as exc:  # unknown Hub id, no network, bad directory
+    except Exception as exc:  # unknown Hub id, no network, bad directory  # noqa: BLE001 (every load failure becomes one ModelError)
         raise _hub_failure(name, exc) from None
 
 
@@ -189,7 +189,7 @@ def load_tokenizer(name: str):
 
     try:
         tok = AutoTokenizer.from_pretrained(src.path, **options)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (every load failure becomes one ModelError)
         raise _hub_failure(name, exc) from None
     if tok.pad_token_id is None:
         if tok.eos_token is None:

@@ -179,7 +179,7 @@ class EmbeddedRuntime:
         self.start_round = rnd + 1
 
     @classmethod
-    def resume(cls, run_dir: str | Path, *, rounds: int | None = None, **kwargs: Any) -> "EmbeddedRuntime":
+    def resume(cls, run_dir: str | Path, *, rounds: int | None = None, **kwargs: Any) -> EmbeddedRuntime:
         """Continue the run in RUN_DIR from its last checkpoint (from round 1 if it has none yet), with the config
         it was started with; ``rounds`` changes federation.rounds, which also extends a finished run."""
         return cls(resume_config(run_dir, rounds), run_dir, resume=True, **kwargs)

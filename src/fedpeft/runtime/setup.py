@@ -55,7 +55,7 @@ class Experiment:
     server_part: np.ndarray | None = None  # training examples the server keeps (FedSP), not given to any client
 
     @functools.cached_property
-    def server_model(self) -> "ServerModel | None":
+    def server_model(self) -> ServerModel | None:
         """The server's model and data shard, for algorithms that train on the server (RuntimeNeeds.server_model)."""
         if not runtime_needs(self.cfg.algorithm).server_model:
             return None
@@ -122,7 +122,7 @@ def build_partition(cfg: RunConfig, data: TaskData) -> tuple[list[np.ndarray], n
     rest = np.arange(n)
     if share > 0:
         order = np.random.default_rng([cfg.seed, 0x5E7]).permutation(n)
-        k = max(1, int(round(share * n)))
+        k = max(1, round(share * n))
         server, rest = np.sort(order[:k]), np.sort(order[k:])
     labels = data.train_labels[rest] if data.train_labels is not None else None
     parts = partition(
@@ -147,7 +147,7 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     parts, server_part = build_partition(cfg, data)
     stats = partition_stats(parts, data.train_labels)
     if server_part is not None:
-        stats["server_examples"] = int(len(server_part))
+        stats["server_examples"] = len(server_part)
     model = registry.load_model(cfg.model.name, kind, num_labels=data.num_labels, dtype=cfg.model.dtype,
                                 tokenizer=tokenizer, seed=cfg.seed)
     tuned = apply_tuner(model, cfg.peft, kind, tokenizer_path=registry.resolve(cfg.model.name).path,

@@ -28,7 +28,7 @@ def _accepts_logits_to_keep(model) -> bool:
     return _forward_takes_logits_to_keep(type(base))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward_takes_logits_to_keep(cls: type) -> bool:
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
@@ -69,8 +69,7 @@ def _lm_loss(model, data: Encoded, *, pad_id, device, batch_size, encoder_decode
     sums, counts = np.zeros(len(data)), np.zeros(len(data))
     for idx in sequential_batches(data.lengths(), batch_size):
         batch = {k: v.to(device) for k, v in collate(data, idx, pad_id).items()}
-        if "token_type_ids" in batch:
-            del batch["token_type_ids"]
+        batch.pop("token_type_ids", None)
         with _autocast(device, precision):
             s, c = _token_logprobs(model, batch, encoder_decoder)
         sums[idx] = s.cpu().numpy()

@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ class TrainResult:
     flops_sampled_steps: int  # steps of this training that were measured (0 or 1)
     ops_analytic: float
 
-    def plus(self, other: "TrainResult") -> "TrainResult":
+    def plus(self, other: TrainResult) -> TrainResult:
         """Two trainings of one client in one round as one: counts and times added, the loss of ``other``."""
         flops = None if self.flops is None and other.flops is None else (self.flops or 0.0) + (other.flops or 0.0)
         return TrainResult(loss=other.loss, steps=self.steps + other.steps, examples=self.examples + other.examples,
@@ -99,7 +99,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, params: dict[str, tor
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
-    warmup = int(round(cfg.warmup_ratio * total_steps))
+    warmup = round(cfg.warmup_ratio * total_steps)
 
     def factor(step: int) -> float:
         if warmup and step < warmup:

@@ -10,8 +10,8 @@ key/value heads are covered). ``tests/test_prefix_layers.py`` checks this agains
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 

@@ -79,9 +79,7 @@ class TunedModel:
         safetensors file of the trainable state plus a JSON description (see README)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.peft_backed:
-            self.module.save_pretrained(directory)
-        elif self.method == "full":
+        if self.peft_backed or self.method == "full":
             self.module.save_pretrained(directory)
         else:
             from safetensors.numpy import save_file
@@ -134,8 +132,8 @@ def _peft_config(opts: Any, kind: str, spec: ArchSpec | None, model: nn.Module, 
     if m == "prompt_tuning":
         kw = {}
         if opts.init_text:
-            kw = dict(prompt_tuning_init=peft.PromptTuningInit.TEXT, prompt_tuning_init_text=opts.init_text,
-                      tokenizer_name_or_path=tokenizer_path)
+            kw = {"prompt_tuning_init": peft.PromptTuningInit.TEXT, "prompt_tuning_init_text": opts.init_text,
+                      "tokenizer_name_or_path": tokenizer_path}
         return peft.PromptTuningConfig(num_virtual_tokens=opts.num_virtual_tokens, **kw, **common)
     if m == "p_tuning":
         enc = {"mlp": peft.PromptEncoderReparameterizationType.MLP,

@@ -60,7 +60,7 @@ def make_credentials(out_dir: str | Path, *, hosts: list[str] | None = None, sup
                      days: int = 365) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     pem = serialization.Encoding.PEM
     pkcs8 = serialization.PrivateFormat.PKCS8
     plain = serialization.NoEncryption()

@@ -44,7 +44,7 @@ class ShortSleepClock:
 def patch(poll_s: float) -> None:
     """Make the SuperNode loop sleep at most ``poll_s`` seconds at a time (this process only)."""
     if not isinstance(getattr(start_client_internal, "time", None), (ModuleType, ShortSleepClock)):
-        raise RuntimeError("flwr.supernode.start_client_internal no longer uses the time module: this launcher "
+        raise RuntimeError("flwr.supernode.start_client_internal no longer uses the time module: this launcher "  # noqa: TRY004
                            "is written for flwr==1.41.0")
     start_client_internal.time = ShortSleepClock(poll_s)  # type: ignore[assignment]
 

@@ -25,8 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Self
 
 import psutil
 import tomli_w
@@ -131,7 +132,7 @@ class LocalDeployment:
 
     def _spawn(self, args: list[str], log_name: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        out = open(self.log_dir / log_name, "ab")
+        out = open(self.log_dir / log_name, "ab")  # noqa: SIM115 (held open for the process's life)
         try:
             # started from the caller's directory, so relative paths (data, models) mean what they mean here
             return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env={**self.env, **(extra_env or {})},
@@ -139,14 +140,14 @@ class LocalDeployment:
         finally:
             out.close()
 
-    def start(self, timeout: float = 120.0) -> "LocalDeployment":
+    def start(self, timeout: float = 120.0) -> LocalDeployment:
         try:
             return self._start(timeout)
         except BaseException:
             self.close()  # nothing started here outlives a failed start
             raise
 
-    def _start(self, timeout: float) -> "LocalDeployment":
+    def _start(self, timeout: float) -> LocalDeployment:
         self.port = free_port()
         mode = ["--simulation"] if self.simulation else []
         self.superlink = self._spawn([flower_executable("flower-superlink"), *self._security(), *mode, "--host",
@@ -168,7 +169,7 @@ class LocalDeployment:
         for i in range(self.num_supernodes):
             key = self.credentials / f"supernode-{i}.pub"  # type: ignore[operator]
             out = subprocess.run([flower_executable("flwr"), "supernode", "register", str(key), CONNECTION],
-                                 env=self.env, cwd=self.log_dir, capture_output=True, text=True)
+                                 env=self.env, cwd=self.log_dir, capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 raise RuntimeError(f"registering {key} with the SuperLink failed: {(out.stdout + out.stderr).strip()}")
 
@@ -255,10 +256,10 @@ class LocalDeployment:
             self._stop(proc)
         self._stop(self.superlink)
 
-    def __enter__(self) -> "LocalDeployment":
+    def __enter__(self) -> Self:
         return self.start() if self.superlink is None else self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -353,7 +354,8 @@ def _run_flower(cfg: RunConfig, run_dir: Path, resume: bool, deployment: LocalDe
         log(f"run directory: {run_dir}")
         with open(flower_dir / "flwr-run.log", "ab") as out:
             proc = subprocess.run([flower_executable("flwr"), "run", str(app_dir), CONNECTION, "--stream",
-                                   *simulation_options(cfg)], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work)
+                                   *simulation_options(cfg)], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work,
+                                  check=False)  # the exit code is judged below, with the logs
     finally:
         if own is not None:
             own.close()

@@ -25,7 +25,7 @@ ARRAY_NAMES_KEY = "fedpeft-arrays"  # FitIns config entry: names of the update's
 META_KEY = "fedpeft-meta"  # FitRes metrics entry: the update's fedpeft metadata (JSON)
 
 
-def pack(data: bytes, **info: int | float | str | bool) -> RecordDict:
+def pack(data: bytes, **info: float | str | bool) -> RecordDict:
     array = Array(dtype="uint8", shape=(len(data),), stype=WIRE_STYPE, data=bytes(data))
     return RecordDict({PAYLOAD_KEY: ArrayRecord({PAYLOAD_KEY: array}), INFO_KEY: ConfigRecord(dict(info))})
 
@@ -49,6 +49,6 @@ def unpack(content: RecordDict) -> tuple[bytes, dict]:
 def config_from_run_config(run_config: dict) -> RunConfig:
     text = run_config.get(CONFIG_KEY)
     if not isinstance(text, str):
-        raise ValueError(f"the Flower run config lacks {CONFIG_KEY!r}; start runs with `fedpeft run` or an app "
+        raise ValueError(f"the Flower run config lacks {CONFIG_KEY!r}; start runs with `fedpeft run` or an app "  # noqa: TRY004
                          "written by fedpeft.runtime.flower.launch.write_app")
     return validate_config(yaml.safe_load(text) or {})

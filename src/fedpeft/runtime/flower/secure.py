@@ -34,7 +34,8 @@ import json
 import logging
 import math
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -57,7 +58,7 @@ log = logging.getLogger("fedpeft")
 def quantization_range(clients: int) -> int:
     """The largest power of two Q <= 2**30 with clients * Q < 2**32: the sum of the clients' quantized
     entries stays below Flower's modulus (so it unmasks exactly) and each entry fits Flower's int32 rounding."""
-    return 1 << min(30, int(math.floor(math.log2((2**32 - 1) / clients))))
+    return 1 << min(30, math.floor(math.log2((2**32 - 1) / clients)))
 
 
 def message_bytes(msg: Message) -> int:

@@ -148,12 +148,12 @@ class FlowerServerRuntime(EmbeddedRuntime):
             if not mid:
                 results[cid] = (None, n_down, 0, "the SuperLink refused the message (too large? see its log)")
             elif rep is None:
-                results[cid] = (None, n_down, 0, f"no reply within federation.round_timeout_s={timeout:g} s "
-                                                 "(client stopped or disconnected)")
+                results[cid] = (None, n_down, 0, (f"no reply within federation.round_timeout_s={timeout:g} s "
+                                                 "(client stopped or disconnected)"))
             elif rep.has_error() and rep.error.code in (ErrorCode.MESSAGE_UNAVAILABLE,
                                                          ErrorCode.REPLY_MESSAGE_UNAVAILABLE):
-                results[cid] = (None, n_down, 0, f"no reply within federation.round_timeout_s={timeout:g} s "
-                                                 "(the message expired: client stopped or disconnected)")
+                results[cid] = (None, n_down, 0, (f"no reply within federation.round_timeout_s={timeout:g} s "
+                                                 "(the message expired: client stopped or disconnected)"))
             elif rep.has_error():
                 results[cid] = (None, n_down, 0, f"client failed: {rep.error.reason}")
                 if rep.error.code == ErrorCode.NODE_UNAVAILABLE:  # gone: the next refresh looks for a replacement
@@ -177,7 +177,9 @@ class FlowerServerRuntime(EmbeddedRuntime):
 
     def secure_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:
         """A round whose updates are summed with SecAgg+: the server sees only their weighted mean."""
-        from fedpeft.runtime.flower.secure import secure_mean  # Flower's legacy server stack, only when used
+        from fedpeft.runtime.flower.secure import (
+            secure_mean,  # Flower's legacy server stack, only when used
+        )
 
         self.refresh_nodes(timeout=30.0)
         if self.num_partitions != self.cfg.federation.num_clients:
