@@ -127,3 +127,27 @@ def test_the_layers_keep_to_themselves():
              "print(light, sorted({m.split('.')[0] for m in sys.modules} & {'flwr', 'matplotlib'}))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[] []", out.stdout + out.stderr
+
+
+def test_installed_packages_register_through_the_entry_point_group(tmp_path, monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from fedpeft import plugins
+
+    (tmp_path / "installed_fl.py").write_text(
+        "from typing import Literal\n"
+        "import fedpeft\n"
+        "from fedpeft.algorithms.registry import ALGORITHMS\n"
+        "class InstalledOptions(fedpeft.AlgorithmOptions):\n"
+        "    name: Literal['installed'] = 'installed'\n"
+        "def register():\n"
+        "    fedavg = ALGORITHMS['fedavg']\n"
+        "    fedpeft.register_algorithm('installed', options=InstalledOptions, server=fedavg.server,\n"
+        "                               client=lambda o: fedavg.client(fedavg.options()))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = [EntryPoint(name="installed", value="installed_fl:register", group=plugins.ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(plugins, "entry_points", lambda group: found if group == plugins.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(plugins, "_installed_loaded", False)
+    cfg = load_config(None, ["algorithm.name=installed"])  # validating a config loads the installed plugins
+    assert cfg.algorithm.name == "installed" and "installed" in ALGORITHMS

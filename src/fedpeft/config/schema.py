@@ -7,6 +7,8 @@ starts with a message naming the valid choices (see :mod:`fedpeft.config.load`).
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -570,7 +572,7 @@ ALGORITHM_OPTIONS: dict[str, type[AlgorithmOptions]] = {
 
 def _choice_union(models: Any, tag: str) -> Any:
     """The config type of a section with registered choices: their options models, told apart by ``tag``."""
-    return Annotated[tuple(models), Field(discriminator=tag)]
+    return Annotated[functools.reduce(operator.or_, models), Field(discriminator=tag)]  # A | B | ...
 
 
 PeftChoice = _choice_union(PEFT_OPTIONS.values(), "method")
