@@ -38,7 +38,7 @@ _EXPORTS = {
     "UpdateRejected": "fedpeft.algorithms.base",
     "check_update": "fedpeft.algorithms.base",
     "Payload": "fedpeft.wire",
-    "register_algorithm": "fedpeft.api",
+    "register_algorithm": "fedpeft.algorithms.registry",
     "load_plugin": "fedpeft.plugins",
     "UserError": "fedpeft.errors",
 }

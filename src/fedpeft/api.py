@@ -1,5 +1,5 @@
 """The functions behind ``import fedpeft`` that compose several layers: running and resuming a run in the
-runtime its config names, reading a run's partition, and registering an algorithm."""
+runtime its config names, and reading a run's partition."""
 
 from __future__ import annotations
 
@@ -64,12 +64,3 @@ def read_partition(run_dir: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no partition.json)")
     return json.loads(path.read_text())
-
-
-def register_algorithm(name: str, *, options: Any, server: Any, client: Any) -> None:
-    """Register a federated algorithm (see :func:`fedpeft.algorithms.registry.register_algorithm`)."""
-    from fedpeft.algorithms.registry import (
-        register_algorithm as register,  # the built-ins register first
-    )
-
-    register(name, options=options, server=server, client=client)

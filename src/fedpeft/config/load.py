@@ -213,12 +213,11 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = (), plugins:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (task:, model:, ...)")
     raw = apply_overrides(raw, overrides)
-    if plugins:
+    listed = raw.get("plugins") or []
+    if plugins and isinstance(listed, list):  # the config's own are resolved against base_dir by validate_config
         from fedpeft.plugins import resolve_plugin
 
-        listed = raw.get("plugins") or []
-        raw["plugins"] = [*(resolve_plugin(x, base_dir) for x in listed if isinstance(x, str)),
-                          *(resolve_plugin(x) for x in plugins)]
+        raw["plugins"] = [*listed, *(resolve_plugin(x) for x in plugins)]
     return validate_config(raw, base_dir)
 
 

@@ -191,8 +191,10 @@ def build_layout(spec: Mapping[str, tuple[tuple[int, ...], str]], config, method
             params[name] = HeadParam(name, pshape, 1, [HeadUnit(g * dims // heads, (g + 1) * dims // heads, (g,))
                                                        for g in range(heads)])
     else:
-        raise LayoutError(f"peft method {method!r} has no head layout; use lora, ia3, prompt_tuning, p_tuning or "
-                          "prefix_tuning")
+        from fedpeft.config.schema import PEFT_OPTIONS
+
+        heads = ", ".join(name for name, options in PEFT_OPTIONS.items() if options.maps_to_heads)
+        raise LayoutError(f"peft method {method!r} has no head layout; use one of {heads}")
     if not params:
         raise LayoutError(f"no trainable parameter of {method!r} maps to an attention head (check target modules)")
     return HeadLayout(len(module_names), H, module_names, params)
