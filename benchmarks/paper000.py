@@ -50,6 +50,7 @@ from results_io import (  # benchmarks/results_io.py
     save,
 )
 
+import fedpeft
 from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
@@ -63,9 +64,25 @@ SELECTIONS = {"random": ["algorithm.selection=random"], "loss": ["algorithm.sele
 IMPORTANCE_ROUNDS = 10  # Fig. 5 records the selected clients' scores over the first rounds
 
 
+def _giga(value: float | None) -> float | None:
+    return None if value is None else value / 1e9
+
+
 def _mean(values: list[float]) -> float | None:
     values = [v for v in values if v is not None]
     return float(np.mean(values)) if values else None
+
+
+class ImportanceRecorder(fedpeft.RunObserver):
+    """The clients' full Eq. 6 head importance scores of the first rounds (headprune reports them as
+    "importance"; nothing of it travels on the wire)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def on_client_report(self, rnd: int, client_id: int, name: str, value: Any) -> None:
+        if name == "importance" and rnd <= IMPORTANCE_ROUNDS:
+            self.records.append({"round": rnd, "client": client_id, "alpha": [round(float(a), 6) for a in value]})
 
 
 class Bench:
@@ -93,14 +110,10 @@ class Bench:
         alphas_path = run_dir / "importance_first_rounds.json"
         if not reuse_or_clear(run_dir, cfg, key):
             print(f"[{key}] training: {' '.join(overrides)}", flush=True)
-            rt = EmbeddedRuntime(cfg, run_dir)
-            records: list[dict[str, Any]] = []
-            if hasattr(rt.client, "importance_observer"):
-                def observe(rnd: int, cid: int, alpha: np.ndarray) -> None:
-                    if rnd <= IMPORTANCE_ROUNDS:
-                        records.append({"round": rnd, "client": cid, "alpha": [round(float(a), 6) for a in alpha]})
-                rt.client.importance_observer = observe
+            importance = ImportanceRecorder()
+            rt = EmbeddedRuntime(cfg, run_dir, observers=[importance])
             rt.run()
+            records = importance.records
             layout = rt.exp.head_layout
             alphas_path.write_text(json.dumps({
                 "modules": layout.module_names if layout else [], "heads_per_module": layout.heads_per_module if layout else 0,
@@ -125,7 +138,7 @@ class Bench:
             "sparsity_measured": _mean([r.get("agg_sparsity_mean") for r in rows]) or 0.0,
             "mib_up_per_client_round": _mean(per_client("bytes_up")) / 2**20,
             "mib_down_per_client_round": _mean(per_client("bytes_down")) / 2**20,
-            "ops_analytic_g_per_client_round": _mean(per_client("client_ops_analytic")) / 1e9,
+            "ops_analytic_g_per_client_round": _giga(_mean(per_client("client_ops_analytic"))),
             "flops_measured_g_per_client_round": (_mean(per_client("client_flops")) or 0.0) / 1e9,
             "train_s_per_client_round_median": statistics.median(per_client("client_train_seconds")),
             "importance_s_per_client_round_mean": _mean([r.get("agg_importance_s_mean") for r in rows]),
@@ -440,7 +453,7 @@ def table2(b: Bench) -> dict[str, Any]:
                              "last3": _mean(evals[-3:]),  # evaluations after round 0 only
                              "mib_up_per_client_round": _mean(per_client("bytes_up")) / 2**20,
                              "mib_down_per_client_round": _mean(per_client("bytes_down")) / 2**20,
-                             "ops_analytic_g_per_client_round": _mean(per_client("client_ops_analytic")) / 1e9,
+                             "ops_analytic_g_per_client_round": _giga(_mean(per_client("client_ops_analytic"))),
                              "peak_rss_mb": summary.get("peak_rss_mb"), "wall_s": summary.get("wall_s"),
                              "sparsity_measured": _mean([r.get("agg_sparsity_mean") for r in trained]) or 0.0})
                 print(rows[-1], flush=True)

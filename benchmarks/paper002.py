@@ -69,6 +69,7 @@ from results_io import (  # benchmarks/results_io.py
     save,
 )
 
+import fedpeft
 from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
@@ -157,22 +158,22 @@ class Bench:
             exchanged = read_summary(run_dir).get("bench_params_exchanged")
         else:
             print(f"[{task}/{key}] training: {' '.join(overrides)}", flush=True)
-            rt = EmbeddedRuntime(cfg, run_dir)
-            last: dict[str, int] = {}
-            configure = rt.server.configure
-
-            def counting(rnd: int, clients: list[int]):
-                payloads = configure(rnd, clients)
-                last["min_params"] = min(sum(int(v.size) for v in p.arrays.values()) for p in payloads.values())
-                return payloads
-
-            rt.server.configure = counting
-            rt.run()
-            exchanged = last.get("min_params")
+            counter = ExchangedParameters()
+            EmbeddedRuntime(cfg, run_dir, observers=[counter]).run()
+            exchanged = counter.last_min
             summary = read_summary(run_dir)
             summary["bench_params_exchanged"] = exchanged
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return describe(task, key, run_dir, metric, target, exchanged)
+
+
+class ExchangedParameters(fedpeft.RunObserver):
+    """The fewest parameters the server sent one client in the run's last round."""
+
+    last_min: int | None = None
+
+    def on_configure(self, rnd: int, payloads: dict[int, fedpeft.Payload]) -> None:
+        self.last_min = min(sum(int(v.size) for v in p.arrays.values()) for p in payloads.values())
 
 
 def describe(task: str, key: str, run_dir: Path, metric: str, target: float, exchanged: int | None) -> dict[str, Any]:

@@ -5,6 +5,7 @@ import pytest
 import torch
 from helpers import tiny_config
 
+import fedpeft
 from fedpeft import checkpoint
 from fedpeft.algorithms import make_server
 from fedpeft.algorithms.adaptive_server import adaptive_step
@@ -182,10 +183,13 @@ def test_a_run_exchanges_selected_layers_and_clients_keep_the_others(tmp_path):
     cfg = tiny_config("algorithm.name=fedpeptao", "peft.method=prefix_tuning", "peft.num_virtual_tokens=4",
                       "algorithm.selection_round=1", "algorithm.ratio=0.5", "federation.rounds=3",
                       "algorithm.keep_client_moments=true", "train.lr=0.04")
-    rt = EmbeddedRuntime(cfg, tmp_path / "run")
     sent = []
-    configure = rt.server.configure
-    rt.server.configure = lambda rnd, clients: sent.append(configure(rnd, clients)) or sent[-1]
+
+    class Sent(fedpeft.RunObserver):
+        def on_configure(self, rnd, payloads):
+            sent.append(payloads)
+
+    rt = EmbeddedRuntime(cfg, tmp_path / "run", observers=[Sent()])
     rt.run()
     rows = {r["round"]: r for r in rt.rows}
     layout = rt.exp.prefix_layout

@@ -7,6 +7,7 @@ import pytest
 import torch
 from helpers import crash_at_round
 
+import fedpeft
 from fedpeft.algorithms.fedsp import AUX, fold_layers, tile_layers
 from fedpeft.config import load_config
 from fedpeft.runtime.embedded import EmbeddedRuntime
@@ -44,20 +45,17 @@ def test_config_refuses_what_fedsp_cannot_do():
 
 @pytest.mark.parametrize("client_trains", ["all", "blocks"])
 def test_no_payload_carries_a_global_block_the_auxiliary_model_was_not_built_from(tmp_path, client_trains):
+    sent: list[tuple[int, int, dict]] = []
+
+    class Sent(fedpeft.RunObserver):
+        def on_configure(self, rnd, payloads):
+            sent.extend((rnd, c, dict(p.arrays)) for c, p in payloads.items())
+
     rt = EmbeddedRuntime(fedsp_config("algorithm.aux_position=top", f"algorithm.client_trains={client_trains}"),
-                         tmp_path / "run")
+                         tmp_path / "run", observers=[Sent()])
     glob = rt.exp.server_model.base_model()
     assert glob.config.num_hidden_layers == 2
     private = {n: p.detach().numpy().copy() for n, p in glob.named_parameters() if ".layers.0." in n}  # not sent
-    sent: list[tuple[int, int, dict]] = []
-    configure = rt.server.configure
-
-    def recording(rnd, clients):
-        payloads = configure(rnd, clients)
-        sent.extend((rnd, c, dict(p.arrays)) for c, p in payloads.items())
-        return payloads
-
-    rt.server.configure = recording
     rt.run()
     prompt_names = set(rt.exp.tuned.state())
     first_contact = set()

@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import tiny_config
 
+import fedpeft
 from fedpeft.algorithms.headprune import HeadPruneServer, loss_difference_selection
 from fedpeft.config.schema import HeadPruneOptions
 from fedpeft.heads import (
@@ -246,11 +247,15 @@ def test_importance_matches_direct_computation_and_excludes_separators():
 def test_pruned_heads_get_no_update_even_with_weight_decay(tmp_path):
     cfg = tiny_config("algorithm={name: headprune, sparsity: 0.5, selection: random}", "train.weight_decay=0.1",
                       "federation.rounds=1", "federation.clients_per_round=1")
-    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    observed = []
+
+    class Importance(fedpeft.RunObserver):
+        def on_client_report(self, rnd, client_id, name, value):
+            observed.append((rnd, client_id, value))
+
+    rt = EmbeddedRuntime(cfg, tmp_path / "run", observers=[Importance()])
     before = {k: v.copy() for k, v in rt.server.global_state.items()}
     [cid] = rt.server.select(1)
-    observed = []
-    rt.client.importance_observer = lambda rnd, c, alpha: observed.append((rnd, c, alpha))
     update, _, _, failure = rt.run_client(1, cid, rt.server.configure(1, [cid])[cid])
     assert failure is None
     kept = {int(h) for h in update.arrays[KEPT_KEY]}

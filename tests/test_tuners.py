@@ -6,10 +6,10 @@ import torch
 
 from fedpeft.models import registry
 from fedpeft.models.layout import arch_spec, model_shape
-from fedpeft.tuners import StateError, apply_tuner, method_options
+from fedpeft.tuners import PEFT_METHODS, StateError, apply_tuner, method_options
 from fedpeft.tuners.bottleneck import adapter_sites
 
-METHODS = ["full", "lora", "ia3", "prompt_tuning", "p_tuning", "prefix_tuning", "houlsby", "pfeiffer", "bitfit"]
+METHODS = sorted(PEFT_METHODS)  # every registered method (the built-in ones, at collection)
 CASES = [
     ("tiny-bert", "classification"),
     ("tiny-gpt2", "classification"),

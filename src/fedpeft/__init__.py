@@ -3,10 +3,12 @@
 The public API (see README, "Python API"); names load on first use, so ``import fedpeft`` stays light:
 
 * configs: :class:`RunConfig`, :func:`load_config`, :func:`validate_config`, :func:`dump_config`;
-* runs: :func:`run`, :func:`resume`, and reading a run directory back: :func:`read_metrics`,
+* runs: :func:`run`, :func:`resume`, :class:`RunObserver` (watching a run in this process), and reading a run directory back: :func:`read_metrics`,
   :func:`read_summary`, :func:`read_partition`, :func:`load_adapter`;
 * your own algorithms: :class:`AlgorithmOptions`, :class:`ServerAlgorithm`, :class:`ClientAlgorithm`,
-  :class:`ClientContext`, :class:`Payload`, :func:`check_update`, :func:`register_algorithm`; plugins: :func:`load_plugin`;
+  :class:`ClientContext`, :class:`Payload`, :func:`check_update`, :func:`register_algorithm`;
+* your own PEFT methods: :class:`PeftOptions`, :class:`TunerContext`, :func:`register_peft_method`;
+* plugins: :func:`load_plugin`;
 * errors about the user's input: :class:`UserError`.
 """
 
@@ -35,10 +37,13 @@ _EXPORTS = {
     "ClientAlgorithm": "fedpeft.algorithms.base",
     "ClientContext": "fedpeft.algorithms.base",
     "RuntimeNeeds": "fedpeft.algorithms.base",
+    "RunObserver": "fedpeft.algorithms.base",
     "UpdateRejected": "fedpeft.algorithms.base",
     "check_update": "fedpeft.algorithms.base",
     "Payload": "fedpeft.wire",
     "register_algorithm": "fedpeft.algorithms.registry",
+    "register_peft_method": "fedpeft.tuners.registry",
+    "TunerContext": "fedpeft.tuners.registry",
     "load_plugin": "fedpeft.plugins",
     "UserError": "fedpeft.errors",
 }

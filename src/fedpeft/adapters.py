@@ -1,15 +1,17 @@
 """Loading a run's adapter (RUN_DIR/adapter or RUN_DIR/best_adapter) back onto its backbone, outside a run.
 
-Every adapter directory holds ``fedpeft_adapter.json`` (method, options, base model, task head kind, labels,
-seed) next to the weights, in the format of its method:
+Every adapter directory holds ``fedpeft_adapter.json`` (method, options, save format, base model, task head
+kind, labels, seed) next to the weights, in the save format its PEFT method registered
+(``fedpeft.register_peft_method``):
 
-* LoRA, IA3, prompt tuning, P-tuning, prefix tuning: HF PEFT format (``adapter_config.json`` +
+* "peft" (LoRA, IA3, prompt tuning, P-tuning, prefix tuning): HF PEFT format (``adapter_config.json`` +
   ``adapter_model.safetensors``, classifier head included): loaded with ``peft.PeftModel.from_pretrained``.
-* full fine-tuning: a complete HF model directory.
-* bottleneck adapters (houlsby, pfeiffer) and BitFit: ``fedpeft_adapter.safetensors``, the trainable
-  tensors under their parameter names in the tuned model. BitFit's names are the backbone's own, so plain
-  ``model.load_state_dict(tensors, strict=False)`` restores it; bottleneck adapters first need their
-  modules inserted (:func:`fedpeft.tuners.bottleneck.add_bottleneck_adapters`), which this module does.
+* "model" (full fine-tuning): a complete HF model directory.
+* "state" (bottleneck adapters, BitFit, a plugin's method by default): ``fedpeft_adapter.safetensors``, the
+  trainable tensors under their parameter names in the tuned model; loading applies the registered method
+  to a fresh backbone (which inserts its modules, e.g. the bottleneck adapters) and writes them in. BitFit's
+  names are the backbone's own, so plain ``model.load_state_dict(tensors, strict=False)`` restores it too.
+A method registered by a plugin is found again through the run's plugins, which the json lists (``plugins``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 
 from fedpeft.models import registry
-from fedpeft.tuners import PEFT_METHODS, StateError, apply_tuner, method_options
+from fedpeft.tuners import StateError, apply_tuner, method_options, registered_peft_method
 from fedpeft.tuners.tuned import FEDPEFT_ADAPTER_CONFIG, FEDPEFT_ADAPTER_FILE
 
 
@@ -48,15 +50,22 @@ def load_adapter(directory: str | Path, *, base_model: str | None = None, dtype:
     directory = Path(directory)
     meta = read_adapter_meta(directory)
     method, kind = meta["method"], meta["kind"]
+    from fedpeft.plugins import load_installed_plugins, load_plugins
+    from fedpeft.tuners import PEFT_METHODS
+
+    load_installed_plugins()
+    if method not in PEFT_METHODS and meta.get("plugins"):  # the run's plugins, one of which registers it
+        load_plugins(meta["plugins"])
+    save_format = meta.get("save_format") or registered_peft_method(method).save_format
     name = base_model or meta["base_model"]
     tokenizer = registry.load_tokenizer(name)
     num_labels = meta.get("num_labels") if kind == "classification" else None
-    if method == "full":
+    if save_format == "model":
         model = registry.load_model(str(directory), kind, num_labels=num_labels, dtype=dtype, tokenizer=tokenizer)
     else:
         base = registry.load_model(name, kind, num_labels=num_labels, dtype=dtype, tokenizer=tokenizer,
                                    seed=int(meta.get("seed", 0)))
-        if method in PEFT_METHODS:
+        if save_format == "peft":
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(base, directory)

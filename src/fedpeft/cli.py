@@ -284,7 +284,11 @@ def cmd_model(args: argparse.Namespace) -> int:
     shape = model_shape(config)
     task = args.task or ("classification" if config.model_type in ("bert", "roberta", "distilbert") else "generation")
     kind = registry.model_kind(TaskConfig(type=task).type, config)
-    every = ["full", "lora", "ia3", "prompt_tuning", "p_tuning", "prefix_tuning", "houlsby", "pfeiffer", "bitfit"]
+    from fedpeft.plugins import load_plugins, resolve_plugin
+    from fedpeft.tuners import PEFT_METHODS
+
+    load_plugins([resolve_plugin(x) for x in args.plugin])
+    every = list(PEFT_METHODS)
     methods = args.methods.split(",") if args.methods else every
     unknown = [m for m in methods if m not in every]
     if unknown:
@@ -302,7 +306,7 @@ def cmd_model(args: argparse.Namespace) -> int:
     for m in methods:
         # validated as `fedpeft run` validates them (one-line errors naming the key and the allowed values)
         opts = load_config(None, [f"peft={{method: {m}}}", *(f"peft.{k}={v}" for k, v in options.items()
-                                                            if k in _option_names(m))]).peft
+                                                            if k in _option_names(m))], plugins=args.plugin).peft
         try:
             rows.append(footprint(args.name, config, opts, kind, num_labels=args.num_labels, sparsity=args.sparsity,
                                   tokens=args.tokens))
@@ -330,12 +334,12 @@ def cmd_model(args: argparse.Namespace) -> int:
     lines = []
     for r in rows:
         line = [r.method, f"{r.trainable:,}", f"{r.peft_parameters:,}", f"{r.paper_mib:.4f}", f"{r.run_bytes:,}",
-                *(f"{r.ops[c] / 1e9:,.2f}" for c in _conventions(rows))]
+                *(_gops(r.ops[c]) for c in _conventions(rows))]
         if args.sparsity is not None:
             pruned = r.kept_heads is not None
             line += [f"{r.kept_heads}/{r.num_heads}" if pruned else "-",
                      f"{r.paper_mib_pruned:.4f}" if pruned else "-", f"{r.run_bytes_pruned:,}" if pruned else "-",
-                     *((f"{r.ops_pruned[c] / 1e9:,.2f}" if pruned else "-") for c in _conventions(rows))]
+                     *((_gops(r.ops_pruned[c]) if pruned else "-") for c in _conventions(rows))]
         lines.append(line)
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
     for line in [header, *lines]:
@@ -346,6 +350,10 @@ def cmd_model(args: argparse.Namespace) -> int:
     for m, why in skipped.items():
         print(f"{m}: not available ({why})")
     return 0
+
+
+def _gops(ops: float | None) -> str:
+    return "unknown" if ops is None else f"{ops / 1e9:,.2f}"
 
 
 def _conventions(rows) -> list[str]:
@@ -448,6 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a PEFT option, as in `fedpeft run` (e.g. peft.r=8, peft.num_virtual_tokens=100)")
     m.add_argument("--sparsity", type=float, help="also show head pruning at this sparsity (paper 000)")
     m.add_argument("--tokens", type=int, default=128, help="tokens per training sequence for the OPs (paper 000: 512)")
+    m.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                   help="load a plugin first; its PEFT methods are listed too (repeatable)")
     m.add_argument("--json", action="store_true", help="print JSON")
     m.set_defaults(func=cmd_model)
     return p

@@ -55,14 +55,14 @@ class Footprint:
     paper_mib: float
     run_bytes: int
     tokens: int
-    ops: dict[str, float]  # convention -> OPs per sequence, dense
+    ops: dict[str, float | None]  # convention -> OPs per sequence, dense (None: the convention does not count it)
     sparsity: float | None = None
     num_heads: int | None = None
     kept_heads: int | None = None
     head_parameters: int | None = None  # of peft_parameters, those tied to attention heads
     paper_mib_pruned: float | None = None
     run_bytes_pruned: int | None = None
-    ops_pruned: dict[str, float] = field(default_factory=dict)
+    ops_pruned: dict[str, float | None] = field(default_factory=dict)
     pruning_note: str | None = None  # why there is no pruned column
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,9 +82,10 @@ def _task_head_names(spec: dict[str, Any], model_type: str) -> set[str]:
 def footprint(name: str, config, method_opts, kind: str, *, num_labels: int = 2, sparsity: float | None = None,
               tokens: int = 128) -> Footprint:
     """The footprint of the PEFT method ``method_opts`` (a registered schema.PeftOptions) on ``config``."""
-    from fedpeft.tuners import apply_tuner
+    from fedpeft.tuners import apply_tuner, registered_peft_method
 
     method = method_opts.method
+    rows = registered_peft_method(method).analytic_ops
     tuned = apply_tuner(build_on_meta(config, kind, num_labels), method_opts, kind)
     spec = tuned.spec()
     head_names = _task_head_names(spec, config.model_type)
@@ -95,7 +96,7 @@ def footprint(name: str, config, method_opts, kind: str, *, num_labels: int = 2,
         model=name, method=method, options=options, kind=kind, trainable=tuned.num_trainable(),
         peft_parameters=peft_params, task_head_parameters=tuned.num_trainable() - peft_params,
         paper_mib=4 * peft_params / MIB, run_bytes=wire.encoded_size(spec, _UPDATE_META), tokens=tokens,
-        ops=analytic.all_conventions(method, config, tokens, options), sparsity=sparsity)
+        ops=analytic.all_conventions(method, config, tokens, options, rows=rows), sparsity=sparsity)
     if sparsity is None:
         return out
     try:
@@ -113,5 +114,5 @@ def footprint(name: str, config, method_opts, kind: str, *, num_labels: int = 2,
     out.paper_mib_pruned = 4 * (peft_params - head_params + (1.0 - sparsity) * head_params) / MIB
     out.run_bytes_pruned = wire.encoded_size(packed, {**_UPDATE_META, **_IMPORTANCE_META})
     out.ops_pruned = analytic.all_conventions(method, config, tokens, options, head_fraction=kept / layout.num_heads,
-                                              sparsity=sparsity)
+                                              sparsity=sparsity, rows=rows)
     return out

@@ -74,11 +74,33 @@ class ClientContext:
     client_id: int
     round: int
     tuned: Any  # fedpeft.tuners.TunedModel
-    train: Callable[..., Any]  # train(extra_loss=None) -> fedpeft.training.TrainResult
+    # train(tuned=None, **options) -> fedpeft.training.TrainResult: local training of ``tuned`` (default: the
+    # shared model) on this client's data; options are fedpeft.training.local.LocalTrainer.train's keyword
+    # arguments (extra_loss, before_step, after_step, head_fraction, optimizer_state, lr)
+    train: Callable[..., Any]
     num_examples: int
     state: dict[str, Any] = field(default_factory=dict)  # per-client state kept between rounds
     data: Any = None  # the client's tokenised examples (fedpeft.data.batching.Encoded)
     resources: dict[str, Any] = field(default_factory=dict)  # layout, pad_id, device, ... (see runtime)
+    # report(name, value): hand a value to the run's observers (RunObserver.on_client_report) for analysis;
+    # it stays in this process and never travels (a runtime without observers ignores it)
+    report: Callable[[str, Any], None] = field(default=lambda name, value: None)
+
+
+class RunObserver:
+    """Watches a run from inside its process (the embedded runtime): subclass it, override what you need and
+    pass instances to ``fedpeft.run(config, observers=[...])``. Observers read; they must not change what
+    they are given."""
+
+    def on_configure(self, rnd: int, payloads: dict[int, Payload]) -> None:
+        """What the server sends each selected client in round ``rnd`` (before encoding)."""
+
+    def on_client_report(self, rnd: int, client_id: int, name: str, value: Any) -> None:
+        """A value a client half reported with ``ctx.report(name, value)`` (e.g. headprune's "importance")."""
+
+    def on_round_end(self, rnd: int, row: dict[str, Any]) -> None:
+        """A copy of the round's metrics row once it is appended to metrics.jsonl (round 0: the initial
+        evaluation)."""
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,8 @@ class FedSPClient(ClientAlgorithm):
                 p.requires_grad_(model_on and n in trained)
             for p in prompt_params:
                 p.requires_grad_(prompts_on)
-            return ctx.train(tuned=TunedModel(module, self.aux.method, self.aux.options, True, "causal"), lr=lr)
+            return ctx.train(tuned=TunedModel(module, self.aux.method, self.aux.options, self.aux.save_format,
+                                                "causal"), lr=lr)
 
         mode = self.options.client_training
         meta: dict[str, Any] = {}

@@ -38,7 +38,6 @@ and clears no count. Random selection ignores the counts.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -251,9 +250,6 @@ def _slice(param, unit, ndim: int) -> tuple:
 class HeadPruneClient(ClientAlgorithm):
     def __init__(self, options: Any):
         self.options = options
-        # Called as observer(round, client_id, alpha) with the full Eq. 6 scores (before Eq. 7 zeroes the
-        # pruned ones); for analysis such as paper 000's Fig. 5. Nothing of it travels on the wire.
-        self.importance_observer: Callable[[int, int, np.ndarray], None] | None = None
 
     def fit(self, payload: Payload, ctx: ClientContext) -> Payload:
         o = self.options
@@ -269,8 +265,9 @@ class HeadPruneClient(ClientAlgorithm):
                 batch_size=ctx.resources.get("batch_size", 16), max_examples=o.importance_examples, rng=rng,
             )
             alpha = imp.alpha
-            if self.importance_observer is not None:
-                self.importance_observer(ctx.round, ctx.client_id, alpha.copy())
+            # the full Eq. 6 scores (before Eq. 7 zeroes the pruned ones), for analysis such as paper 000's
+            # Fig. 5: to the run's observers, never on the wire
+            ctx.report("importance", alpha.copy())
             meta["importance_seconds"] = clock_text(imp.seconds)
             meta["importance_examples"] = imp.examples
         if o.pruning == "importance":

@@ -131,70 +131,121 @@ def _role(name: str, qkv: tuple[str, ...]) -> str | None:
     return roles.get(module)
 
 
-def build_layout(spec: Mapping[str, tuple[tuple[int, ...], str]], config, method: str) -> HeadLayout:
-    """Map the trainable parameters ``spec`` (name -> (shape, dtype)) of ``method`` to heads."""
-    shape = model_shape(config)
-    H, Hkv = shape.num_heads, shape.num_kv_heads
-    hidden = shape.hidden
-    head_dim = int(getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or hidden // H)
-    q_dim, kv_dim = H * head_dim, Hkv * head_dim
-    group = H // Hkv
-    module_names, encdec = _modules(config)
-    index = {n: i for i, n in enumerate(module_names)}
-    params: dict[str, HeadParam] = {}
+@dataclass(frozen=True)
+class HeadGeometry:
+    """A backbone's attention heads, as a PEFT method's ``head_params`` needs them to map its tensors."""
 
-    def rows(module: int, role: str, offset: int = 0) -> list[HeadUnit]:
+    config: Any  # the backbone's transformers config
+    num_heads: int  # H: query heads per attention module
+    num_kv_heads: int
+    head_dim: int
+    module_names: list[str]  # the attention modules in global order ("self.0", "encoder.self.0", ...)
+    encoder_decoder: bool
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def module_index(self, key: str) -> int:
+        return self.module_names.index(key)
+
+    def module_key(self, name: str) -> str | None:
+        """The attention module (e.g. "decoder.cross.1") a parameter name belongs to, by its layer index."""
+        return _module_key(name, self.encoder_decoder)
+
+    def rows(self, module: int, role: str, offset: int = 0) -> list[HeadUnit]:
+        """The head units of one projection's output rows in attention module ``module``: query rows ("q",
+        one unit per query head) or key/value rows (one per key/value head, serving its group of query heads)."""
+        H, d = self.num_heads, self.head_dim
         base = module * H
         if role == "q":
-            return [HeadUnit(offset + h * head_dim, offset + (h + 1) * head_dim, (base + h,)) for h in range(H)]
-        return [HeadUnit(offset + g * head_dim, offset + (g + 1) * head_dim,
-                         tuple(base + g * group + j for j in range(group))) for g in range(Hkv)]
+            return [HeadUnit(offset + h * d, offset + (h + 1) * d, (base + h,)) for h in range(H)]
+        group = H // self.num_kv_heads
+        return [HeadUnit(offset + g * d, offset + (g + 1) * d, tuple(base + g * group + j for j in range(group)))
+                for g in range(self.num_kv_heads)]
 
-    if method in ("lora", "ia3"):
-        qkv = arch_spec(config.model_type).qkv
-        for name, (pshape, _) in spec.items():
-            role = _role(name, qkv)
-            if role is None or (method == "ia3" and (len(pshape) != 2 or pshape[1] != 1)):
-                continue  # lora_A, task head, IA3 input scaling (shape (1, n)): non-head
-            key = _module_key(name, encdec)
-            if key not in index:
-                raise LayoutError(f"{name}: cannot tell which attention module it belongs to")
-            mod = index[key]
-            if role == "qkv":  # GPT-2 c_attn: [query | key | value] rows
-                units = rows(mod, "q") + rows(mod, "k", q_dim) + rows(mod, "v", q_dim + kv_dim)
-            else:
-                units = rows(mod, role)
-            expected = sum(u.size for u in units)
-            if pshape[0] != expected:
-                raise LayoutError(f"{name}: {pshape[0]} rows, expected {expected} for its heads")
-            params[name] = HeadParam(name, tuple(pshape), 0, units)
-    elif method == "prefix_tuning":
-        name = next((n for n in spec if n.endswith("prompt_encoder.default.embedding.weight")), None)
-        if name is not None:
-            pshape = tuple(spec[name][0])
-            layers = pshape[1] // (2 * kv_dim)
-            if layers * 2 * kv_dim != pshape[1]:
-                raise LayoutError(f"{name}: {pshape[1]} prefix dims do not split into layers x key/value x "
-                                  f"{kv_dim}; prefix projection is not head-mapped (set peft.projection false)")
-            prefix = "decoder.self" if encdec else "self"
-            units = []
-            for layer in range(layers):
-                mod = index[f"{prefix}.{layer}"]
-                for kind in range(2):
-                    units += rows(mod, "k", (2 * layer + kind) * kv_dim)
-            params[name] = HeadParam(name, pshape, 1, units)
-    elif method in ("prompt_tuning", "p_tuning"):
-        name = next((n for n in spec if n.endswith("prompt_encoder.default.embedding.weight")), None)
-        if name is not None:
-            pshape = tuple(spec[name][0])
-            dims, heads = pshape[1], len(module_names) * H  # more heads than dims (T5-large): some chunks are empty
-            params[name] = HeadParam(name, pshape, 1, [HeadUnit(g * dims // heads, (g + 1) * dims // heads, (g,))
-                                                       for g in range(heads)])
-    else:
-        from fedpeft.config.schema import PEFT_OPTIONS
 
-        heads = ", ".join(name for name, options in PEFT_OPTIONS.items() if options.maps_to_heads)
+def head_geometry(config) -> HeadGeometry:
+    shape = model_shape(config)
+    H = shape.num_heads
+    head_dim = int(getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or shape.hidden // H)
+    names, encdec = _modules(config)
+    return HeadGeometry(config, H, shape.num_kv_heads, head_dim, names, encdec)
+
+
+def qkv_head_params(spec: Mapping[str, tuple[tuple[int, ...], str]], geo: HeadGeometry) -> dict[str, HeadParam]:
+    """LoRA and IA3: the output rows of the adapted query / key / value projections (``lora_B``; IA3's
+    output scaling vectors of shape (n, 1)); lora_A, the task head and IA3's input scalings stay non-head."""
+    qkv = arch_spec(geo.config.model_type).qkv
+    params: dict[str, HeadParam] = {}
+    for name, (pshape, _) in spec.items():
+        role = _role(name, qkv)
+        if role is None or ("ia3_l" in name.split(".") and (len(pshape) != 2 or pshape[1] != 1)):
+            continue  # lora_A, task head, IA3 input scaling (shape (1, n)): non-head
+        key = geo.module_key(name)
+        if key not in geo.module_names:
+            raise LayoutError(f"{name}: cannot tell which attention module it belongs to")
+        mod = geo.module_index(key)
+        if role == "qkv":  # GPT-2 c_attn: [query | key | value] rows
+            units = geo.rows(mod, "q") + geo.rows(mod, "k", geo.q_dim) + geo.rows(mod, "v", geo.q_dim + geo.kv_dim)
+        else:
+            units = geo.rows(mod, role)
+        expected = sum(u.size for u in units)
+        if pshape[0] != expected:
+            raise LayoutError(f"{name}: {pshape[0]} rows, expected {expected} for its heads")
+        params[name] = HeadParam(name, tuple(pshape), 0, units)
+    return params
+
+
+PROMPT_EMBEDDING_SUFFIX = "prompt_encoder.default.embedding.weight"
+
+
+def prefix_head_params(spec: Mapping[str, tuple[tuple[int, ...], str]], geo: HeadGeometry) -> dict[str, HeadParam]:
+    """Prefix tuning without projection: each layer's key and value prefix dims, per key/value head."""
+    name = next((n for n in spec if n.endswith(PROMPT_EMBEDDING_SUFFIX)), None)
+    if name is None:
+        return {}
+    pshape = tuple(spec[name][0])
+    kv_dim = geo.kv_dim
+    layers = pshape[1] // (2 * kv_dim)
+    if layers * 2 * kv_dim != pshape[1]:
+        raise LayoutError(f"{name}: {pshape[1]} prefix dims do not split into layers x key/value x "
+                          f"{kv_dim}; prefix projection is not head-mapped (set peft.projection false)")
+    prefix = "decoder.self" if geo.encoder_decoder else "self"
+    units = []
+    for layer in range(layers):
+        mod = geo.module_index(f"{prefix}.{layer}")
+        for kind in range(2):
+            units += geo.rows(mod, "k", (2 * layer + kind) * kv_dim)
+    return {name: HeadParam(name, pshape, 1, units)}
+
+
+def prompt_head_params(spec: Mapping[str, tuple[tuple[int, ...], str]], geo: HeadGeometry) -> dict[str, HeadParam]:
+    """Input prompts (prompt tuning, P-tuning): the embedding dims in one contiguous chunk per global head."""
+    name = next((n for n in spec if n.endswith(PROMPT_EMBEDDING_SUFFIX)), None)
+    if name is None:
+        return {}
+    pshape = tuple(spec[name][0])
+    dims, heads = pshape[1], len(geo.module_names) * geo.num_heads  # more heads than dims (T5-large): empty chunks
+    return {name: HeadParam(name, pshape, 1, [HeadUnit(g * dims // heads, (g + 1) * dims // heads, (g,))
+                                              for g in range(heads)])}
+
+
+def build_layout(spec: Mapping[str, tuple[tuple[int, ...], str]], config, method: str) -> HeadLayout:
+    """Map the trainable parameters ``spec`` (name -> (shape, dtype)) of the registered PEFT ``method`` to heads,
+    with the ``head_params`` it registered."""
+    from fedpeft.tuners import PEFT_METHODS, registered_peft_method
+
+    mapper = registered_peft_method(method).head_params
+    if mapper is None:
+        heads = ", ".join(name for name, m in PEFT_METHODS.items() if m.head_params is not None)
         raise LayoutError(f"peft method {method!r} has no head layout; use one of {heads}")
+    geo = head_geometry(config)
+    params = mapper(spec, geo)
     if not params:
         raise LayoutError(f"no trainable parameter of {method!r} maps to an attention head (check target modules)")
-    return HeadLayout(len(module_names), H, module_names, params)
+    return HeadLayout(len(geo.module_names), geo.num_heads, geo.module_names, params)

@@ -57,7 +57,8 @@ def summarize(rows: Sequence[dict[str, Any]], *, metric: str, target: float | No
             "mean_bytes_up_per_client_round": sum(ups) / max(len(ups), 1),
             "mean_bytes_down_per_client_round": sum(downs) / max(len(downs), 1),
             "total_flops": sum(r.get("flops") or 0.0 for r in train_rows),
-            "total_ops_analytic": sum(r.get("ops_analytic") or 0.0 for r in train_rows),
+            "total_ops_analytic": (None if any(r.get("ops_analytic", 0.0) is None for r in train_rows)
+                                   else sum(r.get("ops_analytic") or 0.0 for r in train_rows)),
             "time_client_s": sum(r["time_client_s"] for r in train_rows),
             "time_aggregation_s": sum(r["time_aggregation_s"] for r in train_rows),
             "time_evaluation_s": sum(r["time_evaluation_s"] for r in rows),

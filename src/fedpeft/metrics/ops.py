@@ -22,7 +22,9 @@ backbone = QKV + attention + FC (forward and backward); LoRA and IA3 add their r
 and P-tuning replace the attention row with theirs. fedpeft maps ``prompt_tuning`` and ``p_tuning``
 (input-level prompts) to the prompt-tuning row and ``prefix_tuning`` (prompts at every layer, which
 is what paper 000 calls P-tuning) to the P-tuning row. Full fine-tuning, bottleneck adapters and
-BitFit have no row of their own and count the backbone only.
+BitFit have no row of their own and count the backbone only. Each method declares its rows when it
+registers (``analytic_ops``; the built-in ones in ``fedpeft/tuners/__init__.py``); a method without rows
+reports its analytic OPs as unknown.
 
 These are the paper's formulas as printed (note the d^3 terms); they are not physical FLOPs, and they do
 not reproduce the paper's own figures (T5-small, LoRA r16, T = 512: 13,691 G against the printed 33.07 G).
@@ -62,34 +64,38 @@ def components(L: int, d: int, T: int, r: int = 0, Tp: int = 0) -> dict[str, tup
     }
 
 
-ROWS_BY_METHOD = {
-    "full": ("qkv", "attention", "fc"),
-    "bitfit": ("qkv", "attention", "fc"),
-    "houlsby": ("qkv", "attention", "fc"),
-    "pfeiffer": ("qkv", "attention", "fc"),
-    "lora": ("qkv", "attention", "fc", "lora"),
-    "ia3": ("qkv", "attention", "fc", "ia3"),
-    "prompt_tuning": ("qkv", "fc", "prompt_tuning"),
-    "p_tuning": ("qkv", "fc", "prompt_tuning"),
-    "prefix_tuning": ("qkv", "fc", "p_tuning"),
-}
+# The methods paper 000 counts (paper000_macs); fedpeft's bottleneck adapters and BitFit are counted there as
+# the frozen backbone, like full fine-tuning's forward pass (the paper does not count them).
+PAPER000_METHODS = ("full", "lora", "ia3", "prompt_tuning", "p_tuning", "prefix_tuning", "houlsby", "pfeiffer",
+                    "bitfit")
 
 
 HEAD_ROWS = frozenset({"qkv", "attention", "lora", "ia3", "prompt_tuning", "p_tuning"})
 
 
-def sequence_ops(method: str, L: int, d: int, T: int, options: dict[str, Any] | None = None,
-                 head_fraction: float = 1.0) -> float:
-    """Training OPs (forward + backward) of one sequence of T tokens under ``method``; with
-    ``head_fraction`` < 1 the head-associated rows are scaled by it (pruned training, see above)."""
+def rows_ops(rows: tuple[str, ...], L: int, d: int, T: int, options: dict[str, Any] | None = None,
+             head_fraction: float = 1.0) -> float:
+    """Training OPs (forward + backward) of one sequence of T tokens counted by the Table 6 ``rows`` (a PEFT
+    method's registered ``analytic_ops``); with ``head_fraction`` < 1 the head-associated rows are scaled by it
+    (pruned training, see above)."""
     if not 0.0 <= head_fraction <= 1.0:
         raise ValueError(f"head_fraction must be in [0, 1], got {head_fraction}")
     options = options or {}
     r = int(options.get("r", 0) or 0)
     Tp = int(options.get("num_virtual_tokens", 0) or 0)
-    rows = components(L, d, T, r=r, Tp=Tp)
-    return float(sum(sum(rows[name]) * (head_fraction if name in HEAD_ROWS else 1.0)
-                     for name in ROWS_BY_METHOD[method]))
+    table = components(L, d, T, r=r, Tp=Tp)
+    return float(sum(sum(table[name]) * (head_fraction if name in HEAD_ROWS else 1.0) for name in rows))
+
+
+def sequence_ops(method: str, L: int, d: int, T: int, options: dict[str, Any] | None = None,
+                 head_fraction: float = 1.0) -> float:
+    """:func:`rows_ops` of a registered PEFT method with analytic rows, by name."""
+    from fedpeft.tuners import registered_peft_method
+
+    rows = registered_peft_method(method).analytic_ops
+    if rows is None:
+        raise ValueError(f"peft method {method!r} registered no analytic OPs rows")
+    return rows_ops(rows, L, d, T, options, head_fraction)
 
 
 def paper000_macs(method: str, L: int, d: int, T: int, options: dict[str, Any] | None = None,
@@ -149,15 +155,20 @@ CONVENTIONS = ("paper000_macs", "appendix_a")
 
 
 def all_conventions(method: str, config, tokens: int, options: dict[str, Any] | None = None,
-                    head_fraction: float = 1.0, sparsity: float | None = None) -> dict[str, float]:
+                    head_fraction: float = 1.0, sparsity: float | None = None,
+                    rows: tuple[str, ...] | None = None) -> dict[str, float | None]:
     """OPs of one training sequence of ``tokens`` tokens on the backbone ``config`` under every counting
-    convention this module offers (name -> OPs). ``paper000_macs`` scales the pruned rows by ``1 - sparsity``
-    (the paper's exact fraction) when a sparsity is given, else by ``head_fraction``; ``appendix_a`` by
-    ``head_fraction`` (the kept heads / all heads of a run)."""
+    convention this module offers (name -> OPs, None where the convention does not count ``method``).
+    ``paper000_macs`` counts the methods of ``PAPER000_METHODS`` and scales the pruned rows by ``1 - sparsity``
+    (the paper's exact fraction) when a sparsity is given, else by ``head_fraction``; ``appendix_a`` counts the
+    Table 6 ``rows`` (a registered method's ``analytic_ops``; None: not counted) with ``head_fraction`` (the kept heads / all
+    heads of a run)."""
     from fedpeft.models.layout import model_shape
 
     shape = model_shape(config)
     L, d = shape.num_attention_modules, shape.hidden
     kept = head_fraction if sparsity is None else 1.0 - sparsity
-    return {"paper000_macs": paper000_macs(method, L, d, tokens, options, kept, heads=shape.num_heads),
-            "appendix_a": sequence_ops(method, L, d, tokens, options, head_fraction)}
+    counted = method in PAPER000_METHODS
+    return {"paper000_macs": paper000_macs(method, L, d, tokens, options, kept, heads=shape.num_heads) if counted
+            else None,
+            "appendix_a": rows_ops(rows, L, d, tokens, options, head_fraction) if rows is not None else None}

@@ -15,6 +15,7 @@ import math
 import resource
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from fedpeft import algorithms, checkpoint, wire
-from fedpeft.algorithms.base import ClientContext
+from fedpeft.algorithms.base import ClientContext, RunObserver
 from fedpeft.config import RunConfig
 from fedpeft.metrics.accounting import better_or_equal, summarize
 from fedpeft.rundir import RunWriter, check_run_dir_free, new_run_dir, rewrite_metrics
@@ -64,7 +65,7 @@ def peak_rss_mb() -> float:
 
 
 def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, cid: int, received: wire.Payload,
-                 state: dict[str, Any]) -> wire.Payload:
+                 state: dict[str, Any], report: Callable[[str, Any], None] | None = None) -> wire.Payload:
     """One client's local work for round ``rnd``, the same in every runtime: seeded by (seed, round, client)
     only, so a client gives the same update wherever and whenever it runs. ``state`` is the client's
     algorithm state, updated in place."""
@@ -73,26 +74,33 @@ def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, 
     torch.manual_seed(client_seed(cfg.seed, rnd, cid))
     data = exp.client_data(cid)
 
-    def train(extra_loss=None, before_step=None, after_step=None, head_fraction=1.0, optimizer_state=None, tuned=None,
-              lr=None):
-        return exp.trainer.train(tuned or exp.tuned, data, rng, extra_loss=extra_loss, before_step=before_step, lr=lr,
-                                 after_step=after_step, head_fraction=head_fraction, optimizer_state=optimizer_state)
+    def train(*, tuned=None, **options):  # the options of LocalTrainer.train (hooks, optimizer state, lr, ...)
+        return exp.trainer.train(tuned or exp.tuned, data, rng, **options)
 
     ctx = ClientContext(client_id=cid, round=rnd, tuned=exp.tuned, train=train, num_examples=len(data), state=state,
                         data=data, resources=exp.client_resources)
+    if report is not None:
+        ctx.report = report
     return client.fit(received, ctx)
+
+
+def _total_or_unknown(values) -> float | None:
+    """The sum, or None (unknown) when any client could not count its part."""
+    values = list(values)
+    return None if any(v is None for v in values) else sum(values)
 
 
 class EmbeddedRuntime:
     """Runs the rounds; a subclass changes where clients run by overriding :meth:`run_clients`."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, experiment: Experiment | None = None,
-                 resume: bool = False, lock: bool = True):
+                 resume: bool = False, lock: bool = True, observers: Sequence[RunObserver] = ()):
         """A new run (in a new directory, created once the data and model have loaded), or with ``resume`` the
         run in ``run_dir`` continued with ``cfg`` (its saved config, where only federation.rounds may differ).
         ``lock``: hold RUN_DIR's lock while writing (fedpeft.runlock); a launcher that holds it for us passes
-        False."""
+        False. ``observers``: fedpeft.RunObserver instances that watch the run."""
         self.cfg = cfg
+        self.observers = list(observers)
         self.lock: RunLock | None = None
         self.writer: RunWriter | None = None
         try:
@@ -209,7 +217,12 @@ class EmbeddedRuntime:
         received = wire.decode(down)
         state = self.client_states.get(cid, {})
         try:
-            update = train_client(self.exp, self.client, rnd, cid, received, state)
+            report = None
+            if self.observers:
+                def report(name: str, value: Any) -> None:
+                    for observer in self.observers:
+                        observer.on_client_report(rnd, cid, name, value)
+            update = train_client(self.exp, self.client, rnd, cid, received, state, report)
         except NonFiniteLoss as exc:
             return None, len(down), 0, str(exc)
         if state:
@@ -258,6 +271,8 @@ class EmbeddedRuntime:
         t0 = time.perf_counter()
         selected = self.server.select(rnd)
         payloads = self.server.configure(rnd, selected)
+        for observer in self.observers:
+            observer.on_configure(rnd, payloads)
         out = self.train_round(rnd, selected, payloads)
         row: dict[str, Any] = {"round": rnd, "clients": selected}
         if out.failed is not None:
@@ -283,7 +298,7 @@ class EmbeddedRuntime:
             "cum_bytes_down": self.cum_down,
             "cum_bytes": self.cum_up + self.cum_down,
             "flops": sum(wire.clock_seconds(m, "train_flops") or 0.0 for m in metas.values()) or None,
-            "ops_analytic": sum(m.get("train_ops_analytic", 0.0) for m in metas.values()),
+            "ops_analytic": _total_or_unknown(m.get("train_ops_analytic", 0.0) for m in metas.values()),
             "client_flops": {str(c): wire.clock_seconds(m, "train_flops") for c, m in metas.items()},
             "client_ops_analytic": {str(c): m.get("train_ops_analytic") for c, m in metas.items()},
             "client_train_seconds": {str(c): wire.clock_seconds(m, "train_seconds") for c, m in metas.items()},
@@ -376,6 +391,8 @@ class EmbeddedRuntime:
             self._save_adapter(BEST_ADAPTER, {"round": row["round"], key: row[key]})
         self.rows.append(row)
         self.writer.row(row)
+        for observer in self.observers:
+            observer.on_round_end(row["round"], dict(row))
 
     def _is_best(self, value: float | None) -> bool:
         """Whether ``value`` beats every earlier evaluation of the primary metric (the first one wins a tie)."""
@@ -396,7 +413,8 @@ class EmbeddedRuntime:
         exp.tuned.save_adapter(staging, base_model=self.cfg.model.name,
                                extra={"num_labels": exp.data.num_labels, "label_names": exp.data.label_names,
                                       "label_kind": exp.data.label_kind, "template": exp.data.template,
-                                      "seed": self.cfg.seed, "dtype": self.cfg.model.dtype, **(extra or {})})
+                                      "seed": self.cfg.seed, "dtype": self.cfg.model.dtype,
+                                      "plugins": self.cfg.plugins, **(extra or {})})
         if final.exists():
             final.rename(old)
         staging.rename(final)

@@ -18,11 +18,11 @@ from fedpeft.config import ConfigError, RunConfig
 from fedpeft.data.partition import partition, partition_stats
 from fedpeft.data.prepare import TaskData, prepare_task
 from fedpeft.heads import build_layout
-from fedpeft.metrics.ops import sequence_ops
+from fedpeft.metrics.ops import rows_ops
 from fedpeft.models import registry
 from fedpeft.models.layout import ModelShape, model_shape
 from fedpeft.training.local import LocalTrainer, TrainResult
-from fedpeft.tuners import TunedModel, apply_tuner
+from fedpeft.tuners import TunedModel, apply_tuner, registered_peft_method
 from fedpeft.tuners.prefix_layers import prefix_layout
 
 log = logging.getLogger("fedpeft")
@@ -155,10 +155,10 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     tuned.module.to(device)
     shape = model_shape(mconfig)
     options = cfg.peft.model_dump()
-
-    def ops_per_sequence(T: int, head_fraction: float = 1.0) -> float:
-        return sequence_ops(cfg.peft.method, shape.num_attention_modules, shape.hidden, T, options, head_fraction)
-
+    rows = registered_peft_method(cfg.peft.method).analytic_ops
+    ops_per_sequence = None  # a method without analytic OPs rows: reported as unknown
+    if rows is not None:
+        ops_per_sequence = functools.partial(_ops_per_sequence, rows, shape, options)
     trainer = LocalTrainer(cfg.train, device=device, pad_id=tokenizer.pad_token_id, precision=cfg.runtime.precision,
                            flops_sample_steps=cfg.runtime.flops_sample_steps, ops_per_sequence=ops_per_sequence)
     layout = None
@@ -168,3 +168,8 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     prefix = prefix_layout(tuned) if needs.prefix_layout else None
     return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout, prefix,
                       server_part)
+
+
+def _ops_per_sequence(rows: tuple[str, ...], shape: ModelShape, options: dict[str, Any], T: int,
+                      head_fraction: float = 1.0) -> float:
+    return rows_ops(rows, shape.num_attention_modules, shape.hidden, T, options, head_fraction)

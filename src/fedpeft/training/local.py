@@ -40,7 +40,7 @@ class TrainResult:
     seconds: float
     flops: float | None  # measured FLOPs per token (run-level samples) x tokens; None when sampling is off
     flops_sampled_steps: int  # steps of this training that were measured (0 or 1)
-    ops_analytic: float
+    ops_analytic: float | None  # paper 000 Appendix A OPs; None when the PEFT method has no analytic rows
 
     def plus(self, other: TrainResult) -> TrainResult:
         """Two trainings of one client in one round as one: counts and times added, the loss of ``other``."""
@@ -48,7 +48,8 @@ class TrainResult:
         return TrainResult(loss=other.loss, steps=self.steps + other.steps, examples=self.examples + other.examples,
                            tokens=self.tokens + other.tokens, seconds=self.seconds + other.seconds, flops=flops,
                            flops_sampled_steps=self.flops_sampled_steps + other.flops_sampled_steps,
-                           ops_analytic=self.ops_analytic + other.ops_analytic)
+                           ops_analytic=None if self.ops_analytic is None or other.ops_analytic is None
+                           else self.ops_analytic + other.ops_analytic)
 
     def as_meta(self) -> dict:
         """Metadata for the upload; ``train_seconds`` is clock text (read it with wire.clock_seconds)."""
@@ -164,8 +165,6 @@ class LocalTrainer:
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
     def _ops(self, batch_size: int, length: int, head_fraction: float) -> float:
-        if self.ops_per_sequence is None:
-            return 0.0
         key = (length, head_fraction)
         if key not in self._ops_cache:
             self._ops_cache[key] = self.ops_per_sequence(length, head_fraction)
@@ -248,7 +247,8 @@ class LocalTrainer:
                 steps += 1
                 examples += len(idx)
                 tokens += n_tok
-                ops += self._ops(len(idx), int(batch["input_ids"].shape[1]), head_fraction)
+                if self.ops_per_sequence is not None:
+                    ops += self._ops(len(idx), int(batch["input_ids"].shape[1]), head_fraction)
             last_epoch_losses = epoch_losses if cfg.local_steps is None else last_epoch_losses + epoch_losses
         seconds = time.perf_counter() - start
         if optimizer_state is not None:
@@ -259,5 +259,5 @@ class LocalTrainer:
         return TrainResult(
             loss=float(np.mean(last_epoch_losses)) if last_epoch_losses else float("nan"),
             steps=steps, examples=examples, tokens=tokens, seconds=seconds, flops=flops,
-            flops_sampled_steps=sampled_steps, ops_analytic=ops,
+            flops_sampled_steps=sampled_steps, ops_analytic=ops if self.ops_per_sequence is not None else None,
         )

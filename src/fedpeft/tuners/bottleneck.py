@@ -17,10 +17,13 @@ applies it after dropout); at evaluation time, when dropout is off, the two are 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from fedpeft.models.layout import ArchSpec
+from fedpeft.tuners.registry import TunerContext
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "swish": nn.SiLU, "tanh": nn.Tanh}
 ADAPTER_CHILD = "adapter"
@@ -81,3 +84,11 @@ def add_bottleneck_adapters(
         target.add_module(ADAPTER_CHILD, adapter.to(next(target.parameters()).device))
         target.register_forward_hook(_hook)
     return sites
+
+
+def apply_bottleneck(model: nn.Module, opts: Any, ctx: TunerContext) -> nn.Module:
+    """The registered ``apply`` of houlsby and pfeiffer (``opts.method`` says which)."""
+    add_bottleneck_adapters(model, ctx.require_spec(opts.method), opts.method, reduction_factor=opts.reduction_factor,
+                            bottleneck_size=opts.bottleneck_size, non_linearity=opts.non_linearity,
+                            init_std=opts.init_std)
+    return model

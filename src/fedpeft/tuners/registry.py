@@ -1,0 +1,124 @@
+"""The registered PEFT methods: a name, its options model, how it wraps a backbone and what else fedpeft may
+ask of it (how its adapter is saved, its analytic OPs, which of its tensors belong to attention heads).
+
+The built-in methods (HF peft's LoRA, IA3, prompt tuning, P-tuning, prefix tuning; fedpeft's bottleneck
+adapters, BitFit, full fine-tuning) register here exactly as a user's plugin does
+(``fedpeft.register_peft_method``); :func:`fedpeft.tuners.tuned.apply_tuner` looks a method up by the config's
+``peft.method`` and never names one itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from fedpeft.config.schema import PEFT_OPTIONS, PeftOptions, register_options
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from fedpeft.heads.layout import HeadGeometry, HeadParam
+    from fedpeft.models.layout import ArchSpec
+
+SaveFormat = Literal["peft", "model", "state"]
+SAVE_FORMATS = ("peft", "model", "state")
+ANALYTIC_ROWS = ("qkv", "attention", "fc", "lora", "ia3", "prompt_tuning", "p_tuning")
+
+
+@dataclass(frozen=True)
+class TunerContext:
+    """What a method's ``apply`` gets besides the backbone and its options."""
+
+    kind: str  # "classification" | "causal" | "seq2seq": the model's head
+    spec: ArchSpec | None  # fedpeft's layout of the architecture (attention/feed-forward names), None if unknown
+    spec_error: str | None  # why ``spec`` is None (the message to raise when a method needs it)
+    head_modules: tuple[str, ...]  # top-level task-head modules of a classifier ("classifier", "score", ...)
+    tokenizer: Any = None
+    tokenizer_path: str | None = None
+
+    def require_spec(self, method: str) -> ArchSpec:
+        """The architecture layout, or a one-line error saying that ``method`` needs one."""
+        if self.spec is None:
+            raise ValueError(f"peft method {method!r} needs fedpeft's layout of this architecture: {self.spec_error}")
+        return self.spec
+
+
+@dataclass(frozen=True)
+class PeftMethod:
+    """One registered PEFT method (see :func:`register_peft_method`)."""
+
+    name: str
+    options: type[PeftOptions]
+    apply: Callable[[nn.Module, Any, TunerContext], nn.Module]
+    save_format: SaveFormat = "state"
+    trains_task_head: bool = False
+    analytic_ops: tuple[str, ...] | None = None
+    head_params: Callable[[Mapping[str, tuple[tuple[int, ...], str]], HeadGeometry], dict[str, HeadParam]] | None = None
+
+
+PEFT_METHODS: dict[str, PeftMethod] = {}
+
+
+def register_peft_method(
+    name: str,
+    *,
+    options: type[PeftOptions],
+    apply: Callable[[nn.Module, Any, TunerContext], nn.Module],
+    save_format: SaveFormat = "state",
+    trains_task_head: bool = False,
+    analytic_ops: tuple[str, ...] | None = None,
+    head_params: Callable[..., dict[str, HeadParam]] | None = None,
+) -> None:
+    """Register a PEFT method under ``name``; from then on ``peft: {method: NAME, ...}`` is a valid config section.
+
+    * ``options``: its pydantic options model, a subclass of ``fedpeft.PeftOptions`` with
+      ``method: Literal[NAME] = NAME`` (and ``maps_to_heads = True`` when it gives ``head_params``).
+    * ``apply(model, options, ctx)``: gets the backbone with every parameter frozen and returns the module to
+      train (the same one, changed in place, or a wrapper). The parameters left with ``requires_grad`` are
+      what clients train and exchange. ``ctx`` is a :class:`TunerContext`.
+    * ``trains_task_head``: True when ``apply`` makes a classifier's task head trainable itself (HF peft's
+      ``modules_to_save``); otherwise fedpeft unfreezes ``ctx.head_modules`` after ``apply``.
+    * ``save_format``: how RUN_DIR/adapter is written and read back: "state" (the trainable tensors in
+      ``fedpeft_adapter.safetensors``; loading applies the method to the backbone again), "peft" (the
+      module's ``save_pretrained``, HF PEFT format) or "model" (a complete HF model directory).
+    * ``analytic_ops``: the rows of paper 000's Table 6 that count one training sequence
+      (``fedpeft.tuners`` registers the built-in ones); None: runs report the analytic OPs as
+      unknown (null), measured FLOPs are reported either way.
+    * ``head_params(spec, geometry)``: which trainable tensors hold which attention heads' slices (see
+      ``fedpeft.heads.layout``); needed by algorithms that work per head (headprune). None: no head layout.
+    """
+    if not (isinstance(options, type) and issubclass(options, PeftOptions)):
+        raise TypeError(f"register_peft_method({name!r}): options must subclass fedpeft.PeftOptions")
+    if options.model_fields["method"].default != name:
+        raise ValueError(f"register_peft_method({name!r}): {options.__name__}.method must default to {name!r}, e.g. "
+                         f"method: Literal[{name!r}] = {name!r}")
+    if not callable(apply):
+        raise TypeError(f"register_peft_method({name!r}): apply must be a function (model, options, ctx) -> module")
+    if save_format not in SAVE_FORMATS:
+        raise ValueError(f"register_peft_method({name!r}): save_format {save_format!r}; choose one of "
+                         f"{', '.join(SAVE_FORMATS)}")
+    if analytic_ops is not None:
+        unknown = [r for r in analytic_ops if r not in ANALYTIC_ROWS]
+        if unknown or not analytic_ops:
+            raise ValueError(f"register_peft_method({name!r}): analytic_ops {tuple(analytic_ops)!r}; give rows of "
+                             f"{', '.join(ANALYTIC_ROWS)}, or None for unknown OPs")
+        analytic_ops = tuple(analytic_ops)
+    if bool(options.maps_to_heads) != (head_params is not None):
+        raise ValueError(f"register_peft_method({name!r}): give head_params exactly when {options.__name__} sets "
+                         "maps_to_heads = True (the config checks it before anything loads)")
+    method = PeftMethod(name, options, apply, save_format, trains_task_head, analytic_ops, head_params)
+    known = PEFT_METHODS.get(name)
+    if known is not None and known != method:
+        raise ValueError(f"peft.method {name!r} is already registered ({known.apply.__module__}); choose another name")
+    register_options(options)
+    PEFT_METHODS[name] = method
+
+
+def registered_peft_method(name: str) -> PeftMethod:
+    entry = PEFT_METHODS.get(name)
+    if entry is None:
+        known = ", ".join(PEFT_METHODS) or "none"
+        hint = "" if name not in PEFT_OPTIONS else " (its options are registered but not the method)"
+        raise ValueError(f"peft method {name!r} is not registered{hint}; registered: {known}")
+    return entry

@@ -1,0 +1,131 @@
+"""The PEFT method contract: every registered method (built-in ones through the same public function a plugin
+calls) wraps a backbone, trains, and saves an adapter that loads back to the same model; a plugin's method
+with no analytic OPs trains and reports them as unknown."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Literal
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO
+
+import fedpeft
+from fedpeft.adapters import load_adapter
+from fedpeft.cli import main
+from fedpeft.config import ConfigError, load_config
+from fedpeft.config.schema import PEFT_OPTIONS
+from fedpeft.models import registry
+from fedpeft.rundir import read_metrics, read_summary
+from fedpeft.tuners import PEFT_METHODS, apply_tuner, method_options, registered_peft_method
+from fedpeft.tuners.registry import ANALYTIC_ROWS
+
+EXAMPLE = REPO / "examples" / "custom_peft_method"
+PLUGIN = str(EXAMPLE / "plugin.py")
+
+
+@pytest.mark.parametrize("name", sorted(PEFT_METHODS))
+def test_every_registered_method_keeps_the_contract(name, tmp_path):
+    entry = registered_peft_method(name)
+    assert PEFT_OPTIONS[name] is entry.options and entry.options().method == name
+    assert entry.options.maps_to_heads == (entry.head_params is not None)
+    assert entry.analytic_ops is None or set(entry.analytic_ops) <= set(ANALYTIC_ROWS)
+    tok = registry.load_tokenizer("tiny-bert")
+    tuned = apply_tuner(registry.load_model("tiny-bert", "classification", num_labels=2, tokenizer=tok, seed=3),
+                        method_options(name), "classification", tokenizer=tok)
+    assert any("classifier" in n for n in tuned.params), "a classifier's task head trains under every method"
+    frozen = [n for n, p in tuned.module.named_parameters() if not p.requires_grad]
+    assert frozen or name == "full"
+    rng = np.random.default_rng(0)
+    tuned.load_state({k: v + rng.normal(0, 0.05, v.shape).astype(np.float32) for k, v in tuned.state().items()})
+    tuned.save_adapter(tmp_path, "tiny-bert", extra={"num_labels": 2, "seed": 3})
+    assert json.loads((tmp_path / "fedpeft_adapter.json").read_text())["save_format"] == entry.save_format
+    batch = tok(["a fine film", "dull"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = tuned.module.eval()(**batch).logits
+        loaded = load_adapter(tmp_path).model(**batch).logits
+    torch.testing.assert_close(loaded, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_example_method_runs_from_the_command_line_with_unknown_ops(tmp_path, capsys):
+    assert main(["run", str(EXAMPLE / "config.yaml"), "--plugin", PLUGIN, "--run-dir", "run", "--no-progress"]) == 0
+    rows = read_metrics("run")
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    for r in rows[1:]:
+        assert r["ops_analytic"] is None and set(r["client_ops_analytic"].values()) == {None}
+        assert r["flops"] > 0 and r["agg_update_norm"] > 0  # measured FLOPs still come, and it trains
+    assert read_summary("run")["total_ops_analytic"] is None
+    meta = json.loads((tmp_path / "run" / "adapter" / "fedpeft_adapter.json").read_text())
+    assert meta["method"] == "layernorm" and meta["plugins"] == [PLUGIN]
+    # the adapter loads in a fresh process through the plugins its json lists, and `fedpeft eval` repeats the run
+    probe = "import fedpeft; a = fedpeft.load_adapter('run/adapter'); print(a.meta['method'], type(a.model).__name__)"
+    out = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, cwd=tmp_path)
+    assert out.stdout.split() == ["layernorm", "BertForSequenceClassification"], out.stderr
+    capsys.readouterr()
+    assert main(["eval", "run", "--adapter", "last", "--max-examples", "32", "--json"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["eval_accuracy"] == pytest.approx(rows[-1]["eval_accuracy"])
+
+
+def test_the_example_method_trains_only_norms_and_the_head():
+    fedpeft.load_plugin(PLUGIN)
+    tok = registry.load_tokenizer("tiny-bert")
+    tuned = apply_tuner(registry.load_model("tiny-bert", "classification", num_labels=2, tokenizer=tok),
+                        method_options("layernorm"), "classification")
+    assert tuned.params and all("LayerNorm" in n or n.startswith("classifier.") for n in tuned.params)
+    skipped = apply_tuner(registry.load_model("tiny-bert", "classification", num_labels=2, tokenizer=tok),
+                          method_options("layernorm", skip_embedding_norm=True), "classification")
+    assert set(tuned.params) - set(skipped.params) == {"bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.bias"}
+
+
+def test_a_method_without_heads_is_refused_by_headprune_naming_those_with_heads():
+    with pytest.raises(ConfigError, match=r"which 'layernorm' has none of: set peft.method to one of lora, ia3"):
+        load_config(EXAMPLE / "config.yaml", ["algorithm={name: headprune}"], plugins=[PLUGIN])
+
+
+def test_fedpeft_model_lists_a_plugin_method_with_unknown_ops(capsys):
+    assert main(["model", "tiny-bert", "--plugin", PLUGIN, "--methods", "lora,layernorm"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("layernorm"))
+    assert line.split()[-2:] == ["unknown", "unknown"]
+    assert main(["model", "tiny-bert", "--methods", "nosuch"]) == 2
+    assert "choose from full, lora" in capsys.readouterr().err
+
+
+def test_registration_mistakes_are_refused_with_the_fix():
+    class Mine(fedpeft.PeftOptions):
+        method: Literal["mine"] = "mine"
+
+    class Headed(fedpeft.PeftOptions):
+        method: Literal["headed"] = "headed"
+        maps_to_heads = True
+
+    def apply(model, options, ctx):
+        return model
+
+    with pytest.raises(ValueError, match="must default to 'other'"):
+        fedpeft.register_peft_method("other", options=Mine, apply=apply)
+    with pytest.raises(ValueError, match="save_format 'pickle'"):
+        fedpeft.register_peft_method("mine", options=Mine, apply=apply, save_format="pickle")
+    with pytest.raises(ValueError, match="analytic_ops"):
+        fedpeft.register_peft_method("mine", options=Mine, apply=apply, analytic_ops=("qkv", "convolution"))
+    with pytest.raises(ValueError, match="give head_params exactly when"):
+        fedpeft.register_peft_method("headed", options=Headed, apply=apply)
+    with pytest.raises(ValueError, match="already registered"):
+        class Lora(fedpeft.PeftOptions):
+            method: Literal["lora"] = "lora"
+
+        fedpeft.register_peft_method("lora", options=Lora, apply=apply)
+    with pytest.raises(ValueError, match="already registered"):  # the same options, another implementation
+        fedpeft.register_peft_method("bitfit", options=PEFT_OPTIONS["bitfit"], apply=apply)
+    assert "mine" not in PEFT_METHODS and "mine" not in PEFT_OPTIONS
+
+
+def test_the_rows_a_method_may_declare_are_the_rows_of_table_6():
+    from fedpeft.metrics.ops import components
+
+    assert set(ANALYTIC_ROWS) == set(components(2, 8, 4, r=2, Tp=2))
