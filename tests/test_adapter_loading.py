@@ -16,6 +16,8 @@ from fedpeft.adapters import load_adapter
 from fedpeft.cli import main
 from fedpeft.rundir import read_metrics, read_summary
 
+pytestmark = pytest.mark.needs_data  # every test here reads the real datasets
+
 SMALL = ["--set", "model.name=minilm-l6", "--set", "task.max_train_examples=96", "--set", "eval.max_examples=64",
          "--set", "federation.num_clients=3", "--set", "federation.clients_per_round=2", "--set", "federation.rounds=2",
          "--set", "task.max_length=48", "--set", "train.lr=0.003", "--no-progress"]

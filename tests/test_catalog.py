@@ -2,6 +2,8 @@
 
 The Hub is unreachable here, so each converter is checked on a row shaped like its Hub dataset."""
 
+import pytest
+
 from fedpeft.data.catalog import CATALOG
 
 
@@ -39,6 +41,7 @@ def test_other_converters_and_split_aliases():
     assert {e.task for e in CATALOG.values()} == {"classification", "generation", "multiple_choice"}
 
 
+@pytest.mark.needs_data
 def test_a_catalog_dataset_reports_its_own_metric_unless_the_user_names_one(tmp_path):
     from helpers import tiny_config
 

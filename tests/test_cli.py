@@ -20,12 +20,14 @@ def test_config_prints_every_default(capsys):
     assert "max_grad_norm: 1.0" in out and "method: lora" in out
 
 
+@pytest.mark.needs_data
 def test_data_command_on_real_data(capsys):
     assert main(["data", "mrpc", "--split", "validation"]) == 0
     out = capsys.readouterr().out
     assert "validation: 408 rows" in out and "labels:" in out
 
 
+@pytest.mark.needs_data
 def test_run_report_and_partition_from_the_cli(tmp_path, capsys):
     common = ["--set", "model.name=tiny-bert", "--set", "task.max_train_examples=40", "--set", "eval.max_examples=16",
               "--set", "federation.rounds=1", "--set", "federation.num_clients=4", "--no-progress"]
@@ -41,6 +43,7 @@ def test_run_report_and_partition_from_the_cli(tmp_path, capsys):
     assert "clients: 4  examples: 40" in capsys.readouterr().out
 
 
+@pytest.mark.needs_data
 def test_partition_from_config_matches_the_run(tmp_path, capsys):
     cfg = str(REPO / "configs" / "quickstart.yaml")
     sets = ["--set", "federation.partition.scheme=dirichlet_label", "--set", "federation.partition.alpha=0.3"]
@@ -109,6 +112,7 @@ def test_entry_point_is_installed():
 
 @pytest.mark.parametrize("algorithm,pruned", [("{name: fedavg}", False),
                                               ("{name: headprune, sparsity: 0.5, selection: random}", True)])
+@pytest.mark.needs_data
 def test_footprint_run_bytes_match_a_real_upload(tmp_path, algorithm, pruned):
     """`fedpeft model`'s run bytes against the bytes a tiny run's client really sent (metadata digits aside)."""
     from helpers import tiny_config

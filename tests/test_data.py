@@ -63,6 +63,7 @@ def test_local_files_in_every_format(tmp_path):
         load_rows(str(d), "dev")
 
 
+@pytest.mark.needs_data
 def test_catalog_names_resolve_to_the_shared_data():
     rows = load_rows("rte", "validation")
     assert len(rows) == 277 and {"text", "text_pair", "label"} <= set(rows[0])
@@ -82,6 +83,7 @@ def test_column_mapping_and_missing_column_error(tmp_path, tok):
         prepare_task(TaskConfig(dataset=str(d)), tok, encoder_decoder=False, seed=0, eval_max_examples=None)
 
 
+@pytest.mark.needs_data
 def test_unknown_eval_label_and_unlabeled_train_are_errors(tmp_path, tok):
     d = tmp_path / "ds"
     d.mkdir()
@@ -100,6 +102,7 @@ def test_missing_dataset_offline_is_a_one_line_error(tok):
     assert "not found locally" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.needs_data
 def test_classification_pairs_keep_token_types(tok):
     data = prepare_task(TaskConfig(dataset="rte", max_train_examples=50), tok, encoder_decoder=False, seed=0,
                         eval_max_examples=20)
@@ -108,6 +111,7 @@ def test_classification_pairs_keep_token_types(tok):
     assert all(len(x) <= 128 for x in data.train.input_ids)
 
 
+@pytest.mark.needs_data
 def test_generation_and_choice_encoding_on_real_data(tok):
     gen = prepare_task(TaskConfig(type="generation", dataset="e2e_nlg", train_split="validation_pairs",
                                   eval_split="test", max_train_examples=30), tok, encoder_decoder=False, seed=0,
@@ -145,6 +149,7 @@ def test_split_slices_are_disjoint_and_cover_the_split(tmp_path):
         load_rows(str(d), "test[:5]+test[4:]")
 
 
+@pytest.mark.needs_data
 def test_train_and_eval_sharing_rows_is_an_error(tok):
     task = TaskConfig(type="multiple_choice", dataset="arc_easy", train_split="test[:60%]", eval_split="test[50%:]")
     with pytest.raises(DataError, match="share rows"):

@@ -231,11 +231,13 @@ def test_fedpeft_data_lists_problems_instead_of_a_traceback(tmp_path, capsys):
     assert "validation: 2 rows" in out and "labels: 0: 1, 1: 1" in out
 
 
+@pytest.mark.needs_data
 def test_fedpeft_data_shows_unlabeled_splits_without_refusing_them(capsys):
     code, out, _ = _cli(capsys, "rte", "--split", "test_unlabeled")
     assert code == 0 and "note: unlabeled split (label -1 on all 3000 rows)" in out and "problem" not in out
 
 
+@pytest.mark.needs_data
 def test_fedpeft_data_orders_numeric_labels_by_value(capsys):
     code, out, _ = _cli(capsys, "20newsgroups", "--split", "test")
     assert code == 0 and "9=rec.sport.baseball: 397, 10=rec.sport.hockey: 399" in out
@@ -332,6 +334,7 @@ def test_an_unknown_model_fails_fast(mode, loader, request):
 
 
 @pytest.mark.parametrize("mode", ["hub_offline", "hub_unreachable"])
+@pytest.mark.needs_data
 def test_an_unknown_dataset_fails_fast(mode, request, capsys):
     request.getfixturevalue(mode)
     message, seconds = _timed_failure(DataError, lambda: load_rows("some-org/no-such-dataset", "train"))

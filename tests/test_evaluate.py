@@ -10,6 +10,8 @@ from fedpeft.data.batching import collate, sequential_batches
 from fedpeft.runtime.setup import build_experiment
 from fedpeft.training.evaluate import _lm_loss
 
+pytestmark = pytest.mark.needs_data  # every test here reads the real datasets
+
 
 def reference_logprobs(model, data, pad_id: int, encoder_decoder: bool) -> np.ndarray:
     out = np.zeros(len(data))

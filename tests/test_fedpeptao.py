@@ -166,6 +166,7 @@ def test_server_state_survives_a_checkpoint():
     assert set(other.configure(2, [0])[0].arrays) == set(srv.configure(2, [0])[0].arrays)
 
 
+@pytest.mark.needs_data
 def test_fedpeptao_needs_prefix_tuning_without_projection_on_a_model_with_one_stack():
     with pytest.raises(ValueError, match="prefix_tuning"):
         tiny_config("algorithm.name=fedpeptao")
@@ -179,6 +180,7 @@ def test_fedpeptao_needs_prefix_tuning_without_projection_on_a_model_with_one_st
                                      "task.train_split=validation_pairs", "task.eval_split=test"))
 
 
+@pytest.mark.needs_data
 def test_a_run_exchanges_selected_layers_and_clients_keep_the_others(tmp_path):
     cfg = tiny_config("algorithm.name=fedpeptao", "peft.method=prefix_tuning", "peft.num_virtual_tokens=4",
                       "algorithm.selection_round=1", "algorithm.ratio=0.5", "federation.rounds=3",
@@ -223,6 +225,7 @@ def test_a_run_exchanges_selected_layers_and_clients_keep_the_others(tmp_path):
     assert restored["optimizer"][layout.name]["step"] > steps
 
 
+@pytest.mark.needs_data
 def test_layer_scores_are_eq3_on_the_unpadded_hidden_states():
     cfg = tiny_config("algorithm.name=fedpeptao", "peft.method=prefix_tuning", "peft.num_virtual_tokens=4")
     from fedpeft.runtime.setup import build_experiment
@@ -240,6 +243,7 @@ def test_layer_scores_are_eq3_on_the_unpadded_hidden_states():
     assert scores != pytest.approx([layer_score(hs[l + 1].numpy()) for l in range(2)])
 
 
+@pytest.mark.needs_data
 def test_kept_optimizer_moments_continue_across_trainings():
     cfg = tiny_config("peft.method=prefix_tuning", "peft.num_virtual_tokens=4", "train.local_steps=3")
     from fedpeft.runtime.setup import build_experiment

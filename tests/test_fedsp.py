@@ -44,6 +44,7 @@ def test_config_refuses_what_fedsp_cannot_do():
 
 
 @pytest.mark.parametrize("client_trains", ["all", "blocks"])
+@pytest.mark.needs_data
 def test_no_payload_carries_a_global_block_the_auxiliary_model_was_not_built_from(tmp_path, client_trains):
     sent: list[tuple[int, int, dict]] = []
 
@@ -86,6 +87,7 @@ def test_no_payload_carries_a_global_block_the_auxiliary_model_was_not_built_fro
     assert "_name_or_path" not in rt.server.aux_info["config"]  # where the private model came from is not sent
 
 
+@pytest.mark.needs_data
 def test_clients_train_the_auxiliary_model_then_the_prompts(tmp_path):
     rt = EmbeddedRuntime(fedsp_config("federation.rounds=1", "algorithm.server_steps=0"), tmp_path / "run")
     received = rt.server.configure(1, [0])[0]
@@ -102,6 +104,7 @@ def test_clients_train_the_auxiliary_model_then_the_prompts(tmp_path):
     assert torch.is_grad_enabled()
 
 
+@pytest.mark.needs_data
 def test_without_sharing_clients_take_k_layers_of_prompts_folded_from_the_global_ones(tmp_path):
     cfg = fedsp_config("federation.rounds=1", "algorithm.share_layers=false", "algorithm.distill_steps=0",
                        "algorithm.server_steps=0", "algorithm.client_training=prompts")
@@ -119,6 +122,7 @@ def test_without_sharing_clients_take_k_layers_of_prompts_folded_from_the_global
     assert all(not state.get("aux") for state in rt.client_states.values())  # FedPrompt-Single trains no weights
 
 
+@pytest.mark.needs_data
 def test_a_resumed_run_ends_like_an_uninterrupted_one_and_resends_the_auxiliary_model(tmp_path, monkeypatch):
     from fedpeft import checkpoint
     from fedpeft.rundir import read_metrics

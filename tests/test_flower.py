@@ -16,7 +16,7 @@ from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.runtime.flower.launch import LocalDeployment, run_flower
 from fedpeft.runtime.resume import resume_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs_data]  # every test here reads the real datasets
 # FLOPs are measured on sampled steps per process, so the estimates (only those) differ between runtimes
 ESTIMATES = {"flops", "client_flops"}
 

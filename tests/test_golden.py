@@ -28,8 +28,24 @@ def same(a, b, path: str = "") -> str | None:
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
+@pytest.mark.needs_data
 def test_metrics_match_the_recorded_run(name, tmp_path):
     expected = [json.loads(line) for line in golden_path(name).read_text().splitlines()]
     rows = json.loads(json.dumps(golden_rows(name, tmp_path / "run")))  # as written to metrics.jsonl
     difference = same(rows, expected, name)
     assert difference is None, f"{difference} (rerecord only if the change of result is intended)"
+
+
+def test_every_built_in_method_and_algorithm_has_a_golden_run():
+    from golden_runs import METHODS
+
+    from fedpeft.algorithms import ALGORITHMS
+    from fedpeft.tuners import PEFT_METHODS
+
+    def built_in(code) -> bool:  # plugins other tests loaded are registered too by now
+        return code.__module__.startswith("fedpeft.")
+
+    assert set(METHODS) == {n for n, m in PEFT_METHODS.items() if built_in(m.options)}
+    covered = {part for name in GOLDEN for part in name.split("-")}
+    algorithms = {n for n, a in ALGORITHMS.items() if built_in(a.options)}
+    assert algorithms <= covered | {"fedavg"}, sorted(algorithms - covered)

@@ -219,6 +219,7 @@ def reference_confidence(att: np.ndarray, mask: np.ndarray, ids: np.ndarray, exc
     return out
 
 
+@pytest.mark.needs_data
 def test_importance_matches_direct_computation_and_excludes_separators():
     cfg = tiny_config("algorithm={name: headprune}", "task.max_train_examples=12")
     exp = build_experiment(cfg)
@@ -244,6 +245,7 @@ def test_importance_matches_direct_computation_and_excludes_separators():
     assert not np.allclose(with_sep.alpha, imp.alpha)
 
 
+@pytest.mark.needs_data
 def test_pruned_heads_get_no_update_even_with_weight_decay(tmp_path):
     cfg = tiny_config("algorithm={name: headprune, sparsity: 0.5, selection: random}", "train.weight_decay=0.1",
                       "federation.rounds=1", "federation.clients_per_round=1")
@@ -281,6 +283,7 @@ def test_pruned_heads_get_no_update_even_with_weight_decay(tmp_path):
     ("tiny-bert", "lora", []), ("tiny-gpt2", "lora", GEN), ("tiny-llama", "ia3", GEN),
     ("tiny-t5", "lora", GEN), ("tiny-bart", "lora", GEN), ("tiny-llama", "prefix_tuning", GEN),
 ])
+@pytest.mark.needs_data
 def test_method_runs_on_every_architecture_and_sends_less(model, method, extra, tmp_path):
     common = [f"model.name={model}", f"peft={{method: {method}}}", "federation.rounds=2", *extra]
     run(tiny_config(*common, "algorithm={name: headprune, sparsity: 0.75}"), tmp_path / "pruned")
@@ -298,6 +301,7 @@ def confidence(att: np.ndarray, queries: list[int], keys: list[int]) -> np.ndarr
     return np.array([np.mean([max(att[h, i, j] for j in keys) for i in queries]) for h in range(att.shape[0])])
 
 
+@pytest.mark.needs_data
 def test_importance_feeds_the_sentence_pair_segments_that_training_feeds():
     cfg = tiny_config("algorithm={name: headprune}", "task.dataset=mnli", "task.train_split=train_subset",
                      "task.eval_split=heldout_subset", "task.max_train_examples=6")
@@ -322,6 +326,7 @@ def test_importance_feeds_the_sentence_pair_segments_that_training_feeds():
 
 @pytest.mark.parametrize("model", ["tiny-t5", "tiny-bart"])
 @pytest.mark.parametrize("task", ["seq2seq", "classification"])
+@pytest.mark.needs_data
 def test_encoder_decoder_importance_masks_the_tokens_the_decoder_reads(model, task):
     """Decoder key j is the token the decoder reads at j (the shifted target), captured from the model."""
     extra = GEN if task == "seq2seq" else []

@@ -10,7 +10,7 @@ from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs_data]  # every test here reads the real datasets
 
 OVERRIDES = [
     "model.name=minilm-l6", "task.dataset=sst2", "task.max_train_examples=480", "task.max_length=64",

@@ -31,6 +31,7 @@ class Recorder(fedpeft.RunObserver):
         self.rows.append(dict(row))
 
 
+@pytest.mark.needs_data
 def test_observers_see_payloads_client_reports_and_rows(tmp_path):
     recorder = Recorder()
     cfg = load_config(None, [*TINY, "algorithm={name: headprune, sparsity: 0.5}"])

@@ -51,6 +51,7 @@ def test_every_registered_method_keeps_the_contract(name, tmp_path):
     torch.testing.assert_close(loaded, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.needs_data
 def test_the_example_method_runs_from_the_command_line_with_unknown_ops(tmp_path, capsys):
     assert main(["run", str(EXAMPLE / "config.yaml"), "--plugin", PLUGIN, "--run-dir", "run", "--no-progress"]) == 0
     rows = read_metrics("run")

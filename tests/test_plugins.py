@@ -20,6 +20,7 @@ EXAMPLE = REPO / "examples" / "custom_algorithm"
 PLUGIN = str(EXAMPLE / "plugin.py")
 
 
+@pytest.mark.needs_data
 def test_the_example_plugin_runs_from_the_command_line_and_resumes(tmp_path, capsys):
     assert main(["run", str(EXAMPLE / "config.yaml"), "--plugin", PLUGIN, "--run-dir", "run", "--no-progress"]) == 0
     rows = read_metrics("run")
@@ -74,6 +75,7 @@ def test_every_registered_algorithm_keeps_the_contract(name):
     assert isinstance(entry.client(entry.options()), fedpeft.ClientAlgorithm)
 
 
+@pytest.mark.needs_data
 def test_the_public_api_runs_reads_and_resumes(tmp_path):
     cfg = load_config(None, ["model.name=tiny-bert", "task.max_train_examples=32", "task.max_length=32",
                              "federation.num_clients=2", "federation.rounds=1", "eval.max_examples=16",
@@ -89,6 +91,7 @@ def test_the_public_api_runs_reads_and_resumes(tmp_path):
 SCAFFOLD = REPO / "examples" / "scaffold"
 
 
+@pytest.mark.needs_data
 def test_scaffold_keeps_its_control_variates_consistent_and_starts_as_fedavg(tmp_path):
     from fedpeft import checkpoint
 
@@ -151,3 +154,28 @@ def test_installed_packages_register_through_the_entry_point_group(tmp_path, mon
     monkeypatch.setattr(plugins, "_installed_loaded", False)
     cfg = load_config(None, ["algorithm.name=installed"])  # validating a config loads the installed plugins
     assert cfg.algorithm.name == "installed" and "installed" in ALGORITHMS
+
+
+def test_a_method_registered_in_the_script_itself_is_refused_for_flower(tmp_path):
+    """A Flower app in another process could not find it: one line saying how to make it a plugin."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "from typing import Literal\n"
+        "import fedpeft\n"
+        "from fedpeft.algorithms.registry import ALGORITHMS\n"
+        "class InScript(fedpeft.AlgorithmOptions):\n"
+        "    name: Literal['inscript'] = 'inscript'\n"
+        "fedavg = ALGORITHMS['fedavg']\n"
+        "fedpeft.register_algorithm('inscript', options=InScript, server=fedavg.server,\n"
+        "                           client=lambda o: fedavg.client(fedavg.options()))\n"
+        "cfg = fedpeft.validate_config({'algorithm': {'name': 'inscript'}, 'runtime': {'name': 'flower'}})\n"
+        "try:\n"
+        "    fedpeft.run(cfg)\n"
+        "except fedpeft.UserError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert "algorithm.name 'inscript' is registered in your script (__main__)" in out.stdout, out.stderr

@@ -72,6 +72,7 @@ def test_server_rejects_unclipped_updates_under_client_clipping():
     assert list(accepted) == [0] and "exceeds algorithm.dp.clipping_norm 0.5" in rejected[1]
 
 
+@pytest.mark.needs_data
 def test_private_run_reports_epsilon_every_round(tmp_path):
     cfg = tiny_config("algorithm.dp.noise_multiplier=0.5", "algorithm.dp.clipping_norm=0.5",
                       "federation.rounds=3", "train.local_steps=2")
@@ -83,6 +84,7 @@ def test_private_run_reports_epsilon_every_round(tmp_path):
     assert all(r["agg_update_norm"] > 0 for r in rows)
 
 
+@pytest.mark.needs_data
 def test_max_epsilon_ends_the_run_before_the_budget_is_exceeded(tmp_path):
     cfg = tiny_config("algorithm.dp.noise_multiplier=2.0", "algorithm.dp.max_epsilon=10",
                       "federation.rounds=50", "train.local_steps=1", "eval.every=0", "runtime.checkpoint_every=3")

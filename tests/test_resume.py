@@ -60,6 +60,7 @@ def test_damaged_or_missing_checkpoint_is_refused_and_never_loaded(tmp_path):
 
 
 @pytest.mark.parametrize("algorithm", ["algorithm.name=fedavgm", "algorithm.name=fedadam"])
+@pytest.mark.needs_data
 def test_resume_after_a_crash_ends_like_an_uninterrupted_run(algorithm, tmp_path, monkeypatch):
     cfg = tiny_config(algorithm, "federation.rounds=4", "peft.dropout=0.1", "eval.every=1")
     EmbeddedRuntime(cfg, tmp_path / "full").run()
@@ -89,6 +90,7 @@ def test_resume_after_a_crash_ends_like_an_uninterrupted_run(algorithm, tmp_path
     assert "resumed" in (tmp_path / "cut" / "events.log").read_text()
 
 
+@pytest.mark.needs_data
 def test_headprune_selection_state_survives_resume(tmp_path, monkeypatch):
     cfg = tiny_config("algorithm.name=headprune", "algorithm.selection=loss", "algorithm.sparsity=0.5",
                       "federation.rounds=5", "federation.num_clients=4", "eval.every=1")
@@ -101,6 +103,7 @@ def test_headprune_selection_state_survives_resume(tmp_path, monkeypatch):
     assert_same_run(tmp_path / "full", tmp_path / "cut")
 
 
+@pytest.mark.needs_data
 def test_cli_resume_after_sigkill(tmp_path):
     """A real `fedpeft run` process killed with SIGKILL after its second checkpoint, then resumed."""
     cfg = tiny_config("federation.rounds=12", "eval.every=3", "train.local_steps=4")
@@ -128,6 +131,7 @@ def test_cli_resume_after_sigkill(tmp_path):
     assert_same_run(tmp_path / "full", cut)
 
 
+@pytest.mark.needs_data
 def test_resume_refuses_a_finished_run_and_extra_arguments(tmp_path, capsys):
     cfg = tiny_config("federation.rounds=1")
     EmbeddedRuntime(cfg, tmp_path / "run").run()
@@ -137,6 +141,7 @@ def test_resume_refuses_a_finished_run_and_extra_arguments(tmp_path, capsys):
     assert "give no config file" in capsys.readouterr().err
 
 
+@pytest.mark.needs_data
 def test_privacy_spent_carries_over_a_resume(tmp_path, monkeypatch):
     """DP noise is fresh entropy (not reproducible), but the accountant is checkpointed: a resumed run
     reports exactly the epsilon of an uninterrupted one, over every round."""

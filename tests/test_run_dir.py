@@ -57,6 +57,7 @@ def stop_at_round(monkeypatch, rnd: int) -> None:
     monkeypatch.setattr(EmbeddedRuntime, "run_round", interrupted)
 
 
+@pytest.mark.needs_data
 def test_a_second_writer_is_refused_while_the_first_lives(tmp_path, capsys):
     cfg = write_config(tmp_path / "tiny.yaml")
     assert main(["run", str(cfg), "--run-dir", "run", "--no-progress"]) == 0
@@ -122,6 +123,7 @@ def test_headprune_with_a_method_without_heads_fails_before_loading(tmp_path, ca
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.needs_data
 def test_ctrl_c_before_the_first_checkpoint_then_restart_in_place(tmp_path, capsys, monkeypatch):
     cfg = write_config(tmp_path / "tiny.yaml")
     with monkeypatch.context() as patched:
@@ -139,6 +141,7 @@ def test_ctrl_c_before_the_first_checkpoint_then_restart_in_place(tmp_path, caps
     assert adapter_digest(Path("run")) == adapter_digest(Path("fresh"))
 
 
+@pytest.mark.needs_data
 def test_ctrl_c_after_a_checkpoint_names_the_round_to_resume_from(tmp_path, capsys, monkeypatch):
     cfg = write_config(tmp_path / "tiny.yaml", "federation.rounds=3")
     with monkeypatch.context() as patched:
@@ -149,6 +152,7 @@ def test_ctrl_c_after_a_checkpoint_names_the_round_to_resume_from(tmp_path, caps
     assert read_summary("run")["rounds"] == 3
 
 
+@pytest.mark.needs_data
 def test_a_finished_run_extended_equals_a_longer_run(tmp_path, capsys):
     cfg = write_config(tmp_path / "tiny.yaml")
     assert main(["run", str(cfg), "--run-dir", "short", "--no-progress"]) == 0
@@ -163,6 +167,7 @@ def test_a_finished_run_extended_equals_a_longer_run(tmp_path, capsys):
     assert read_summary("short")["rounds"] == 3 and "rounds: 3" in (Path("short") / "config.yaml").read_text()
 
 
+@pytest.mark.needs_data
 def test_best_adapter_holds_the_best_round(tmp_path):
     cfg = tiny_config("federation.rounds=3", "train.lr=0.05", "eval.max_examples=64")
     summary = EmbeddedRuntime(cfg, "run").run()
@@ -174,6 +179,7 @@ def test_best_adapter_holds_the_best_round(tmp_path):
     assert no_best["best_adapter"] is None and not (tmp_path / "plain" / "best_adapter").exists()
 
 
+@pytest.mark.needs_data
 def test_a_failing_constructor_releases_the_lock_and_the_log(tmp_path, monkeypatch):
     import logging
 
@@ -189,6 +195,7 @@ def test_a_failing_constructor_releases_the_lock_and_the_log(tmp_path, monkeypat
     RunLock.acquire(tmp_path / "run").release()  # free, and no stale-lock warning to give
 
 
+@pytest.mark.needs_data
 def test_a_resume_forgets_a_best_adapter_saved_after_the_checkpoint(tmp_path, monkeypatch):
     cfg = write_config(tmp_path / "tiny.yaml", "runtime.checkpoint_every=1")
     with monkeypatch.context() as patched:

@@ -7,12 +7,16 @@ import pytest
 from helpers import tiny_config, without_timings
 
 from fedpeft import wire
+from fedpeft.config.schema import ALGORITHM_OPTIONS
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import EmbeddedRuntime, run
 from fedpeft.training.local import NonFiniteLoss
 
+FEDAVG_FAMILY = sorted(n for n, m in ALGORITHM_OPTIONS.items() if m.supports_secure_aggregation)
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox"])
+
+@pytest.mark.parametrize("algorithm", FEDAVG_FAMILY)
+@pytest.mark.needs_data
 def test_every_algorithm_runs(algorithm, tmp_path):
     cfg = tiny_config(f"algorithm.name={algorithm}")
     summary = run(cfg, tmp_path / "run")
@@ -33,6 +37,7 @@ def test_every_algorithm_runs(algorithm, tmp_path):
     assert len(list((tmp_path / "run" / "plots").glob("*.png"))) == 6
 
 
+@pytest.mark.needs_data
 def test_bytes_are_the_serialized_payload_sizes(tmp_path):
     cfg = tiny_config("federation.rounds=1")
     rt = EmbeddedRuntime(cfg, tmp_path / "run")
@@ -47,6 +52,7 @@ def test_bytes_are_the_serialized_payload_sizes(tmp_path):
     assert row["cum_bytes"] == row["bytes_up_total"] + row["bytes_down_total"]
 
 
+@pytest.mark.needs_data
 def test_same_config_and_seed_give_identical_metrics(tmp_path):
     cfg = tiny_config("peft.dropout=0.1")
     run(cfg, tmp_path / "a")
@@ -59,6 +65,7 @@ def test_same_config_and_seed_give_identical_metrics(tmp_path):
 
 @pytest.mark.parametrize("model, method", [("tiny-gpt2", "lora"), ("tiny-llama", "prefix_tuning"),
                                            ("tiny-t5", "lora"), ("tiny-bart", "houlsby")])
+@pytest.mark.needs_data
 def test_generation_runs_with_rouge(model, method, tmp_path):
     cfg = tiny_config(f"model.name={model}", f"peft.method={method}", "task.type=generation",
                       "task.dataset=e2e_nlg", "task.train_split=validation_pairs", "task.eval_split=test",
@@ -71,6 +78,7 @@ def test_generation_runs_with_rouge(model, method, tmp_path):
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-t5"])
+@pytest.mark.needs_data
 def test_multiple_choice_runs(model, tmp_path):
     cfg = tiny_config(f"model.name={model}", "task.type=multiple_choice", "task.dataset=arc_easy",
                       "task.train_split=test[:80%]", "task.eval_split=test[80%:]", "eval.max_examples=16", "federation.rounds=1",
@@ -80,6 +88,7 @@ def test_multiple_choice_runs(model, tmp_path):
     assert 0.0 <= last["eval_accuracy"] <= 1.0 and 0.0 <= last["eval_accuracy_norm"] <= 1.0
 
 
+@pytest.mark.needs_data
 def test_bad_updates_are_rejected_logged_and_not_aggregated(tmp_path, monkeypatch):
     cfg = tiny_config("federation.rounds=1", "federation.clients_per_round=3")
     rt = EmbeddedRuntime(cfg, tmp_path / "run")
@@ -112,12 +121,14 @@ def test_bad_updates_are_rejected_logged_and_not_aggregated(tmp_path, monkeypatc
     assert f"client {poisoned} rejected" in log and f"client {crashed} rejected" in log
 
 
+@pytest.mark.needs_data
 def test_clients_keep_no_state_under_fedavg(tmp_path):
     rt = EmbeddedRuntime(tiny_config("federation.num_clients=20", "federation.clients_per_round=4"), tmp_path / "run")
     rt.run()
     assert rt.client_states == {}
 
 
+@pytest.mark.needs_data
 def test_local_steps_and_eval_every(tmp_path):
     cfg = tiny_config("train.local_steps=3", "federation.rounds=3", "eval.every=2", "eval.at_start=false")
     run(cfg, tmp_path / "run")
@@ -129,11 +140,13 @@ def test_local_steps_and_eval_every(tmp_path):
 
 @pytest.mark.parametrize("method, files", [("houlsby", {"fedpeft_adapter.safetensors", "fedpeft_adapter.json"}),
                                            ("ia3", {"adapter_model.safetensors", "adapter_config.json"})])
+@pytest.mark.needs_data
 def test_final_adapter_is_saved(method, files, tmp_path):
     run(tiny_config(f"peft.method={method}", "federation.rounds=1"), tmp_path / "run")
     assert files <= {p.name for p in (tmp_path / "run" / "adapter").iterdir()}
 
 
+@pytest.mark.needs_data
 def test_label_skew_partition_is_saved(tmp_path):
     run(tiny_config("federation.partition.scheme=dirichlet_label", "federation.partition.alpha=0.1",
                     "federation.rounds=1"), tmp_path / "run")
@@ -141,11 +154,13 @@ def test_label_skew_partition_is_saved(tmp_path):
     assert stats["num_clients"] == 4 and stats["num_examples"] == 64 and "labels" in stats["clients"][0]
 
 
+@pytest.mark.needs_data
 def test_mixed_precision_autocast_runs_on_cpu(tmp_path):
     run(tiny_config("runtime.precision=bf16", "runtime.device=cpu", "federation.rounds=1"), tmp_path / "run")
     assert np.isfinite(read_metrics(tmp_path / "run")[-1]["eval_loss"])
 
 
+@pytest.mark.needs_data
 def test_more_clients_than_examples_is_a_clear_error(tmp_path):
     from fedpeft.data.partition import PartitionError
 
@@ -160,6 +175,7 @@ def test_fp16_on_cpu_is_rejected_before_work():
         tiny_config("runtime.precision=fp16", "runtime.device=cpu")
 
 
+@pytest.mark.needs_data
 def test_min_replies_keeps_the_global_model_when_too_few_arrive(tmp_path):
     cfg = tiny_config("federation.num_clients=2", "federation.clients_per_round=2", "federation.rounds=1",
                       "federation.min_replies=2", "train.local_steps=1")

@@ -24,6 +24,7 @@ def test_gguf_is_cached_as_safetensors_once():
     assert (shape.model_type, shape.num_layers, shape.num_heads, shape.num_kv_heads, shape.hidden) == ("llama", 30, 9, 3, 576)
 
 
+@pytest.mark.needs_data
 def test_one_lora_round_on_e2e(tmp_path):
     cfg = tiny_config("model.name=smollm2-135m", "task.type=generation", "task.dataset=e2e_nlg",
                       "task.train_split=validation_pairs", "task.eval_split=test", "task.max_train_examples=16",

@@ -30,9 +30,10 @@ class ScaffoldOptions(fedpeft.AlgorithmOptions):
     server_lr: float = Field(1.0, gt=0, description="Global step size on the mean model change.")
 
     def check(self, run: Any) -> None:
-        if run.train.optimizer != "sgd" or run.train.scheduler != "constant":
-            raise ValueError("algorithm scaffold corrects plain SGD steps: set train.optimizer: sgd and "
-                             "train.scheduler: constant")
+        t = run.train
+        if t.optimizer != "sgd" or t.scheduler != "constant" or t.momentum or t.warmup_ratio:
+            raise ValueError("algorithm scaffold corrects plain SGD steps: set train.optimizer: sgd, "
+                             "train.scheduler: constant, train.momentum: 0 and train.warmup_ratio: 0")
 
 
 class ScaffoldServer(fedpeft.ServerAlgorithm):

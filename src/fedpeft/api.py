@@ -30,8 +30,10 @@ def run(config: RunConfig | dict[str, Any] | str | Path, run_dir: str | Path | N
         if observers:
             raise ConfigError("observers watch a run in this process; runtime.name flower runs its server and "
                              "clients in other processes: use runtime.name embedded, or read RUN_DIR/metrics.jsonl")
+        from fedpeft.plugins import check_reachable_elsewhere
         from fedpeft.runtime.flower.launch import run_flower
 
+        check_reachable_elsewhere(cfg)
         return plotted(run_flower(cfg, run_dir))
     from fedpeft.runtime.embedded import EmbeddedRuntime
 

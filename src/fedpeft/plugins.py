@@ -94,3 +94,15 @@ def load_plugins(specs: list[str]) -> None:
     load_installed_plugins()
     for spec in specs:
         load_plugin(spec)
+
+
+def check_reachable_elsewhere(cfg) -> None:
+    """Refuse a config whose algorithm or PEFT method was registered in the running script itself
+    (``__main__``, e.g. a notebook): other processes (Flower's ServerApp and ClientApps, a later
+    ``fedpeft run --resume``) find methods only through the config's plugins or installed packages."""
+    for section, options in (("algorithm.name", cfg.algorithm), ("peft.method", cfg.peft)):
+        if type(options).__module__ == "__main__":
+            name = getattr(options, "name", None) or options.method
+            raise PluginError(f"{section} {name!r} is registered in your script (__main__), which Flower's "
+                              "apps in other processes cannot load: move the registration to a .py file or "
+                              "module and name it in the config's plugins (or --plugin)")

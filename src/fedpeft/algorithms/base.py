@@ -81,7 +81,9 @@ class ClientContext:
     num_examples: int
     state: dict[str, Any] = field(default_factory=dict)  # per-client state kept between rounds
     data: Any = None  # the client's tokenised examples (fedpeft.data.batching.Encoded)
-    resources: dict[str, Any] = field(default_factory=dict)  # layout, pad_id, device, ... (see runtime)
+    # layout (what RuntimeNeeds asked for), pad_id, exclude_token_ids, device, batch_size (evaluation), seed,
+    # client_lr (train.lr), peft (the PEFT options): see fedpeft.runtime.setup.Experiment.client_resources
+    resources: dict[str, Any] = field(default_factory=dict)
     # report(name, value): hand a value to the run's observers (RunObserver.on_client_report) for analysis;
     # it stays in this process and never travels (a runtime without observers ignores it)
     report: Callable[[str, Any], None] = field(default=lambda name, value: None)

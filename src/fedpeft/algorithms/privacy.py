@@ -7,9 +7,10 @@ whether or not the others arrive), and adds N(0, (z C / K)^2) to every entry. Th
 (FedAvg, FedAvgM, FedAdam, FedYogi) then applies that noisy mean; everything it does afterwards is
 post-processing.
 
-Building blocks from Flower: clipping (``clip_inputs_inplace``, the flat clipping of the paper above),
-the noise scale (``compute_stdv``), and the privacy accountant (``RdpAccountant``: Renyi DP over
+The privacy accountant is Flower's (``flwr.serverapp.RdpAccountant``, public API: Renyi DP over
 Google's dp-accounting, clients sampled K of N uniformly without replacement, replace-one neighbours).
+Clipping (the flat clipping of the paper above, with the norm in float64) and the noise scale z C / K
+are two lines each here: Flower has them only in its internal modules.
 The noise standard deviation on the sum of clipped updates is z C. Under replace-one neighbours (the
 relation that goes with sampling exactly K clients) the sum moves by up to 2 C when one client's
 data is replaced, so the accountant is given the noise multiplier z / 2.
@@ -40,13 +41,9 @@ def l2_norm(arrays: Mapping[str, np.ndarray]) -> float:
 
 def clip(delta: Arrays, clipping_norm: float) -> Arrays:
     """delta scaled to L2 norm <= clipping_norm (float32, new arrays)."""
-    names = sorted(delta)
-    arrays = [np.array(delta[k], dtype=np.float32) for k in names]
-    if l2_norm(delta) > 0:
-        from flwr.supercore.differential_privacy import clip_inputs_inplace
-
-        clip_inputs_inplace(arrays, clipping_norm)
-    return dict(zip(names, arrays))
+    norm = l2_norm(delta)
+    scale = np.float32(min(1.0, clipping_norm / norm)) if norm > 0 else np.float32(1.0)  # FlatClip (McMahan+ 2018)
+    return {k: np.array(delta[k], dtype=np.float32) * scale for k in sorted(delta)}
 
 
 class PrivateMean:
@@ -59,8 +56,12 @@ class PrivateMean:
         self.sampler = np.random.default_rng()  # client sampling from OS entropy, secret from clients
         self.accountant: Any = None  # flwr's RdpAccountant
         if options.noise_multiplier > 0:
-            from flwr.serverapp import PrivacyConfig, RdpAccountant
-            from flwr.supercore.privacy_accounting import NeighboringRelation, SamplingMethod
+            from flwr.serverapp import (
+                NeighboringRelation,
+                PrivacyConfig,
+                RdpAccountant,
+                SamplingMethod,
+            )
 
             self.accountant = RdpAccountant(PrivacyConfig(
                 target_delta=options.target_delta, population_size=num_clients,
@@ -83,9 +84,7 @@ class PrivateMean:
     def mean(self, deltas: list[Arrays]) -> Arrays:
         C = self.options.clipping_norm
         clipped = [clip(d, C) for d in deltas]  # idempotent for updates the clients clipped already
-        from flwr.supercore.differential_privacy import compute_stdv
-
-        std = compute_stdv(self.options.noise_multiplier, C, self.k)
+        std = self.options.noise_multiplier * C / self.k  # of the mean of k clipped updates
         rng = np.random.default_rng()  # fresh OS entropy: see the module docstring
         out: Arrays = {}
         for name in sorted(clipped[0]):

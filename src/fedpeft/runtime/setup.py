@@ -64,7 +64,7 @@ class Experiment:
 
     @property
     def algorithm_layout(self) -> Any:
-        """The layout the algorithm asked for (see ServerAlgorithm.needs_*_layout), or None."""
+        """The layout the algorithm asked for in its RuntimeNeeds (head or prefix layout), or None."""
         return self.head_layout if self.head_layout is not None else self.prefix_layout
 
     @functools.cached_property

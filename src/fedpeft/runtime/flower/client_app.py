@@ -24,12 +24,14 @@ import psutil
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
-from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-from flwr.compat.common import recorddict_compat as compat
 
 from fedpeft import algorithms, checkpoint, wire
+from fedpeft.runtime.flower.internals import (
+    RECORD_KEY_CONFIGS,
+    ClientAppCallable,
+    recorddict_compat,
+)
 from fedpeft.runtime.flower.records import (
     ARRAY_NAMES_KEY,
     META_KEY,
@@ -123,7 +125,7 @@ def train(msg: Message, context: Context) -> Message:
 
 def train_secure(msg: Message, context: Context) -> Message:
     """A SecAgg+ round: reply with the update x_c - x as a legacy FitRes, which the mod masks."""
-    ins = compat.recorddict_to_fitins(msg.content, keep_input=False)
+    ins = recorddict_compat.recorddict_to_fitins(msg.content, keep_input=False)
     (data,) = parameters_to_ndarrays(ins.parameters)
     rnd, cid = int(ins.config["round"]), int(ins.config["client"])
     received, update, _ = fit(context, np.asarray(data, dtype=np.uint8).tobytes(), rnd, cid)
@@ -140,4 +142,4 @@ def train_secure(msg: Message, context: Context) -> Message:
                              f"runtime.flower.secure_aggregation.clipping_range={limit:g}: raise it")
     res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(delta), int(update.meta["num_examples"]),
                  {META_KEY: json.dumps(update.meta)})
-    return Message(compat.fitres_to_recorddict(res, keep_input=False), reply_to=msg)
+    return Message(recorddict_compat.fitres_to_recorddict(res, keep_input=False), reply_to=msg)

@@ -22,7 +22,7 @@ import time as real_time
 from types import ModuleType
 from typing import Any
 
-from flwr.supernode import start_client_internal
+from fedpeft.runtime.flower.internals import run_flower_supernode, start_client_internal
 
 DEFAULT_POLL_S = 0.1
 
@@ -56,10 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.poll_interval <= 0:
         raise SystemExit("--poll-interval must be positive")
     patch(args.poll_interval)
-    from flwr.supernode.cli.flower_supernode import flower_supernode
-
     sys.argv = ["flower-supernode", *rest]
-    flower_supernode()
+    run_flower_supernode()
 
 
 if __name__ == "__main__":

@@ -40,16 +40,21 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
-from flwr.common.serde import recorddict_to_proto
 from flwr.server import ServerConfig
-from flwr.server.compat.grid_client_proxy import GridClientProxy
-from flwr.server.compat.legacy_context import LegacyContext
 from flwr.server.strategy import Strategy
 from flwr.server.workflow import SecAggPlusWorkflow
-from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
-from flwr.server.workflow.constant import Key as WorkflowKey
 
+from fedpeft.runtime.flower.internals import (
+    MAIN_CONFIGS_RECORD,
+    MAIN_PARAMS_RECORD,
+    RECORD_KEY_CONFIGS,
+    GridClientProxy,
+    Key,
+    LegacyContext,
+    Stage,
+    WorkflowKey,
+    recorddict_to_proto,
+)
 from fedpeft.runtime.flower.records import ARRAY_NAMES_KEY, META_KEY
 
 log = logging.getLogger("fedpeft")

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, Message, MessageType, RecordDict
-from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from fedpeft import wire
 from fedpeft.algorithms.base import UpdateRejected
 from fedpeft.runtime.embedded import ClientResult, EmbeddedRuntime, RoundOutcome
+from fedpeft.runtime.flower.internals import ErrorCode
 from fedpeft.runtime.flower.records import config_from_run_config, pack, unpack
 
 log = logging.getLogger("fedpeft")

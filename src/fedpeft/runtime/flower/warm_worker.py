@@ -24,18 +24,25 @@ import logging
 import time
 
 import psutil
-from flwr.app import Message
-from flwr.app.error import Error
-from flwr.cli.install import install_from_fab
-from flwr.clientapp.utils import get_load_client_app_fn
-from flwr.common.config import get_fab_config
-from flwr.common.constant import ErrorCode, SubStatus
-from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=no-name-in-module
-from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-from flwr.supercore.retry import make_simple_http_retry_invoker
-from flwr.supercore.runtime import RuntimeHttpClient
-from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+from flwr.app import Error, Message
+
+from fedpeft.runtime.flower.internals import (
+    AcquireTaskRequest,
+    ErrorCode,
+    HeartbeatSender,
+    RuntimeHttpClient,
+    RuntimeTokenHttpInterceptor,
+    RuntimeVersionHttpInterceptor,
+    SubStatus,
+    get_fab_config,
+    get_load_client_app_fn,
+    install_from_fab,
+    make_simple_http_retry_invoker,
+    make_task_heartbeat_fn_http,
+    pull_task_input,
+    push_message,
+    push_task_output,
+)
 
 log = logging.getLogger("fedpeft")
 CLIENTAPP_TASK = "flwr-clientapp"
