@@ -6,7 +6,8 @@ from fedpeft.config import load_config
 
 TIMING_KEYS = {"time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s",
                "client_train_seconds", "agg_importance_s_mean",
-               "client_process_s", "client_setup_s", "client_start_delay_s", "client_return_delay_s"}
+               "client_process_s", "client_setup_s", "client_start_delay_s", "client_return_delay_s",
+               "peak_rss_mb", "peak_accelerator_mb", "backbone_bytes"}  # and the memory figures
 
 
 def tiny_config(*overrides: str):

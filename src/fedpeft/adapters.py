@@ -63,8 +63,18 @@ def load_adapter(directory: str | Path, *, base_model: str | None = None, dtype:
     if save_format == "model":
         model = registry.load_model(str(directory), kind, num_labels=num_labels, dtype=dtype, tokenizer=tokenizer)
     else:
+        quantization = None
+        if meta.get("quantization"):  # onto the quantized backbone the run trained over
+            from fedpeft.config.schema import QuantizationOptions
+
+            quantization = QuantizationOptions.model_validate(meta["quantization"])
         base = registry.load_model(name, kind, num_labels=num_labels, dtype=dtype, tokenizer=tokenizer,
-                                   seed=int(meta.get("seed", 0)))
+                                   seed=int(meta.get("seed", 0)), attn_implementation=meta.get("attn_implementation"),
+                                   quantization=quantization, device=str(device))
+        if quantization is not None:  # as the run prepared it: the full-precision parts in float32
+            from peft import prepare_model_for_kbit_training
+
+            base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
         if save_format == "peft":
             from peft import PeftModel
 
@@ -79,5 +89,7 @@ def load_adapter(directory: str | Path, *, base_model: str | None = None, dtype:
                 raise StateError(f"{str(directory)!r} has no {FEDPEFT_ADAPTER_FILE} for its {method} weights")
             tuned.load_state(load_file(str(weights)))
             model = tuned.module
-    model.to(device).eval()
+    if not meta.get("quantization"):  # a quantized backbone was loaded onto the device
+        model.to(device)
+    model.eval()
     return LoadedAdapter(model, tokenizer, meta)

@@ -149,7 +149,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else run_dir / "eval" / f"{names[choice]}-{split.replace('/', '_')}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(line) + "\n" for line in prediction_lines(data, result[PREDICTIONS]))
+        fh.writelines(json.dumps(line) + "\n" for line in prediction_lines(data, result[PREDICTIONS],
+                                                                                instruction=cfg.task.instruction))
     scores = {(k if k.startswith("eval_") else f"eval_{k}"): v for k, v in result.items() if not k.startswith("_")}
     summary = {"run_dir": str(run_dir), "adapter": names[choice], "round": meta.get("round"), "dataset": cfg.task.dataset,
                "split": split, "examples": len(data.rows), **scores, "predictions": str(out)}
@@ -163,9 +164,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def prediction_lines(data, predictions: list) -> list[dict]:
+def prediction_lines(data, predictions: list, instruction: str | None = None) -> list[dict]:
     """One JSON object per evaluated row: where it is (1-based row of its split part), its input, the gold
-    answer and the prediction (a class name, a generated text, or the index of the chosen choice)."""
+    answer and the prediction (a class name, a generated text, or the index of the chosen choice).
+    ``instruction``: task.instruction, for instruction rows that carry none."""
     lines = []
     for row, (source, part, number), pred in zip(data.rows, data.origins, predictions):
         line = {"row": number, "split": part, "source": source}
@@ -176,6 +178,12 @@ def prediction_lines(data, predictions: list) -> list[dict]:
                 line["text_pair"] = row["text_pair"]
         elif data.task_type == "generation":
             line.update({"input": row["input"], "target": row["target"], "prediction": pred})
+        elif data.task_type == "instruction":
+            from fedpeft.data.chat import to_messages
+
+            messages, references = to_messages(row, instruction)
+            line.update({"messages": messages[:-1], "target": messages[-1]["content"], "references": references,
+                         "prediction": pred})
         else:
             line.update({"question": row["question"], "choices": row["choices"], "label": row["label"],
                          "prediction": int(pred)})
@@ -262,12 +270,14 @@ def cmd_partition(args: argparse.Namespace) -> int:
         from fedpeft.data.partition import partition_stats
         from fedpeft.data.prepare import prepare_task
         from fedpeft.models import registry
-        from fedpeft.runtime.setup import build_partition
+        from fedpeft.runtime.setup import build_partition, partition_column
 
         tok = registry.load_tokenizer(cfg.model.name)
         encdec = bool(getattr(registry.load_config(cfg.model.name), "is_encoder_decoder", False))
         data = prepare_task(cfg.task, tok, encoder_decoder=encdec, seed=cfg.seed, eval_max_examples=cfg.eval.max_examples)
-        stats = partition_stats(build_partition(cfg, data)[0], data.train_labels)
+        values = partition_column(cfg)  # the column schemes: each client's values are shown
+        stats = partition_stats(build_partition(cfg, data, values)[0], data.train_labels, values,
+                                column=cfg.federation.partition.column)
     print(format_stats(stats, args.rows))
     return 0
 

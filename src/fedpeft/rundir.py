@@ -110,6 +110,11 @@ class RunWriter:
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logging.getLogger("fedpeft").addHandler(self._handler)
 
+    def note(self, message: str) -> None:
+        """An informational line in events.log, whatever the logging level."""
+        record = logging.LogRecord("fedpeft", logging.INFO, __file__, 0, message, None, None)
+        self._handler.handle(record)
+
     def partition(self, stats: dict[str, Any]) -> None:
         write_json(self.path / "partition.json", stats)
 

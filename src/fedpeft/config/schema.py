@@ -45,13 +45,15 @@ class AlgorithmOptions(Section):
         work with; called when a whole config is validated."""
 
 
-TaskType = Literal["classification", "generation", "multiple_choice"]
+TaskType = Literal["classification", "generation", "multiple_choice", "instruction"]
 
 
 class TaskConfig(Section):
     """What to learn and from which data."""
 
-    type: TaskType = Field("classification", description="classification | generation | multiple_choice")
+    type: TaskType = Field(
+        "classification", description="classification | generation | multiple_choice | instruction (chat and "
+        "instruction tuning of causal LMs: loss on the assistant's tokens)")
     dataset: str = Field(
         "sst2",
         description="A catalog name (sst2, mnli, 20newsgroups, e2e_nlg, arc_easy, ...), a local "
@@ -75,7 +77,7 @@ class TaskConfig(Section):
     columns: dict[str, str] = Field(
         default_factory=dict,
         description="Map fedpeft's field names (text, text_pair, label, input, target, question, "
-        "choices, context) to the columns of your data.",
+        "choices, context, messages, instruction, output, references) to the columns of your data.",
     )
     max_length: int = Field(128, ge=8, le=32768, description="Maximum input tokens (truncation).")
     max_target_length: int = Field(64, ge=1, le=4096, description="Generation: maximum target tokens.")
@@ -90,9 +92,65 @@ class TaskConfig(Section):
     metric: str | None = Field(
         None,
         description="Primary metric for targets and plots. Default: the catalog dataset's own metric "
-        "(mcc for CoLA), else accuracy (classification), rougeL (generation), accuracy (multiple_choice).",
+        "(mcc for CoLA), else accuracy (classification), rougeL (generation), accuracy (multiple_choice); "
+        "instruction: rougeL, filled in when the config is read ('loss' picks the eval loss instead).",
     )
     generation_max_new_tokens: int = Field(48, ge=1, le=4096)
+    chat_template: str | None = Field(
+        None,
+        description="Instruction: a Jinja chat template (as tokenizer.chat_template) to format the conversations "
+        "with. None: the tokenizer's own, else fedpeft's built-in ChatML-style template with the tokenizer's eos "
+        "ending each turn (fedpeft.data.chat.DEFAULT_CHAT_TEMPLATE).",
+    )
+    instruction: str | None = Field(
+        None,
+        description="Instruction: the instruction of rows that carry none, so that a generation set (input -> "
+        "target) reads as instruction records, e.g. 'Write a restaurant description from these attributes.'",
+    )
+
+    @model_validator(mode="after")
+    def _instruction_options(self) -> TaskConfig:
+        if self.type != "instruction":
+            for key in ("chat_template", "instruction"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"task.{key} is for task.type instruction; remove it or set task.type: "
+                                     "instruction")
+            return self
+        if self.prompt_template is not None:
+            raise ValueError("task.prompt_template is for generation and multiple_choice; instruction rows are "
+                             "formatted with a chat template: set task.chat_template instead")
+        if self.metric in ("perplexity", "eval_perplexity"):
+            raise ValueError("task.metric perplexity is exp(loss) and would be read as higher-is-better; set "
+                             "task.metric: loss (lower is better) to pick rounds by the eval loss")
+        if self.metric is None:
+            self.__dict__["metric"] = "rougeL"  # RunConfig.primary_metric's default (no re-validation loop)
+        return self
+
+
+class QuantizationOptions(Section):
+    """A quantized frozen backbone through bitsandbytes (QLoRA, Dettmers et al. 2023): its linear layers are
+    stored in 4 or 8 bits and dequantized on the fly; the PEFT method's tensors and the task head stay in
+    full precision and train. Needs ``pip install -e ".[quantization]"`` (bitsandbytes)."""
+
+    bits: Literal[4, 8] = Field(4, description="4: NF4/FP4 weights (QLoRA); 8: LLM.int8() weights.")
+    quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type: NormalFloat4 or FP4.")
+    double_quant: bool = Field(True, description="4-bit: quantize the quantization constants too (QLoRA).")
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="4-bit: the dtype the dequantized weights are multiplied in (QLoRA uses bfloat16 "
+                               "on GPUs; float32 is the exact choice on CPUs).")
+
+    def described(self) -> dict[str, Any]:
+        """The options that apply to these bits (what an adapter's json records)."""
+        return self.model_dump() if self.bits == 4 else {"bits": self.bits}
+
+    @model_validator(mode="after")
+    def _four_bit_options(self) -> QuantizationOptions:
+        # (compared with the defaults, so that a saved config with every field written out validates again)
+        changed = sorted(k for k in ("quant_type", "double_quant", "compute_dtype")
+                         if getattr(self, k) != type(self).model_fields[k].default)
+        if self.bits == 8 and changed:
+            raise ValueError(f"model.quantization.{changed[0]} is a 4-bit option: remove it or set bits: 4")
+        return self
 
 
 class ModelConfig(Section):
@@ -104,8 +162,14 @@ class ModelConfig(Section):
         "tiny-t5, tiny-bart), a local model directory or a Hub model id.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="dtype of the frozen backbone weights."
-    )
+        "float32", description="dtype of the backbone weights, trained in it end to end: the PEFT method's own "
+                               "tensors stay float32, a classifier's task head and the weights full fine-tuning and "
+                               "BitFit train are in this dtype (with model.quantization: float32).")
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = Field(
+        None, description="The backbone's attention implementation (transformers' attn_implementation); None: "
+                          "transformers' default for the model (sdpa where supported).")
+    quantization: QuantizationOptions | None = Field(
+        None, description="Quantize the frozen backbone to 4 or 8 bits (bitsandbytes); None: dtype above.")
 
 
 # --- PEFT methods -------------------------------------------------------------------------------
@@ -113,6 +177,10 @@ class ModelConfig(Section):
 
 class FullFineTuning(PeftOptions):
     method: Literal["full"] = "full"
+
+    def check(self, run: RunConfig) -> None:
+        _refuse_quantized_backbone(run, "peft.method full trains the backbone's weights, which are frozen in 4 or 8 "
+                                        "bits: use lora, ia3, the prompt methods or bottleneck adapters")
 
 
 class LoraOptions(PeftOptions):
@@ -161,6 +229,12 @@ class PrefixTuningOptions(PeftOptions):
         "text (cut or repeated to num_virtual_tokens tokens; Li & Liang 2021), so that the untrained prefixed model "
         "is the model with the text prepended. Decoder-only models, projection false. None: peft's N(0, 1) values.")
 
+    def check(self, run: RunConfig) -> None:
+        if run.train.gradient_checkpointing:
+            raise ValueError("train.gradient_checkpointing drops the prefixes: transformers' checkpointed layers "
+                             "discard past_key_values in training, which is how prefix tuning reaches them; set "
+                             "train.gradient_checkpointing: false (or use another peft.method)")
+
     @model_validator(mode="after")
     def _init_text_sets_the_prefixes(self):
         if self.init_text is not None and self.projection:
@@ -189,6 +263,15 @@ class PfeifferOptions(BottleneckOptions):
 
 class BitFitOptions(PeftOptions):
     method: Literal["bitfit"] = "bitfit"
+
+    def check(self, run: RunConfig) -> None:
+        _refuse_quantized_backbone(run, "peft.method bitfit trains the biases of the quantized linear layers, which "
+                                        "bitsandbytes keeps frozen: use lora, ia3, the prompt methods or adapters")
+
+
+def _refuse_quantized_backbone(run: RunConfig, why: str) -> None:
+    if run.model.quantization is not None:
+        raise ValueError(f"model.quantization: {why} (or remove model.quantization)")
 
 
 # --- FL algorithms -------------------------------------------------------------------------------
@@ -398,6 +481,8 @@ class FedSPOptions(AlgorithmOptions):
                              "global model, which FedSP keeps on the server): set runtime.name: embedded")
         if not self.share_layers and getattr(run.peft, "projection", False):
             raise ValueError("fedsp without cross-layer sharing maps prompts layer by layer: set peft.projection: false")
+        _refuse_quantized_backbone(run, "algorithm fedsp copies the global model's blocks into the auxiliary model "
+                                        "and distils it, which needs full-precision weights")
         if (self.distill_steps or self.server_steps) and self.server_data_fraction == 0:
             raise ValueError("fedsp distils and tunes on the server's data: set algorithm.server_data_fraction > 0, "
                              "or distill_steps and server_steps to 0")
@@ -407,15 +492,33 @@ class FedSPOptions(AlgorithmOptions):
 
 
 class PartitionConfig(Section):
-    scheme: Literal["iid", "dirichlet_label", "dirichlet_quantity"] = "iid"
+    scheme: Literal["iid", "dirichlet_label", "dirichlet_quantity", "column", "dirichlet_column"] = "iid"
     alpha: float = Field(
-        0.5, gt=0, description="Dirichlet concentration: label skew (dirichlet_label) or size skew "
-        "(dirichlet_quantity). Smaller = more skewed."
+        0.5, gt=0, description="Dirichlet concentration: label skew (dirichlet_label), skew over the values of "
+        "column (dirichlet_column) or size skew (dirichlet_quantity). Smaller = more skewed."
     )
     size_alpha: float | None = Field(
-        None, gt=0, description="dirichlet_label only: also draw client sizes from Dirichlet(size_alpha)."
+        None, gt=0, description="dirichlet_label and dirichlet_column only: also draw client sizes from "
+        "Dirichlet(size_alpha)."
     )
     min_size: int = Field(1, ge=1, description="Every client gets at least this many examples.")
+    column: str | None = Field(
+        None, min_length=1, description="Schemes column and dirichlet_column: the field of the training rows "
+        "whose values make the clients (e2e_nlg also has its MR attributes: name, eat_type, food, price_range, "
+        "customer_rating, area, family_friendly, near). column: each value one client, or values grouped "
+        "into num_clients clients, largest first; dirichlet_column: Dirichlet(alpha) skew over the values.",
+    )
+
+    @model_validator(mode="after")
+    def _column_goes_with_its_schemes(self) -> PartitionConfig:
+        uses_column = self.scheme in ("column", "dirichlet_column")
+        if uses_column and self.column is None:
+            raise ValueError(f"scheme {self.scheme} needs column, the field of the training rows whose values make "
+                             "the clients; e.g. --set federation.partition.column=eat_type")
+        if not uses_column and self.column is not None:
+            raise ValueError(f"column is used only by schemes column and dirichlet_column (scheme is "
+                             f"{self.scheme}); remove it, or --set federation.partition.scheme=column")
+        return self
 
 
 class FederationConfig(Section):
@@ -459,6 +562,15 @@ class TrainConfig(Section):
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping (None = off).")
     length_grouping: bool = Field(True, description="Batch examples of similar length together.")
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, description="Micro-batches of batch_size per optimizer step: the effective batch is batch_size x "
+        "this (logged at the start of a run). Each micro-batch's loss is weighted by its share of the step's "
+        "loss terms (examples, or target tokens for language modelling), so the step equals one on the large "
+        "batch; local_steps counts optimizer steps; an epoch's last step may take fewer micro-batches.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute the backbone's activations in the backward pass instead of keeping them "
+                           "(transformers' gradient checkpointing, non-reentrant): less memory, about one more "
+                           "forward pass of time.")
 
 
 class EvalConfig(Section):

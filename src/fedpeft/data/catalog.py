@@ -11,6 +11,7 @@ A Hub row is converted to that schema by the entry's ``convert`` function.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,25 @@ def _e2e(row: Row) -> Row:
     return {"input": row["meaning_representation"], "target": row["human_reference"]}
 
 
+E2E_ATTRIBUTES = ("name", "eat_type", "food", "price_range", "customer_rating", "area", "family_friendly", "near")
+_MR_SLOT = re.compile(r"\s*([^,\[\]]+?)\s*\[([^\]]*)\]\s*(?:,|$)")
+
+
+def mr_fields(mr: str) -> Row:
+    """The attributes of an E2E meaning representation as fields named in snake case:
+    ``"name[The Vaults], eatType[pub], customer rating[5 out of 5]"`` ->
+    ``{"name": "The Vaults", "eat_type": "pub", "customer_rating": "5 out of 5"}``."""
+    out: Row = {}
+    for m in _MR_SLOT.finditer(mr):
+        key = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", m[1].strip()).lower().replace(" ", "_")
+        out[key] = m[2].strip()
+    return out
+
+
+def _e2e_fields(row: Row) -> Row:
+    return mr_fields(row["input"]) if isinstance(row.get("input"), str) else {}
+
+
 @dataclass(frozen=True)
 class CatalogEntry:
     task: str
@@ -90,6 +110,10 @@ class CatalogEntry:
     default_metric: str | None = None
     prompt_template: str | None = None
     note: str = ""
+    # fields computed from a row in fedpeft's schema, usable as federation.partition.column (a row's own
+    # field of the same name wins); ``derived_names`` lists them for messages
+    derive_fields: Callable[[Row], Row] | None = None
+    derived_names: tuple[str, ...] = ()
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -123,6 +147,8 @@ CATALOG: dict[str, CatalogEntry] = {
         hub_splits={"validation_pairs": "validation", "test_pairs": "test"},
         convert=_e2e,
         prompt_template="{input}\n",
+        derive_fields=_e2e_fields,
+        derived_names=E2E_ATTRIBUTES,
     ),
     "arc_easy": CatalogEntry("multiple_choice", "allenai/ai2_arc", "ARC-Easy", convert=_arc),
     "arc_challenge": CatalogEntry("multiple_choice", "allenai/ai2_arc", "ARC-Challenge", convert=_arc),

@@ -8,6 +8,13 @@ is the global label frequency, then fills the client's quota by sampling labels 
 replacement (classes that run out are dropped from ``q_c`` and the rest renormalised). Compared with
 the per-class split of Hsu et al. (2019) this keeps client sizes under control (equal, or Dirichlet
 when ``size_alpha`` is set) and never produces empty clients, even with 1000 clients.
+
+Natural clients come from a column of the data (one category per example, as text; :data:`MISSING` for
+rows without a value). ``by_column`` gives every category to exactly one client: with as many categories as
+clients each is one client; with more, categories are grouped largest first, each to the client holding the
+fewest examples so far (lowest client id on ties; categories of equal size in a seeded random order), so
+client 0 holds the largest category. ``dirichlet_column`` is label skew over the categories instead of class
+labels (any task type, generation included).
 """
 
 from __future__ import annotations
@@ -21,6 +28,10 @@ from fedpeft.errors import UserError
 
 class PartitionError(UserError, ValueError):
     pass
+
+
+MISSING = "(missing)"  # the category of rows whose partition column is null, blank or absent
+COLUMN_SCHEMES = ("column", "dirichlet_column")
 
 
 def client_sizes(n: int, num_clients: int, rng: np.random.Generator, alpha: float | None, min_size: int) -> np.ndarray:
@@ -98,6 +109,72 @@ def dirichlet_label(
     return out
 
 
+def _show_values(names: np.ndarray, limit: int = 5) -> str:
+    shown = ", ".join(repr(str(v)) for v in names[:limit])
+    return shown + (f", ... {len(names) - limit} more" if len(names) > limit else "")
+
+
+def by_column(
+    categories: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    min_size: int = 1,
+    column: str = "column",
+) -> list[np.ndarray]:
+    """Each distinct value of ``categories`` (one per example) goes whole to one client: one value per client
+    when there are ``num_clients`` of them, else grouped largest first onto the least-loaded client."""
+    categories = np.asarray(categories)
+    if categories.ndim != 1 or len(categories) == 0:
+        raise PartitionError("the column scheme needs one value of the partition column per training example")
+    names, codes = np.unique(categories, return_inverse=True)
+    counts = np.bincount(codes, minlength=len(names))
+    if len(names) < num_clients:
+        raise PartitionError(
+            f"federation.partition.column {column!r} has {len(names)} distinct values ({_show_values(names)}), "
+            f"fewer than federation.num_clients ({num_clients}); set num_clients to at most {len(names)}, choose "
+            "a column with more values, or use scheme dirichlet_column"
+        )
+    order = np.lexsort((rng.permutation(len(names)), -counts))  # largest first, equal sizes in seeded order
+    load = np.zeros(num_clients, dtype=np.int64)
+    owner = np.empty(len(names), dtype=np.int64)
+    for k in order:
+        c = int(np.argmin(load))  # the first client with the fewest examples
+        owner[k] = c
+        load[c] += counts[k]
+    small = int(np.argmin(load))
+    if load[small] < min_size:
+        held = names[np.flatnonzero(owner == small)]
+        raise PartitionError(
+            f"federation.partition.column {column!r}: client {small} (values {_show_values(held)}) gets "
+            f"{load[small]} examples, fewer than federation.partition.min_size ({min_size}); lower min_size or "
+            "federation.num_clients"
+        )
+    client_of = owner[codes]
+    return [np.flatnonzero(client_of == c) for c in range(num_clients)]
+
+
+def dirichlet_column(
+    categories: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    min_size: int = 1,
+    size_alpha: float | None = None,
+    column: str = "column",
+) -> list[np.ndarray]:
+    """Label skew (:func:`dirichlet_label`) over the values of a column instead of class labels."""
+    categories = np.asarray(categories)
+    if categories.ndim != 1 or len(categories) == 0:
+        raise PartitionError("dirichlet_column needs one value of the partition column per training example")
+    names, codes = np.unique(categories, return_inverse=True)
+    if len(names) < 2:
+        raise PartitionError(
+            f"federation.partition.column {column!r} has a single value ({_show_values(names)}), so "
+            "dirichlet_column cannot skew it; choose a column with at least 2 values"
+        )
+    return dirichlet_label(codes, num_clients, alpha, rng, min_size, size_alpha)
+
+
 def partition(
     scheme: str,
     num_clients: int,
@@ -108,6 +185,8 @@ def partition(
     alpha: float = 0.5,
     size_alpha: float | None = None,
     min_size: int = 1,
+    categories: np.ndarray | None = None,
+    column: str | None = None,
 ) -> list[np.ndarray]:
     if scheme == "iid":
         return iid(n, num_clients, rng, min_size)
@@ -120,11 +199,25 @@ def partition(
                 "(use iid or dirichlet_quantity)"
             )
         return dirichlet_label(labels, num_clients, alpha, rng, min_size, size_alpha)
-    raise PartitionError(f"unknown partition scheme {scheme!r}; valid: iid, dirichlet_label, dirichlet_quantity")
+    if scheme in COLUMN_SCHEMES:
+        if categories is None or len(categories) != n:
+            raise PartitionError(f"federation.partition.scheme {scheme} needs the value of "
+                                 "federation.partition.column for every training example")
+        if scheme == "column":
+            return by_column(categories, num_clients, rng, min_size, column or "column")
+        return dirichlet_column(categories, num_clients, alpha, rng, min_size, size_alpha, column or "column")
+    raise PartitionError(f"unknown partition scheme {scheme!r}; valid: iid, dirichlet_label, dirichlet_quantity, "
+                         "column, dirichlet_column")
 
 
-def partition_stats(parts: list[np.ndarray], labels: np.ndarray | None = None) -> dict[str, Any]:
-    """Sizes and label histograms per client, plus a summary (saved as partition.json)."""
+def partition_stats(
+    parts: list[np.ndarray],
+    labels: np.ndarray | None = None,
+    categories: np.ndarray | None = None,
+    column: str | None = None,
+) -> dict[str, Any]:
+    """Sizes and label histograms per client, plus a summary (saved as partition.json); with ``categories``
+    (the partition column's value per example) also each client's values and their counts."""
     sizes = np.array([len(p) for p in parts])
     stats: dict[str, Any] = {
         "num_clients": len(parts),
@@ -153,7 +246,31 @@ def partition_stats(parts: list[np.ndarray], labels: np.ndarray | None = None) -
         stats["label_entropy_mean"] = float(np.mean(entropies))
         stats["label_entropy_max_possible"] = float(np.log(len(classes)))
         stats["tv_distance_to_global_mean"] = float(np.mean(tv))
+    if categories is not None:
+        _column_stats(stats, parts, np.asarray(categories), column or "column")
     return stats
+
+
+def _column_stats(stats: dict[str, Any], parts: list[np.ndarray], categories: np.ndarray, column: str) -> None:
+    """Per client ``values`` {value: count} (largest first), and how far the clients' value mixes are from the
+    global one (as the label summary)."""
+    names, codes = np.unique(categories, return_inverse=True)
+    global_p = np.bincount(codes, minlength=len(names)) / len(codes)
+    entropies, tv = [], []
+    for entry, p in zip(stats["clients"], parts):
+        hist = np.bincount(codes[np.asarray(p, dtype=np.int64)], minlength=len(names))
+        order = np.lexsort((np.arange(len(names)), -hist))
+        entry["values"] = {str(names[k]): int(hist[k]) for k in order if hist[k]}
+        q = hist / max(hist.sum(), 1)
+        nz = q[q > 0]
+        entropies.append(float(-(nz * np.log(nz)).sum()))
+        tv.append(float(0.5 * np.abs(q - global_p).sum()))
+    stats["column"] = column
+    stats["num_values"] = len(names)
+    stats["values_per_client_mean"] = float(np.mean([len(c["values"]) for c in stats["clients"]]))
+    stats["value_entropy_mean"] = float(np.mean(entropies))
+    stats["value_entropy_max_possible"] = float(np.log(len(names)))
+    stats["value_tv_distance_to_global_mean"] = float(np.mean(tv))
 
 
 def format_stats(stats: dict[str, Any], max_rows: int = 20) -> str:
@@ -167,10 +284,29 @@ def format_stats(stats: dict[str, Any], max_rows: int = 20) -> str:
             f"label entropy (mean): {stats['label_entropy_mean']:.3f} of {stats['label_entropy_max_possible']:.3f}  "
             f"TV distance to global (mean): {stats['tv_distance_to_global_mean']:.3f}"
         )
-    lines.append("client  size  labels")
+    column = stats.get("column")
+    if column is not None:
+        lines.append(
+            f"column {column!r}: {stats['num_values']} values  values per client (mean): "
+            f"{stats['values_per_client_mean']:.2f}  value entropy (mean): {stats['value_entropy_mean']:.3f} of "
+            f"{stats['value_entropy_max_possible']:.3f}  TV distance to global (mean): "
+            f"{stats['value_tv_distance_to_global_mean']:.3f}"
+        )
+    has_labels = column is None or any("labels" in c for c in stats["clients"])
+    lines.append("client  size  " + " | ".join([*(["labels"] if has_labels else []), *([column] if column else [])]))
     for c in stats["clients"][:max_rows]:
-        lab = " ".join(f"{k}:{v}" for k, v in c.get("labels", {}).items())
-        lines.append(f"{c['id']:>6}  {c['size']:>4}  {lab}")
+        cells = [" ".join(f"{k}:{v}" for k, v in c.get("labels", {}).items())] if has_labels else []
+        if column is not None:
+            cells.append(_values_cell(c.get("values", {})))
+        lines.append(f"{c['id']:>6}  {c['size']:>4}  {' | '.join(cells)}")
     if len(stats["clients"]) > max_rows:
         lines.append(f"... {len(stats['clients']) - max_rows} more clients")
     return "\n".join(lines)
+
+
+def _values_cell(values: dict[str, int], limit: int = 6) -> str:
+    """A client's column values, largest first: ``The Eagle:679, Cotto:239, ... 3 more``."""
+    shown = [f"{k}:{v}" for k, v in list(values.items())[:limit]]
+    if len(values) > limit:
+        shown.append(f"... {len(values) - limit} more")
+    return ", ".join(shown)

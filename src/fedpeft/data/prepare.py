@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedpeft.config.schema import TaskConfig
+from fedpeft.data import chat as C
 from fedpeft.data import features as F
 from fedpeft.data import validate as V
 from fedpeft.data.batching import Encoded
@@ -15,7 +16,7 @@ from fedpeft.data.catalog import prompt_template
 from fedpeft.data.sources import DataError, load_rows, shared_rows
 
 log = logging.getLogger("fedpeft")
-EvalSet = Encoded | F.GenerationEval | F.ChoiceEval
+EvalSet = Encoded | F.GenerationEval | F.ChoiceEval | C.InstructionEval
 
 
 @dataclass
@@ -29,6 +30,7 @@ class TaskData:
     num_eval_examples: int
     template: str | None
     label_kind: str | None = None  # classification: "names" (string labels) or "ids" (integer labels)
+    chat_template_source: str | None = None  # instruction: "config", "tokenizer" or "builtin" (data.chat.SOURCES)
 
 
 def _seeded_subset(n: int, k: int | None, seed: int) -> np.ndarray:
@@ -37,11 +39,12 @@ def _seeded_subset(n: int, k: int | None, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).permutation(n)[:k])
 
 
-def _check_split(task_type: str, rows: list, origins: list[V.Origin], template: str | None, where: str) -> None:
+def _check_split(task_type: str, rows: list, origins: list[V.Origin], template: str | None, where: str,
+                 instruction: str | None = None) -> None:
     """Every row of a split a run reads, before any subsetting (so the answer does not depend on the seed)."""
     if not rows:
         raise DataError(f"{where}: no rows")
-    problem = next(V.problems(task_type, rows, origins, template), None)
+    problem = next(V.problems(task_type, rows, origins, template, instruction=instruction), None)
     if problem is not None:
         raise DataError(problem)
     unlabeled = V.unlabeled(task_type, rows, origins)
@@ -65,6 +68,7 @@ def prepare_task(
     the seeded subsets and tokenises them. Class labels are numbered over the whole train split."""
     if task.type not in V.TASK_FIELDS:
         raise DataError(f"task.type {task.type!r} is not supported")
+    _check_causal(task, encoder_decoder)
     kw = {"dataset_config": task.dataset_config, "data_dir": task.data_dir, "columns": task.columns,
               "shuffle_seed": task.split_shuffle_seed}
     train_spans: dict[str, list[tuple[int, int]]] = {}
@@ -82,14 +86,17 @@ def prepare_task(
     where_train = f"dataset {task.dataset!r} split {task.train_split!r}"
     where_eval = f"dataset {task.dataset!r} split {task.eval_split!r}"
     template = prompt_template(task.type, task.dataset, train_rows, task.prompt_template)
-    _check_split(task.type, train_rows, train_origins, template, where_train)
-    _check_split(task.type, eval_rows, eval_origins, template, where_eval)
+    _check_split(task.type, train_rows, train_origins, template, where_train, task.instruction)
+    _check_split(task.type, eval_rows, eval_origins, template, where_eval, task.instruction)
     if task.type == "classification":
         y_train, y_eval, names = F.class_labels(train_rows, eval_rows, train_origins, eval_origins, task.train_split)
     pick = _seeded_subset(len(train_rows), task.max_train_examples, seed)
     train_rows = [train_rows[i] for i in pick]
     eval_pick = _seeded_subset(len(eval_rows), eval_max_examples, seed + 1)
     eval_rows = [eval_rows[i] for i in eval_pick]
+    if task.type == "instruction":
+        return _instruction_task(task, tokenizer, train_rows, [train_origins[i] for i in pick], eval_rows,
+                                 [eval_origins[i] for i in eval_pick], where_train, where_eval)
 
     if task.type == "classification":
         y_train = [y_train[i] for i in pick]
@@ -122,6 +129,27 @@ def prepare_task(
         F.encode_choice_train(train_rows, tokenizer, where=where_train, **kw3),
         F.encode_choice_eval(eval_rows, tokenizer, where=where_eval, **kw3),
         None, None, None, len(eval_rows), template,
+    )
+
+
+def _check_causal(task: TaskConfig, encoder_decoder: bool) -> None:
+    if task.type == "instruction" and encoder_decoder:
+        raise DataError("task.type instruction trains a decoder-only (causal) language model on chat-formatted "
+                        "conversations; set model.name to a causal LM (smollm2-135m, tiny-llama, tiny-gpt2)")
+
+
+def _instruction_task(task: TaskConfig, tokenizer, train_rows: list, train_origins: list[V.Origin], eval_rows: list,
+                      eval_origins: list[V.Origin], where_train: str, where_eval: str) -> TaskData:
+    """Instruction data: the chat template chosen once (:func:`fedpeft.data.chat.chat_format`) and recorded as the
+    run's template; training sequences and the eval conversations, loss on the assistant's tokens only."""
+    fmt = C.chat_format(tokenizer, task.chat_template)
+    C.announce(fmt)
+    kw = {"max_length": task.max_length, "instruction": task.instruction}
+    return TaskData(
+        "instruction",
+        C.encode_instruction(train_rows, train_origins, tokenizer, fmt, where=where_train, **kw),
+        C.encode_instruction_eval(eval_rows, eval_origins, tokenizer, fmt, where=where_eval, **kw),
+        None, None, None, len(eval_rows), fmt.template, chat_template_source=fmt.source,
     )
 
 
@@ -169,15 +197,16 @@ def prepare_eval(task: TaskConfig, split: str, tokenizer, *, encoder_decoder: bo
     """``split`` of ``task.dataset`` checked row by row as a run's eval split is, then (with ``max_examples``)
     the same seeded subset a run with that ``eval.max_examples`` evaluates, tokenised. Classification labels
     are mapped onto the trained model's ``label_names`` (of ``label_kind``); ``template`` is the prompt the
-    run used. Any split may be given, the train split included."""
+    run used (instruction: its chat template). Any split may be given, the train split included."""
     if task.type not in V.TASK_FIELDS:
         raise DataError(f"task.type {task.type!r} is not supported")
+    _check_causal(task, encoder_decoder)
     origins: list[V.Origin] = []
     rows = load_rows(task.dataset, split, dataset_config=task.dataset_config, data_dir=task.data_dir,
                      columns=task.columns, shuffle_seed=task.split_shuffle_seed, origins=origins)
     where = f"dataset {task.dataset!r} split {split!r}"
     template = template or prompt_template(task.type, task.dataset, rows, task.prompt_template)
-    _check_split(task.type, rows, origins, template, where)
+    _check_split(task.type, rows, origins, None if task.type == "instruction" else template, where, task.instruction)
     pick = _seeded_subset(len(rows), max_examples, seed + 1)
     rows, origins = [rows[i] for i in pick], [origins[i] for i in pick]
     if task.type == "classification":
@@ -185,6 +214,10 @@ def prepare_eval(task: TaskConfig, split: str, tokenizer, *, encoder_decoder: bo
             raise DataError("the adapter names no classes (fedpeft_adapter.json has no label_names)")
         ids = eval_class_ids(rows, origins, label_names, label_kind)
         data: EvalSet = F.encode_classification(rows, ids, tokenizer, task.max_length, where)
+    elif task.type == "instruction":
+        fmt = C.chat_format(tokenizer, template or task.chat_template)
+        data = C.encode_instruction_eval(rows, origins, tokenizer, fmt, max_length=task.max_length, where=where,
+                                         instruction=task.instruction)
     elif task.type == "generation":
         data = F.encode_generation_eval(rows, tokenizer, where=where, encoder_decoder=encoder_decoder,
                                         template=template, max_length=task.max_length,
@@ -193,3 +226,58 @@ def prepare_eval(task: TaskConfig, split: str, tokenizer, *, encoder_decoder: bo
         data = F.encode_choice_eval(rows, tokenizer, where=where, encoder_decoder=encoder_decoder, template=template,
                                     max_length=task.max_length)
     return EvalData(task.type, data, rows, origins, label_names)
+
+
+# --- the partition column (federation.partition.column) --------------------------------------------
+
+
+def train_column(task: TaskConfig, column: str, seed: int) -> np.ndarray:
+    """The value of ``column`` for each training example, as text, in the order of :func:`prepare_task`'s
+    ``TaskData.train`` (the train split read the same way, then the same seeded ``max_train_examples``
+    subset). ``column`` is a field of the rows (after ``task.columns``) or one the catalog entry derives
+    (e2e_nlg: the MR attributes, e.g. ``eat_type``). Null, blank or absent values are the category
+    :data:`~fedpeft.data.partition.MISSING`; a list or object is refused (file, split, row and fix), and so
+    is a column that no row has."""
+    from fedpeft.data.catalog import CATALOG
+    from fedpeft.data.partition import MISSING
+
+    origins: list[V.Origin] = []
+    rows = load_rows(task.dataset, task.train_split, dataset_config=task.dataset_config, data_dir=task.data_dir,
+                     columns=task.columns, shuffle_seed=task.split_shuffle_seed, origins=origins)
+    entry = CATALOG.get(task.dataset)
+    derive = entry.derive_fields if entry is not None else None
+    values: list[str] = []
+    found = False
+    for row, origin in zip(rows, origins):
+        if column in row:
+            value, found = row[column], True
+        else:
+            derived = derive(row) if derive is not None else {}
+            value, found = derived.get(column), found or column in derived
+        text = _category(value)
+        if text is None:
+            raise DataError(f"{V.at(origin)}: federation.partition.column {column!r} is {V.show(value)}; a "
+                            "partition column holds one string or number per row: choose another column")
+        values.append(text or MISSING)
+    if not found:
+        fields = sorted({k for r in rows[:100] for k in r} | set(entry.derived_names if entry else ()))
+        raise DataError(f"dataset {task.dataset!r} split {task.train_split!r}: no row has the field {column!r} "
+                        f"named by federation.partition.column; fields: {', '.join(fields)}")
+    pick = _seeded_subset(len(rows), task.max_train_examples, seed)
+    return np.array([values[i] for i in pick], dtype=str)
+
+
+def _category(value) -> str | None:
+    """A partition column value as text: "" for null, blank or NaN (the missing category), None for a value
+    that is not one string or number."""
+    if isinstance(value, np.generic):  # parquet cells
+        value = value.item()
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return value.strip()
+    return None

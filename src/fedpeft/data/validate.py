@@ -13,6 +13,11 @@ file and the fix. The rules ("Data checks" in the README):
   integers, with a warning.
 * Multiple-choice labels are integer indexes into the row's ``choices`` (at least 2); -1 marks an
   unlabeled row.
+* Instruction rows are a conversation, ``messages``: a list of ``{role, content}`` objects (roles system, user,
+  assistant; an optional system message first, then user and assistant turns alternating, starting with the
+  user and ending with the assistant; every content a non-empty string), or an instruction record:
+  ``instruction`` (or ``task.instruction``), optional ``input`` (a string, may be empty or null) and ``output``
+  (or ``target``); not both forms in one row. ``references`` is checked as for generation.
 """
 
 from __future__ import annotations
@@ -30,7 +35,10 @@ TASK_FIELDS = {
     "classification": ("text", "label"),
     "generation": ("input", "target"),
     "multiple_choice": ("question", "choices", "label"),
+    "instruction": ("messages",),  # or an instruction record: instruction (or task.instruction), input, output
 }
+ROLES = ("system", "user", "assistant")
+RECORD_FIELDS = ("instruction", "input", "output", "target")  # an instruction record's fields
 
 
 def at(origin: Origin) -> str:
@@ -47,6 +55,8 @@ def show(value: Any, width: int = 40) -> str:
 def infer_task_type(rows: list[Row]) -> str | None:
     """The task type a split's fields fit (for ``fedpeft data`` on a dataset outside the catalog)."""
     fields = {k for r in rows[:100] for k in r}
+    if "messages" in fields or {"instruction", "output"} <= fields:
+        return "instruction"
     if "choices" in fields:
         return "multiple_choice"
     if {"input", "target"} <= fields:
@@ -151,15 +161,89 @@ def _choice_row(row: Row) -> str | None:
             or _choice_label(row["label"], len(choices)))
 
 
+def _references(row: Row) -> str | None:
+    refs = row.get("references")
+    if refs is not None and not isinstance(refs, (list, tuple)):
+        return f"'references' is {_kind(refs)} ({show(refs)}); give a list of strings (or null to use the response)"
+    return next((p for p in (_text("references entry", r) for r in refs or ()) if p), None)
+
+
+def _messages(messages: Any) -> str | None:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        return (f"'messages' is {show(messages) if isinstance(messages, (list, tuple)) else _kind(messages)}; give a "
+                "list of {\"role\": ..., \"content\": ...} objects (roles system, user, assistant)")
+    expected = "user"
+    for i, message in enumerate(messages):
+        key = f"messages[{i}]"
+        if not isinstance(message, dict):
+            return f"{key} is {_kind(message)} ({show(message)}); give an object {{\"role\": ..., \"content\": ...}}"
+        if "role" not in message or "content" not in message:
+            missing = "role" if "role" not in message else "content"
+            return (f"{key} has no {missing!r} (keys: {', '.join(sorted(map(str, message))) or 'none'}); give every "
+                    "message a role (system, user or assistant) and a content")
+        role = message["role"]
+        if role not in ROLES:
+            return (f"{key}.role is {show(role)}, not one of {', '.join(ROLES)}; rename the roles (e.g. human -> user, "
+                    "gpt or bot -> assistant)")
+        problem = _text(f"{key}.content", message["content"])
+        if problem:
+            return problem
+        if role == "system":
+            if i:
+                return f"{key} is a system message after the first turn; put one system message first"
+            continue
+        if role != expected:
+            return (f"{key}.role is {role!r} where {expected!r} was expected; alternate user and assistant turns, "
+                    "starting with the user (merge consecutive turns of one role)")
+        expected = "assistant" if role == "user" else "user"
+    last = messages[-1]["role"]
+    if last == "system":
+        return "'messages' has no assistant message; a conversation needs the assistant's reply to train on"
+    if last != "assistant":
+        return (f"'messages' ends with a {last!r} message (messages[{len(messages) - 1}]); end every conversation "
+                "with the assistant's reply (drop the turns after it)")
+    return None
+
+
+def _instruction_row(row: Row, instruction: str | None = None) -> str | None:
+    """A conversation (``messages``) or an instruction record; ``instruction`` is task.instruction."""
+    record = [f for f in RECORD_FIELDS if f in row]
+    if "messages" in row:
+        if record:
+            return (f"has both 'messages' and {record[0]!r}; give one form per row: a conversation ('messages') or "
+                    "an instruction record ('instruction', 'input', 'output')")
+        return _messages(row["messages"]) or _references(row)
+    if "output" not in row and "target" not in row:
+        return (f"has neither 'messages' nor 'output' (fields: {', '.join(sorted(row))}); give a conversation "
+                "('messages': [{role, content}, ...]) or an instruction record ('instruction', optional 'input', "
+                "'output'); map yours with task.columns, e.g. --set task.columns.output=<your column>")
+    if "instruction" in row:
+        problem = _text("instruction", row["instruction"])
+    elif not instruction:
+        problem = (f"has no field 'instruction' (fields: {', '.join(sorted(row))}); add it, map yours with "
+                   "task.columns, or set task.instruction to the instruction of every row")
+    else:
+        problem = None
+    extra = row.get("input")
+    return (problem or (None if extra is None else _text("input", extra, blank_ok=True))
+            or _text("output" if "output" in row else "target", row["output" if "output" in row else "target"])
+            or _references(row))
+
+
 _ROW_CHECKS: dict[str, Callable[[Row], str | None]] = {
     "classification": _classification_row,
     "generation": _generation_row,
     "multiple_choice": _choice_row,
+    "instruction": _instruction_row,
 }
 
 
-def row_problem(task_type: str, row: Row, template_names: Iterable[str] = ()) -> str | None:
-    """The first problem of one row, without its location; None when the row is fine."""
+def row_problem(task_type: str, row: Row, template_names: Iterable[str] = (), instruction: str | None = None,
+                ) -> str | None:
+    """The first problem of one row, without its location; None when the row is fine. ``instruction``:
+    task.instruction (instruction rows)."""
+    if task_type == "instruction":
+        return _instruction_row(row, instruction)
     missing = [f for f in TASK_FIELDS[task_type] if f not in row]
     if missing:
         return (f"has no field {missing[0]!r} (fields: {', '.join(sorted(row))}); map yours with task.columns, "
@@ -194,17 +278,25 @@ def _mixed_labels(rows: list[Row], origins: list[Origin]) -> str | None:
             f"{'integers' if rare is str else 'strings'} (e.g. row {origins[j][2]}: {show(rows[j]['label'])}); {fix}")
 
 
-def problems(task_type: str, rows: list[Row], origins: list[Origin], template: str | None = None) -> Iterator[str]:
+def problems(task_type: str, rows: list[Row], origins: list[Origin], template: str | None = None, *,
+             instruction: str | None = None) -> Iterator[str]:
     """Every problem of a split that a run refuses whatever role the split plays: one per bad row, then a
-    mix of integer and string class labels."""
+    mix of integer and string class labels. ``instruction``: task.instruction (instruction rows)."""
     absent = next((f for f in TASK_FIELDS[task_type] if rows and not any(f in r for r in rows)), None)
+    if task_type == "instruction":
+        absent = None if any(f in r for r in rows for f in ("messages", "output", "target")) else "messages"
+    if absent is not None and task_type == "instruction":
+        yield (f"{at(origins[0])}: has neither 'messages' nor 'output', nor has any other row of the split (fields: "
+               f"{', '.join(sorted(rows[0]))}); give conversations ('messages') or instruction records ('instruction', "
+               "'input', 'output'): map yours with task.columns, e.g. --set task.columns.output=<your column>")
+        return
     if absent is not None:  # one line, not one per row
         yield (f"{at(origins[0])}: has no field {absent!r}, nor has any other row of the split (fields: "
                f"{', '.join(sorted(rows[0]))}); map yours with task.columns, e.g. --set task.columns.{absent}=<your column>")
         return
     names = template_fields(template)
     for row, origin in zip(rows, origins):
-        problem = row_problem(task_type, row, names)
+        problem = row_problem(task_type, row, names, instruction)
         if problem:
             yield f"{at(origin)}: {problem}"
     if task_type == "classification":
@@ -215,7 +307,7 @@ def problems(task_type: str, rows: list[Row], origins: list[Origin], template: s
 
 def unlabeled(task_type: str, rows: list[Row], origins: list[Origin]) -> str | None:
     """Where a split has rows with label -1 (unlabeled): fine to show, refused for training and evaluation."""
-    if task_type == "generation":
+    if task_type in ("generation", "instruction"):
         return None
     marks = [i for i, r in enumerate(rows) if class_id(r.get("label")) == -1]
     if not marks:
@@ -289,7 +381,8 @@ def report(task_type: str | None, rows: list[Row], origins: list[Origin], templa
         return [f"split {split!r} has no rows"], []
     if task_type is None:
         return [], [("no task type fits these fields: classification reads text + label, generation input + "
-                    "target, multiple_choice question + choices + label; map yours with task.columns")]
+                    "target, multiple_choice question + choices + label, instruction messages (or instruction + "
+                    "output); map yours with task.columns")]
     found = list(problems(task_type, rows, origins, template))
     notes = []
     blank = unlabeled(task_type, rows, origins)

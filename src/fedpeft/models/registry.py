@@ -202,10 +202,18 @@ def model_kind(task_type: str, config) -> ModelKind:
     encdec = bool(getattr(config, "is_encoder_decoder", False))
     if task_type == "classification":
         return "classification"
+    archs = " ".join(getattr(config, "architectures", None) or [])
+    encoder = (config.model_type in ("bert", "roberta", "distilbert")
+               or ("ForMaskedLM" in archs and "Causal" not in archs))
+    if task_type == "instruction" and (encdec or encoder):
+        raise ModelError(
+            f"task.type instruction trains a decoder-only (causal) language model on chat-formatted conversations; "
+            f"{config.model_type!r} is an {'encoder-decoder' if encdec else 'encoder'}. Set model.name to a causal LM "
+            "(smollm2-135m, tiny-llama, tiny-gpt2), or use task.type generation for an encoder-decoder"
+        )
     if encdec:
         return "seq2seq"
-    archs = " ".join(getattr(config, "architectures", None) or [])
-    if config.model_type in ("bert", "roberta", "distilbert") or ("ForMaskedLM" in archs and "Causal" not in archs):
+    if encoder:
         raise ModelError(
             f"task {task_type} scores text with a language model; {config.model_type!r} is an encoder. "
             "Use a decoder (e.g. smollm2-135m) or an encoder-decoder model"
@@ -213,9 +221,46 @@ def model_kind(task_type: str, config) -> ModelKind:
     return "causal"
 
 
+def bitsandbytes_config(quantization, skip_modules: list[str]):
+    """transformers' BitsAndBytesConfig for fedpeft's model.quantization options; ``skip_modules`` stay in full
+    precision (the task head). A one-line error naming the extra when bitsandbytes is not installed."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ModelError('model.quantization needs bitsandbytes: pip install -e ".[quantization]" (or pip install '
+                         "bitsandbytes), or remove model.quantization")
+    if quantization.bits == 8:
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip_modules)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quantization.quant_type,
+                              bnb_4bit_use_double_quant=quantization.double_quant,
+                              bnb_4bit_compute_dtype=getattr(torch, quantization.compute_dtype),
+                              llm_int8_skip_modules=skip_modules)
+
+
+def _keep_4bit_weights_trainable(model) -> None:
+    """bitsandbytes 0.50 repacks a 4-bit layer's weights for its CPU inference kernel on the first no-grad pass
+    (on CPUs with AVX512-BF16), and a training step after that fails inside ``matmul_4bit`` (an in-place bias add
+    on a leaf view): evaluation before training would break every run. Federated clients alternate the two, so
+    fedpeft keeps the training layout."""
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+
+
+QUANTIZATION_SKIPPED = ["classifier", "score", "classification_head", "lm_head", "pre_classifier"]
+
+
 def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dtype: str = "float32",
-               tokenizer=None, seed: int = 0) -> torch.nn.Module:
-    """The backbone for ``kind``, with a freshly initialised (seeded) task head where it needs one."""
+               tokenizer=None, seed: int = 0, attn_implementation: str | None = None, quantization=None,
+               device: str | None = None) -> torch.nn.Module:
+    """The backbone for ``kind``, with a freshly initialised (seeded) task head where it needs one;
+    ``attn_implementation`` as transformers takes it (None: its default). ``quantization`` (a
+    schema.QuantizationOptions) loads the linear layers in 4 or 8 bits with bitsandbytes, on ``device``
+    (a quantized model is placed when it loads), the task head and the LM head unquantized in ``dtype`` (k-bit
+    training preparation then makes every unquantized parameter float32)."""
     import torch
     import transformers
     from transformers import (
@@ -232,6 +277,8 @@ def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dty
         "seq2seq": AutoModelForSeq2SeqLM,
     }[kind]
     extra = {}
+    if attn_implementation is not None:
+        extra["attn_implementation"] = attn_implementation
     if kind == "classification":
         if not num_labels:
             raise ModelError("classification needs num_labels")
@@ -240,11 +287,21 @@ def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dty
     torch.manual_seed(seed)
     if src.tiny:
         config = _tiny_config(name, tokenizer or load_tokenizer(name))
-        for k, v in extra.items():
-            setattr(config, k, v)
-        model = auto.from_config(config, dtype=torch_dtype)
+        if kind == "classification":
+            config.num_labels = num_labels
+        model = auto.from_config(config, dtype=torch_dtype, **({"attn_implementation": attn_implementation}
+                                                                if attn_implementation is not None else {}))
+        if quantization is not None:  # bitsandbytes quantizes while loading: through a saved copy
+            with tempfile.TemporaryDirectory(prefix="fedpeft-quantize-") as tmp:
+                model.save_pretrained(tmp)
+                model = auto.from_pretrained(tmp, dtype=torch_dtype, device_map=device or "cpu",
+                                             quantization_config=bitsandbytes_config(quantization, QUANTIZATION_SKIPPED),
+                                             **extra)
     else:
         options = _hub_options(src)
+        if quantization is not None:
+            options = {**options, "device_map": device or "cpu",
+                       "quantization_config": bitsandbytes_config(quantization, QUANTIZATION_SKIPPED)}
         try:
             model = auto.from_pretrained(src.path, dtype=torch_dtype, **extra, **options)
         except ValueError as exc:
@@ -253,6 +310,8 @@ def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dty
             raise
         except OSError as exc:
             raise _hub_failure(name, exc) from None
+    if quantization is not None:
+        _keep_4bit_weights_trainable(model)
     if getattr(model.config, "pad_token_id", None) is None and tokenizer is not None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model

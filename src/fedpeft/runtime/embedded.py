@@ -64,6 +64,21 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def peak_accelerator_mb(device: torch.device) -> float | None:
+    """Peak memory allocated on the CUDA device so far (None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**20
+
+
+def backbone_bytes(tuned) -> int:
+    """Bytes of the model's parameters and buffers as they are held (quantized layers at their packed size)."""
+    module = tuned.module
+    base = module.get_base_model() if hasattr(module, "get_base_model") else module
+    return int(base.get_memory_footprint()) if hasattr(base, "get_memory_footprint") else int(
+        sum(t.numel() * t.element_size() for t in [*base.parameters(), *base.buffers()]))
+
+
 def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, cid: int, received: wire.Payload,
                  state: dict[str, Any], report: Callable[[str, Any], None] | None = None) -> wire.Payload:
     """One client's local work for round ``rnd``, the same in every runtime: seeded by (seed, round, client)
@@ -146,6 +161,14 @@ class EmbeddedRuntime:
             self._drop_best_after(restored[0] if restored is not None else 0)
         self.writer = RunWriter(self.run_dir, cfg)  # events.log: logged from here on
         self.writer.partition(self.exp.partition_stats)
+        t = cfg.train
+        self.backbone_bytes = backbone_bytes(self.exp.tuned)
+        self.writer.note(f"local training: batches of {t.batch_size} x {t.gradient_accumulation_steps} accumulated = "
+                         f"effective batch {t.batch_size * t.gradient_accumulation_steps} per optimizer step; "
+                         f"gradient checkpointing {'on' if t.gradient_checkpointing else 'off'}; backbone "
+                         f"{self.backbone_bytes / 2**20:.1f} MiB ({cfg.model.dtype}"
+                         + (f", quantized {cfg.model.quantization.described()}" if cfg.model.quantization else "")
+                         + ")")
         if restored is not None:
             log.warning("resumed %s after round %d (checkpoint %s)", self.run_dir, restored[0], checkpoint.FILENAME)
 
@@ -321,8 +344,18 @@ class EmbeddedRuntime:
             "time_round_s": t_round,
             "wall_s": time.perf_counter() - wall_start,
         })
+        row.update(self.memory_info())
         row.update(self.runtime_round_info())
         return row
+
+    def memory_info(self) -> dict[str, Any]:
+        """The memory figures of a metrics row: this process's peak RSS so far (a Flower run's: the
+        ServerApp's), the backbone's bytes and, on CUDA, the peak allocated accelerator memory."""
+        out: dict[str, Any] = {"peak_rss_mb": peak_rss_mb(), "backbone_bytes": self.backbone_bytes}
+        accelerator = peak_accelerator_mb(self.exp.device)
+        if accelerator is not None:
+            out["peak_accelerator_mb"] = accelerator
+        return out
 
     def runtime_round_info(self) -> dict[str, Any]:
         """Extra per-round entries a runtime reports about itself (e.g. client process times)."""
@@ -356,7 +389,7 @@ class EmbeddedRuntime:
                 self.server.observe_evaluation(0, row)
                 t_eval = time.perf_counter() - te
                 row.update({"time_evaluation_s": t_eval, "wall_s": time.perf_counter() - wall_start,
-                            "cum_bytes": 0, "cum_bytes_up": 0, "cum_bytes_down": 0})
+                            "cum_bytes": 0, "cum_bytes_up": 0, "cum_bytes_down": 0, **self.memory_info()})
                 self._record(row, key, target)
             for rnd in range(self.start_round, cfg.federation.rounds + 1):
                 stop = self.server.stop_reason()
@@ -414,7 +447,10 @@ class EmbeddedRuntime:
                                extra={"num_labels": exp.data.num_labels, "label_names": exp.data.label_names,
                                       "label_kind": exp.data.label_kind, "template": exp.data.template,
                                       "seed": self.cfg.seed, "dtype": self.cfg.model.dtype,
-                                      "plugins": self.cfg.plugins, **(extra or {})})
+                                      "plugins": self.cfg.plugins, "attn_implementation": self.cfg.model.attn_implementation,
+                                      "quantization": (self.cfg.model.quantization.described()
+                                                       if self.cfg.model.quantization is not None else None),
+                                      **(extra or {})})
         if final.exists():
             final.rename(old)
         staging.rename(final)
@@ -440,6 +476,10 @@ class EmbeddedRuntime:
             "trainable_parameters": exp.tuned.num_trainable(),
             "total_parameters": exp.tuned.num_total(),
             "peak_rss_mb": peak_rss_mb(),
+            "peak_accelerator_mb": peak_accelerator_mb(exp.device),
+            "backbone_bytes": self.backbone_bytes,
+            "trainable_bytes": sum(p.numel() * p.element_size() for p in exp.tuned.params.values()),
+            "effective_batch_size": self.cfg.train.batch_size * self.cfg.train.gradient_accumulation_steps,
             "device": str(exp.device),
             "torch_threads": torch.get_num_threads(),
             "adapter": LAST_ADAPTER,

@@ -112,8 +112,21 @@ class ServerModel:
         return {"state": self.tuned.state(), "server_train_loss": result.loss, "server_train_seconds": result.seconds}
 
 
-def build_partition(cfg: RunConfig, data: TaskData) -> tuple[list[np.ndarray], np.ndarray | None]:
-    """The clients' index arrays into the training set and the server's (None when it keeps none)."""
+def partition_column(cfg: RunConfig) -> np.ndarray | None:
+    """The value of federation.partition.column for every training example (None for the other schemes)."""
+    from fedpeft.data.partition import COLUMN_SCHEMES
+    from fedpeft.data.prepare import train_column
+
+    p = cfg.federation.partition
+    if p.scheme not in COLUMN_SCHEMES or p.column is None:
+        return None
+    return train_column(cfg.task, p.column, cfg.seed)
+
+
+def build_partition(cfg: RunConfig, data: TaskData,
+                    column_values: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """The clients' index arrays into the training set and the server's (None when it keeps none).
+    ``column_values``: :func:`partition_column`'s answer, when the caller has it already."""
     p = cfg.federation.partition
     rng = np.random.default_rng([cfg.seed, 0xDA7A])
     n = len(data.train)
@@ -125,9 +138,13 @@ def build_partition(cfg: RunConfig, data: TaskData) -> tuple[list[np.ndarray], n
         k = max(1, round(share * n))
         server, rest = np.sort(order[:k]), np.sort(order[k:])
     labels = data.train_labels[rest] if data.train_labels is not None else None
+    values = column_values if column_values is not None else partition_column(cfg)
+    if values is not None and len(values) != n:
+        raise RuntimeError(f"partition column: {len(values)} values for {n} training examples")
     parts = partition(
         p.scheme, cfg.federation.num_clients, rng, n=len(rest), labels=labels,
         alpha=p.alpha, size_alpha=p.size_alpha, min_size=p.min_size,
+        categories=values[rest] if values is not None else None, column=p.column,
     )
     return [rest[part] for part in parts], server
 
@@ -144,15 +161,26 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     kind = registry.model_kind(cfg.task.type, mconfig)
     encdec = bool(getattr(mconfig, "is_encoder_decoder", False))
     data = prepare_task(cfg.task, tokenizer, encoder_decoder=encdec, seed=cfg.seed, eval_max_examples=cfg.eval.max_examples)
-    parts, server_part = build_partition(cfg, data)
-    stats = partition_stats(parts, data.train_labels)
+    values = partition_column(cfg)
+    parts, server_part = build_partition(cfg, data, values)
+    stats = partition_stats(parts, data.train_labels, values, column=cfg.federation.partition.column)
     if server_part is not None:
         stats["server_examples"] = len(server_part)
+    quantization = cfg.model.quantization
     model = registry.load_model(cfg.model.name, kind, num_labels=data.num_labels, dtype=cfg.model.dtype,
-                                tokenizer=tokenizer, seed=cfg.seed)
+                                tokenizer=tokenizer, seed=cfg.seed, attn_implementation=cfg.model.attn_implementation,
+                                quantization=quantization, device=str(device))
+    if quantization is not None:  # k-bit training preparation: norms in float32, the backbone frozen
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.train.gradient_checkpointing,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif cfg.train.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     tuned = apply_tuner(model, cfg.peft, kind, tokenizer_path=registry.resolve(cfg.model.name).path,
                         tokenizer=tokenizer)
-    tuned.module.to(device)
+    if quantization is None:  # a quantized backbone was loaded onto the device
+        tuned.module.to(device)
     shape = model_shape(mconfig)
     options = cfg.peft.model_dump()
     rows = registered_peft_method(cfg.peft.method).analytic_ops
@@ -168,6 +196,15 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     prefix = prefix_layout(tuned) if needs.prefix_layout else None
     return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout, prefix,
                       server_part)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """transformers' gradient checkpointing of the backbone's blocks, non-reentrant (it needs no input that
+    requires grad, so it works with a frozen embedding layer, and it keeps dropout's random state)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"train.gradient_checkpointing: {type(model).__name__} does not support gradient "
+                          "checkpointing in transformers; set it to false")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _ops_per_sequence(rows: tuple[str, ...], shape: ModelShape, options: dict[str, Any], T: int,

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
 from typing import Any
 
 import numpy as np
 import torch
 
 from fedpeft.data.batching import Encoded, collate, sequential_batches
+from fedpeft.data.chat import InstructionEval
 from fedpeft.data.features import ChoiceEval, GenerationEval
 from fedpeft.metrics import scores
 
@@ -101,10 +103,21 @@ def evaluate_generation(
 ) -> dict[str, float]:
     sums, counts = _lm_loss(model, data.teacher_forced, pad_id=pad_id, device=device, batch_size=batch_size,
                             encoder_decoder=encoder_decoder, precision=precision)
-    predictions = [""] * len(data.prompts)
+    predictions = _greedy(model, data.prompts, pad_id=pad_id, eos_id=eos_id, device=device, batch_size=batch_size,
+                          encoder_decoder=encoder_decoder, max_new_tokens=max_new_tokens, tokenizer=tokenizer,
+                          precision=precision)
+    result = {"eval_loss": float(-sums.sum() / max(counts.sum(), 1))}
+    result.update(_rouge_and_examples(predictions, data.references))
+    return result
+
+
+def _greedy(model, prompts: Encoded, *, pad_id, eos_id, device, batch_size, encoder_decoder, max_new_tokens, tokenizer,
+            precision) -> list[str]:
+    """Greedy continuations of the prompts (new tokens only, special tokens dropped, stripped)."""
+    predictions = [""] * len(prompts)
     side = "right" if encoder_decoder else "left"
-    for idx in sequential_batches(data.prompts.lengths(), batch_size):
-        batch = collate(data.prompts, idx, pad_id, padding_side=side)
+    for idx in sequential_batches(prompts.lengths(), batch_size):
+        batch = collate(prompts, idx, pad_id, padding_side=side)
         inputs = {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
         with _autocast(device, precision):
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
@@ -113,10 +126,31 @@ def evaluate_generation(
         texts = tokenizer.batch_decode(new, skip_special_tokens=True)
         for i, t in zip(idx, texts):
             predictions[i] = t.strip()
-    result = {"eval_loss": float(-sums.sum() / max(counts.sum(), 1))}
-    result.update(scores.rouge(predictions, data.references))
-    result["_examples"] = [{"prediction": p, "reference": r[0]} for p, r in zip(predictions[:3], data.references[:3])]
+    return predictions
+
+
+def _rouge_and_examples(predictions: list[str], references: list[list[str]]) -> dict[str, Any]:
+    result: dict[str, Any] = dict(scores.rouge(predictions, references))
+    result["_examples"] = [{"prediction": p, "reference": r[0]} for p, r in zip(predictions[:3], references[:3])]
     result[PREDICTIONS] = predictions
+    return result
+
+
+@torch.no_grad()
+def evaluate_instruction(
+    model, data: InstructionEval, *, pad_id, device, batch_size, max_new_tokens, tokenizer, precision="fp32",
+) -> dict[str, Any]:
+    """Instruction data: the eval loss (mean over every assistant token of the teacher-forced conversations),
+    its perplexity (exp of that loss) and ROUGE of the greedy final responses (generation stops at the
+    tokenizer's eos or the chat template's end-of-turn token) against the references."""
+    sums, counts = _lm_loss(model, data.teacher_forced, pad_id=pad_id, device=device, batch_size=batch_size,
+                            encoder_decoder=False, precision=precision)
+    loss = float(-sums.sum() / max(counts.sum(), 1))
+    predictions = _greedy(model, data.prompts, pad_id=pad_id, eos_id=list(data.stop_ids), device=device,
+                          batch_size=batch_size, encoder_decoder=False, max_new_tokens=max_new_tokens,
+                          tokenizer=tokenizer, precision=precision)
+    result: dict[str, Any] = {"eval_loss": loss, "eval_perplexity": math.exp(loss) if loss < 700 else math.inf}
+    result.update(_rouge_and_examples(predictions, data.references))
     return result
 
 
@@ -142,7 +176,8 @@ def _choice_positions(example_index: np.ndarray) -> np.ndarray:
 
 def evaluate(model, task_data, *, tokenizer, device, batch_size, encoder_decoder, max_new_tokens, precision) -> dict[str, Any]:
     """The eval split's metrics ("eval_loss", scores), plus under PREDICTIONS one prediction per example (class
-    index, generated text, or chosen choice index) and, for generation, "_examples" (three of them)."""
+    index, generated text, or chosen choice index) and, for generation and instruction, "_examples" (three of
+    them)."""
     model.eval()
     pad_id = tokenizer.pad_token_id
     if task_data.task_type == "classification":
@@ -153,5 +188,8 @@ def evaluate(model, task_data, *, tokenizer, device, batch_size, encoder_decoder
         return evaluate_generation(model, task_data.eval, pad_id=pad_id, eos_id=eos, device=device,
                                    batch_size=batch_size, encoder_decoder=encoder_decoder,
                                    max_new_tokens=max_new_tokens, tokenizer=tokenizer, precision=precision)
+    if task_data.task_type == "instruction":
+        return evaluate_instruction(model, task_data.eval, pad_id=pad_id, device=device, batch_size=batch_size,
+                                    max_new_tokens=max_new_tokens, tokenizer=tokenizer, precision=precision)
     return evaluate_choice(model, task_data.eval, pad_id=pad_id, device=device, batch_size=batch_size,
                            encoder_decoder=encoder_decoder, precision=precision)

@@ -116,7 +116,8 @@ def lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
 
 
 def plan_batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator) -> list[list[np.ndarray]]:
-    """Batches per epoch; with local_steps, enough epochs to cover exactly that many steps."""
+    """(Micro-)batches of batch_size per epoch; with local_steps, enough epochs to cover exactly that many
+    optimizer steps of gradient_accumulation_steps micro-batches each."""
 
     def epoch() -> list[np.ndarray]:
         if cfg.length_grouping:
@@ -125,12 +126,43 @@ def plan_batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator) -> l
 
     if cfg.local_steps is None:
         return [epoch() for _ in range(cfg.local_epochs)]
-    epochs, left = [], cfg.local_steps
+    epochs, left = [], cfg.local_steps * cfg.gradient_accumulation_steps
     while left > 0:
         e = epoch()[:left]
         epochs.append(e)
         left -= len(e)
     return epochs
+
+
+def step_groups(epochs: list[list[np.ndarray]], cfg: TrainConfig) -> list[list[list[np.ndarray]]]:
+    """The micro-batches of each optimizer step, per epoch: gradient_accumulation_steps at a time (an epoch's
+    last step may take fewer); with local_steps, across epoch boundaries, so that every step takes them all."""
+    k = cfg.gradient_accumulation_steps
+    if cfg.local_steps is not None:
+        epochs = [[b for e in epochs for b in e]]
+    return [[e[i:i + k] for i in range(0, len(e), k)] for e in epochs]
+
+
+def loss_terms(batch: dict[str, torch.Tensor], shifted: bool) -> int:
+    """How many terms the model's mean loss over ``batch`` averages: examples for one label per example,
+    target tokens for language modelling (``shifted``: after the causal shift, which drops the first label)."""
+    labels = batch["labels"]
+    if labels.dim() == 1:
+        return int(labels.shape[0])
+    if shifted:
+        labels = labels[:, 1:]
+    return int((labels != -100).sum())
+
+
+def drops_first_label(model: torch.nn.Module) -> bool:
+    """Whether the model's causal shift drops each sequence's first label: decoder-only models, unless HF peft
+    prepends virtual input tokens (prompt tuning, P-tuning: their -100 labels go in front, so the first label
+    of the data is predicted from the last virtual token)."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return False
+    peft_config = getattr(model, "active_peft_config", None)
+    return not (peft_config is not None and peft_config.is_prompt_learning
+                and str(peft_config.peft_type.value) != "PREFIX_TUNING")
 
 
 class LocalTrainer:
@@ -192,8 +224,9 @@ class LocalTrainer:
         model = tuned.module
         params = list(tuned.params.values())
         cfg = self.cfg if lr is None else self.cfg.model_copy(update={"lr": lr})
-        epochs = plan_batches(data, cfg, rng)
+        epochs = step_groups(plan_batches(data, cfg, rng), cfg)
         total = sum(len(e) for e in epochs)
+        shifted = drops_first_label(model)
         optimizer = make_optimizer(params, cfg)
         if optimizer_state:
             load_optimizer_state(optimizer, tuned.params, optimizer_state)
@@ -205,29 +238,43 @@ class LocalTrainer:
         sampled_steps = 0
         ops = 0.0
         last_epoch_losses: list[float] = []
-        for e_idx, batches in enumerate(epochs):
+        for groups in epochs:
             epoch_losses = []
-            for idx in batches:
-                batch = {k: v.to(self.device) for k, v in collate(data, idx, self.pad_id).items()}
-                n_tok = int(batch["input_ids"].numel())
-                measure = sampled_steps == 0 and self.flops_steps < self.flops_sample_steps
-                counter = FlopCounterMode(display=False) if measure else contextlib.nullcontext()
-                with counter:
-                    with self._autocast():
-                        loss = model(**batch).loss
-                        if extra_loss is not None:
-                            loss = loss + extra_loss()
-                    if not torch.isfinite(loss):
-                        raise NonFiniteLoss(f"non-finite training loss ({loss.item()}) at local step {steps + 1}")
-                    if scaler is not None:
-                        scaler.scale(loss).backward()
-                    else:
-                        loss.backward()
-                if measure:
-                    self.flops_measured += counter.get_total_flops()
-                    self.flops_tokens += n_tok
-                    self.flops_steps += 1
-                    sampled_steps += 1
+            for group in groups:
+                batches = [collate(data, idx, self.pad_id) for idx in group]  # counted on the host
+                terms = [loss_terms(batch, shifted) for batch in batches] if len(group) > 1 else [1]
+                total_terms = sum(terms) or len(terms)  # (no target at all: the loss is NaN and refused below)
+                step_loss = 0.0
+                for idx, batch, n_terms in zip(group, batches, terms):
+                    batch = {k: v.to(self.device) for k, v in batch.items()}
+                    # a micro-batch's mean loss, weighted by its share of the step's loss terms: the step's
+                    # gradient is the large batch's (one micro-batch: weight 1, the loss untouched)
+                    weight = n_terms / total_terms if len(group) > 1 else None
+                    n_tok = int(batch["input_ids"].numel())
+                    measure = sampled_steps == 0 and self.flops_steps < self.flops_sample_steps
+                    counter = FlopCounterMode(display=False) if measure else contextlib.nullcontext()
+                    with counter:
+                        with self._autocast():
+                            loss = model(**batch).loss
+                            if extra_loss is not None:
+                                loss = loss + extra_loss()
+                        if not torch.isfinite(loss):
+                            raise NonFiniteLoss(f"non-finite training loss ({loss.item()}) at local step {steps + 1}")
+                        scaled = loss if weight is None else loss * weight
+                        if scaler is not None:
+                            scaler.scale(scaled).backward()
+                        else:
+                            scaled.backward()
+                    if measure:
+                        self.flops_measured += counter.get_total_flops()
+                        self.flops_tokens += n_tok
+                        self.flops_steps += 1
+                        sampled_steps += 1
+                    step_loss = float(loss.detach()) if weight is None else step_loss + float(loss.detach()) * weight
+                    examples += len(idx)
+                    tokens += n_tok
+                    if self.ops_per_sequence is not None:
+                        ops += self._ops(len(idx), int(batch["input_ids"].shape[1]), head_fraction)
                 if before_step is not None:
                     before_step()
                 if scaler is not None:
@@ -243,12 +290,8 @@ class LocalTrainer:
                     after_step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-                epoch_losses.append(float(loss.detach()))
+                epoch_losses.append(step_loss)
                 steps += 1
-                examples += len(idx)
-                tokens += n_tok
-                if self.ops_per_sequence is not None:
-                    ops += self._ops(len(idx), int(batch["input_ids"].shape[1]), head_fraction)
             last_epoch_losses = epoch_losses if cfg.local_steps is None else last_epoch_losses + epoch_losses
         seconds = time.perf_counter() - start
         if optimizer_state is not None:
