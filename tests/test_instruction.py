@@ -338,3 +338,30 @@ def test_federated_instruction_run_reports_loss_perplexity_and_rouge(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "run" / "eval" / "adapter-test.jsonl").read_text().splitlines()]
     assert len(lines) == 6 and lines[0]["messages"][0]["role"] == "user" and "prediction" in lines[0]
     assert lines[0]["target"] in lines[0]["references"]
+
+
+def test_a_reply_that_also_occurs_in_the_header_trains_only_the_reply():
+    """Zephyr's header '<|assistant|>' contains the letters of the reply 's' and, without a generation-prompt
+    branch, is part of the assistant's turn: the header stays untrained."""
+    tok = tiny_tokenizer(ZEPHYR.split("{% if add_generation_prompt %}")[0])
+    fmt = C.chat_format(tok)
+    messages = [{"role": "user", "content": "one letter"}, {"role": "assistant", "content": "s"}]
+    enc = C.encode_pieces(tok, C.render_pieces(tok, fmt, messages, "test"), leading_special_ids(tok))
+    trained = [t for t, label in zip(enc.ids, enc.labels) if label != -100]
+    assert trained == tok("s[SEP]", add_special_tokens=False)["input_ids"]
+
+
+def test_a_reply_whose_first_token_spans_the_boundary_is_tokenised_as_the_model_sees_it():
+    """With a byte-level BPE tokenizer (SmolLM2's), Llama-2's ' [/INST] Yes' gives the token 'ĠYes': it is
+    trained whole, and the ids are those of the rendered text (no lone 'Ġ')."""
+    tok = registry.load_tokenizer("smollm2-135m")
+    fmt = C.chat_format(tok, LLAMA2)
+    messages = [{"role": "user", "content": "Is it open?"}, {"role": "assistant", "content": "Yes, until ten."}]
+    lead = leading_special_ids(tok)
+    enc = C.encode_pieces(tok, C.render_pieces(tok, fmt, messages, "test"), lead)
+    text = tok.apply_chat_template(messages, chat_template=LLAMA2, tokenize=False, eos_token=fmt.eos_token)
+    whole = tok(text, add_special_tokens=False)["input_ids"]
+    assert enc.ids == (whole if whole[: len(lead)] == lead else lead + whole)
+    tokens = tok.convert_ids_to_tokens(enc.ids)
+    first = next(j for j, label in enumerate(enc.labels) if label != -100)
+    assert tokens[first] == "ĠYes" and tokens[first - 1] != "Ġ"  # the prompt does not end in a lone space

@@ -173,11 +173,16 @@ def render_pieces(tokenizer, fmt: ChatFormat, messages: list[dict[str, str]], wh
                 "of the whole conversation, so its assistant tokens cannot be told apart; set task.chat_template to "
                 "a template that renders each turn in place (e.g. fedpeft.data.chat.DEFAULT_CHAT_TEMPLATE)")
         turn = after[len(before):]
-        content = message["content"]
-        k = turn.find(content)
-        if k < 0:
-            k = max(turn.find(content.strip()), 0)  # the template strips or changes the content: train it all
-        start, end = len(before) + k, len(before) + len(turn.rstrip())
+        # where the content starts: after the header the template writes for this turn, found by rendering the
+        # turn around a placeholder (searching for the content itself could match inside the header)
+        marked = _render(tokenizer, fmt, [*messages[:i], {"role": "assistant", "content": _PLACEHOLDER}], False,
+                         where)[len(before):]
+        header = marked[: max(marked.find(_PLACEHOLDER), 0)]
+        if _PLACEHOLDER not in marked or not turn.startswith(header):
+            raise DataError(f"{where}: {fmt.describe()} does not write messages[{i}] (assistant) after a fixed "
+                            "header, so its tokens cannot be told apart; set task.chat_template to a template that "
+                            "writes the content as given (e.g. fedpeft.data.chat.DEFAULT_CHAT_TEMPLATE)")
+        start, end = len(before) + len(header), len(before) + len(turn.rstrip())
         if end <= start:
             raise DataError(f"{where}: {fmt.describe()} renders messages[{i}] (assistant) as nothing; set "
                             "task.chat_template to a template that writes the assistant's content")
@@ -190,6 +195,9 @@ def render_pieces(tokenizer, fmt: ChatFormat, messages: list[dict[str, str]], wh
 # --- tokens ---------------------------------------------------------------------------------------
 
 
+_PLACEHOLDER = "\x00fedpeft-assistant-content\x00"
+
+
 def _tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
     return [list(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
 
@@ -199,26 +207,26 @@ def encode_pieces(tokenizer, pieces: list[tuple[str, bool]], lead: list[int]) ->
     put first unless the template wrote it."""
     ends = np.cumsum([len(text) for text, _ in pieces]).tolist()
     full = "".join(text for text, _ in pieces)
-    tokenised = _tokenize(tokenizer, [full] + [full[:e] for e in ends[:-1]])
-    ids, prefixes = tokenised[0], tokenised[1:]
-    if all(ids[: len(p)] == p for p in prefixes):
-        bounds = [len(p) for p in prefixes] + [len(ids)]
-    else:  # a boundary inside a token: tokenise the pieces one by one
+    spans = [(e - len(text), e) for (text, trained), e in zip(pieces, ends) if trained]
+    if getattr(tokenizer, "is_fast", False):
+        # the whole text tokenised once, as the model will see it; a token is trained when its characters
+        # overlap a response (a token across a boundary, e.g. " Yes" after "[/INST]", belongs to the response)
+        enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+        owner = [next((k for k, (s, e) in enumerate(spans) if a < e and s < b), None) if b > a else None
+                 for a, b in offsets]
+    else:  # slow tokenizers have no offsets: the pieces one by one
         parts = _tokenize(tokenizer, [text for text, _ in pieces])
         ids = [t for part in parts for t in part]
-        bounds = np.cumsum([len(p) for p in parts]).tolist()
-    offset = 0
+        owner, k = [], 0
+        for (_, trained), part in zip(pieces, parts):
+            owner += [k if trained else None] * len(part)
+            k += bool(trained)
     if lead and ids[: len(lead)] != lead:
-        ids, offset = lead + ids, len(lead)
-    labels = [-100] * len(ids)
-    final = (0, 0)
-    lo = offset
-    for (_, trained), bound in zip(pieces, bounds):
-        hi = bound + offset
-        if trained and hi > lo:
-            labels[lo:hi] = ids[lo:hi]
-            final = (lo, hi)
-        lo = hi
+        ids, owner = lead + ids, [None] * len(lead) + owner
+    labels = [t if o is not None else -100 for t, o in zip(ids, owner)]
+    last = [j for j, o in enumerate(owner) if o is not None and o == len(spans) - 1]
+    final = (last[0], last[-1] + 1) if last else (0, 0)
     return EncodedConversation(ids, labels, final)
 
 
