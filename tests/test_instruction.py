@@ -170,6 +170,7 @@ def origins(n, source="data/train.jsonl", part="train"):
     ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "input": "z"},
      "has both 'messages' and 'input'"),
     ({"instruction": "Do.", "output": ""}, "'output' is empty"),
+    ({"instruction": "Do.", "output": "x", "target": "y"}, "has both 'output' and 'target'"),
     ({"instruction": "", "output": "x"}, "'instruction' is empty"),
     ({"instruction": "Do.", "input": 3, "output": "x"}, "'input' is a number (3), not a string"),
     ({"output": "x"}, ("has no field 'instruction' (fields: output); add it, map yours with task.columns, or set "

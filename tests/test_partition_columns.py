@@ -171,7 +171,7 @@ def test_server_share_is_kept_out_of_a_column_partition():
     assert all(len(set(values[p]) & set(values[q])) == 0 for i, p in enumerate(parts) for q in parts[i + 1:])
 
 
-def test_missing_values_form_their_own_category_and_lists_are_refused(tmp_path):
+def test_missing_values_form_their_own_category_and_lists_are_refused(tmp_path, caplog):
     rows = [{"input": "a", "target": "b", "site": "north"}, {"input": "a", "target": "b", "site": None},
             {"input": "a", "target": "b", "site": "  "}, {"input": "a", "target": "b"},
             {"input": "a", "target": "b", "site": 3}, {"input": "a", "target": "b", "site": True}]
@@ -179,6 +179,12 @@ def test_missing_values_form_their_own_category_and_lists_are_refused(tmp_path):
     (tmp_path / "d" / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     task = TaskConfig(type="generation", dataset=str(tmp_path / "d"), max_train_examples=None)
     assert train_column(task, "site", 0).tolist() == ["north", MISSING, MISSING, MISSING, "3", "true"]
+    assert "'site': 3 of 6 training rows have no value" in caplog.text  # said, not silent
+    rows[0]["site"] = MISSING  # a real value spelled like the missing category is refused, not merged
+    (tmp_path / "d" / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(DataError, match=r"row 1: federation.partition.column 'site' is '\(missing\)'"):
+        train_column(task, "site", 0)
+    rows[0]["site"] = "north"
     with pytest.raises(DataError, match="no row has the field 'sitee'.*fields: input, site, target"):
         train_column(task, "sitee", 0)
     rows[4]["site"] = ["a", "b"]

@@ -258,13 +258,22 @@ def train_column(task: TaskConfig, column: str, seed: int) -> np.ndarray:
         if text is None:
             raise DataError(f"{V.at(origin)}: federation.partition.column {column!r} is {V.show(value)}; a "
                             "partition column holds one string or number per row: choose another column")
+        if text == MISSING:
+            raise DataError(f"{V.at(origin)}: federation.partition.column {column!r} is {MISSING!r}, the name "
+                            "fedpeft gives rows without a value; rename that value in your data")
         values.append(text or MISSING)
     if not found:
         fields = sorted({k for r in rows[:100] for k in r} | set(entry.derived_names if entry else ()))
         raise DataError(f"dataset {task.dataset!r} split {task.train_split!r}: no row has the field {column!r} "
                         f"named by federation.partition.column; fields: {', '.join(fields)}")
     pick = _seeded_subset(len(rows), task.max_train_examples, seed)
-    return np.array([values[i] for i in pick], dtype=str)
+    out = np.array([values[i] for i in pick], dtype=str)
+    missing = int((out == MISSING).sum())
+    if missing:
+        logging.getLogger("fedpeft").warning(
+            "federation.partition.column %r: %d of %d training rows have no value; they form the category %r",
+            column, missing, len(out), MISSING)
+    return out
 
 
 def _category(value) -> str | None:

@@ -213,6 +213,9 @@ def _instruction_row(row: Row, instruction: str | None = None) -> str | None:
             return (f"has both 'messages' and {record[0]!r}; give one form per row: a conversation ('messages') or "
                     "an instruction record ('instruction', 'input', 'output')")
         return _messages(row["messages"]) or _references(row)
+    if "output" in row and "target" in row:
+        return ("has both 'output' and 'target'; an instruction record's response is one of them: drop one, or map "
+                "one to another name with task.columns")
     if "output" not in row and "target" not in row:
         return (f"has neither 'messages' nor 'output' (fields: {', '.join(sorted(row))}); give a conversation "
                 "('messages': [{role, content}, ...]) or an instruction record ('instruction', optional 'input', "
