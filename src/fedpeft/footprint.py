@@ -31,10 +31,10 @@ from fedpeft.heads import LayoutError, build_layout, keep_count
 from fedpeft.heads.sparse import packed_spec
 from fedpeft.metrics import ops as analytic
 from fedpeft.models.architectures import build_on_meta
-from fedpeft.models.layout import arch_spec
+from fedpeft.models.layout import TASK_HEADS, arch_spec
 
 MIB = 2**20
-DEFAULT_HEADS = ("classifier", "score", "classification_head")
+DEFAULT_HEADS = TASK_HEADS
 # the metadata of a typical client update (fedavg / headprune clients): numbers of typical width
 _UPDATE_META = {"round": 1, "client": 0, "num_examples": 90, "train_loss": 1.0986122886681098, "train_steps": 6,
                 "train_examples": 90, "train_tokens": 11520, "train_seconds": wire.clock_text(2.0),

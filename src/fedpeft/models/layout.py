@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+TASK_HEADS = ("classifier", "score", "classification_head")  # transformers' names of sequence-classifier heads
+
 
 @dataclass(frozen=True)
 class ArchSpec:
     qkv: tuple[str, ...]  # module-name suffixes of the query/key/value projections
     attn_out: tuple[str, ...]  # suffixes of attention output projections (self and cross attention)
     ffn_out: str  # suffix of the feed-forward output projection
-    heads: tuple[str, ...] = ("classifier", "score", "classification_head")
+    heads: tuple[str, ...] = TASK_HEADS
     ffn_out_excludes: tuple[str, ...] = ()
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from fedpeft.errors import UserError
+from fedpeft.models.layout import TASK_HEADS
 
 if TYPE_CHECKING:
     import torch
@@ -250,7 +251,7 @@ def _keep_4bit_weights_trainable(model) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-QUANTIZATION_SKIPPED = ["classifier", "score", "classification_head", "lm_head", "pre_classifier"]
+QUANTIZATION_SKIPPED = [*TASK_HEADS, "lm_head", "pre_classifier"]  # kept in full precision
 
 
 def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dtype: str = "float32",

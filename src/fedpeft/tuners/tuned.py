@@ -20,7 +20,7 @@ from torch import nn
 
 from fedpeft.config import schema as S
 from fedpeft.errors import UserError
-from fedpeft.models.layout import ArchSpec, arch_spec
+from fedpeft.models.layout import TASK_HEADS, ArchSpec, arch_spec
 from fedpeft.tuners.registry import SaveFormat, TunerContext, registered_peft_method
 
 FEDPEFT_ADAPTER_FILE = "fedpeft_adapter.safetensors"
@@ -94,7 +94,7 @@ class TunedModel:
 
 def head_modules(model: nn.Module, spec: ArchSpec | None) -> list[str]:
     """Top-level names of task-head modules present in the model (e.g. 'classifier', 'score')."""
-    candidates = spec.heads if spec else ("classifier", "score", "classification_head")
+    candidates = spec.heads if spec else TASK_HEADS
     names = {n.split(".")[0] for n, _ in model.named_modules() if n}
     return [h for h in candidates if h in names]
 
