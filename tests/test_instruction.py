@@ -366,3 +366,49 @@ def test_a_reply_whose_first_token_spans_the_boundary_is_tokenised_as_the_model_
     tokens = tok.convert_ids_to_tokens(enc.ids)
     first = next(j for j, label in enumerate(enc.labels) if label != -100)
     assert tokens[first] == "ĠYes" and tokens[first - 1] != "Ġ"  # the prompt does not end in a lone space
+
+
+# Alpaca's layout with a text end of turn: nothing special ends a reply, the text "### End" does
+ALPACA_END = ("{% for message in messages %}{% if message['role'] == 'user' %}"
+              "{{ '### Instruction:\\n' + message['content'] + '\\n\\n' }}{% else %}"
+              "{{ '### Response:\\n' + message['content'] + '\\n### End\\n\\n' }}{% endif %}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '### Response:\\n' }}{% endif %}")
+
+
+def test_a_text_end_of_turn_stops_generation_and_is_cut_from_replies():
+    tok = tiny_tokenizer()
+    fmt = C.chat_format(tok, ALPACA_END)
+    assert fmt.stop_text == "### End" and fmt.stop_ids == [tok.sep_token_id]
+    # the end text is trained with the reply, so that a model learns to write it
+    messages = [{"role": "user", "content": "Say yes."}, {"role": "assistant", "content": "yes"}]
+    enc = C.encode_pieces(tok, C.render_pieces(tok, fmt, messages, "test"), leading_special_ids(tok))
+    trained = [t for t, label in zip(enc.ids, enc.labels) if label != -100]
+    assert tok.decode(trained) == tok.decode(tok("yes\n### End", add_special_tokens=False)["input_ids"])
+    rows = [{"instruction": "Say yes.", "output": "yes"}, {"instruction": "Say no.", "output": "no"}]
+    data = C.encode_instruction_eval(rows, origins(2), tok, fmt, max_length=64, where="test")
+    assert data.stop_text == "### End"
+
+    from fedpeft.training.evaluate import _greedy
+
+    class Replies(torch.nn.Module):  # a model whose greedy replies are known: the end text, then more words
+        def generate(self, input_ids, **kwargs):
+            assert kwargs["stop_strings"] == ["### End", "# # # end"] and kwargs["tokenizer"] is tok
+            reply = tok("sure ### End more words", add_special_tokens=False, return_tensors="pt")["input_ids"]
+            return torch.cat([input_ids, reply.repeat(len(input_ids), 1)], dim=1)
+
+    assert _greedy(Replies(), data.prompts, pad_id=0, eos_id=data.stop_ids, device=torch.device("cpu"),
+                   batch_size=2, encoder_decoder=False, max_new_tokens=8, tokenizer=tok, precision="fp32",
+                   stop_text=data.stop_text) == ["sure", "sure"]
+    # and a real model's generate takes the stop text (transformers' stop_strings)
+    model = registry.load_model("tiny-llama", "causal", tokenizer=tok)
+    out = _greedy(model.eval(), data.prompts, pad_id=tok.pad_token_id, eos_id=data.stop_ids,
+                  device=torch.device("cpu"), batch_size=2, encoder_decoder=False, max_new_tokens=4, tokenizer=tok,
+                  precision="fp32", stop_text=data.stop_text)
+    assert len(out) == 2 and not any("### End" in p for p in out)
+
+
+def test_a_template_that_ends_a_reply_with_nothing_is_refused():
+    bare = ("{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '\\n' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+    with pytest.raises(DataError, match="ends an assistant turn with nothing after the reply"):
+        C.chat_format(tiny_tokenizer(), bare)

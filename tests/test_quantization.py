@@ -91,3 +91,32 @@ def test_without_bitsandbytes_the_error_names_the_extra(monkeypatch):
                         lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
     with pytest.raises(registry.ModelError, match=r'pip install -e "\.\[quantization\]"'):
         registry.load_model("tiny-bert", "classification", num_labels=2, quantization=QuantizationOptions(bits=4))
+
+
+def test_place_on_moves_only_what_is_elsewhere():
+    from fedpeft.runtime.setup import place_on
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
+    model[1].register_buffer("seen", torch.zeros(2))
+    model[0].to("meta")  # stands for what already sits on the device
+    placed = model[0].weight
+    place_on(model, torch.device("meta"))
+    assert model[0].weight is placed
+    assert all(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()])
+
+
+@pytest.mark.parametrize("bits, precision", [(4, "nf4"), (8, "int8")])
+def test_held_bytes_count_the_quantization_constants_and_match_the_estimate(bits, precision):
+    """What a quantized model holds (packed weights, absmax or row scales, the rest float32) is what the meta-device
+    estimate of the same architecture gives, byte for byte; transformers' footprint misses the constants."""
+    from fedpeft.models.architectures import build_on_meta
+    from fedpeft.models.memory import backbone_bytes_estimate, held_bytes
+
+    tok = registry.load_tokenizer("tiny-llama")
+    model = registry.load_model("tiny-llama", "causal", tokenizer=tok, quantization=QuantizationOptions(bits=bits))
+    held = held_bytes(model)
+    assert held > model.get_memory_footprint()
+    meta = build_on_meta(model.config, "causal")
+    assert backbone_bytes_estimate(meta, precision) == held
+    plain = registry.load_model("tiny-llama", "causal", tokenizer=tok)
+    assert backbone_bytes_estimate(build_on_meta(plain.config, "causal"), "float32") == held_bytes(plain)

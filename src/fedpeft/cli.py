@@ -327,8 +327,10 @@ def cmd_model(args: argparse.Namespace) -> int:
              "hidden": shape.hidden, "feed_forward": shape.intermediate, "encoder_decoder": shape.encoder_decoder,
              "task_head": kind, "num_labels": args.num_labels if kind == "classification" else None,
              "tokens": args.tokens, "sparsity": args.sparsity}
+    memory = _memory_rows(args, config, kind, {r.method: r for r in rows}) if args.memory else None
     if args.json:
-        print(json.dumps({**about, "methods": [r.as_dict() for r in rows], "not_available": skipped}, indent=2))
+        print(json.dumps({**about, "methods": [r.as_dict() for r in rows], "not_available": skipped,
+                          **({"memory": memory} if memory is not None else {})}, indent=2))
         return 0
     print(f"{args.name}: {config.model_type}, {shape.num_layers} layers ({shape.num_attention_modules} attention modules), "
           f"{shape.num_heads} heads ({shape.num_kv_heads} key/value), hidden {shape.hidden}, feed-forward "
@@ -359,7 +361,54 @@ def cmd_model(args: argparse.Namespace) -> int:
             print(f"{r.method}: no head pruning ({r.pruning_note})")
     for m, why in skipped.items():
         print(f"{m}: not available ({why})")
+    if memory is not None:
+        _print_memory(args, memory)
     return 0
+
+
+def _memory_rows(args: argparse.Namespace, config, kind: str, rows: dict) -> list[dict]:
+    """One client's estimated training memory per method, precision and checkpointing (models/memory.py)."""
+    from fedpeft.models.memory import PRECISIONS, estimate_training
+
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size {args.batch_size}: give the sequences of one training step (at least 1)")
+    out = []
+    for method in rows:
+        opts = load_config(None, [f"peft={{method: {method}}}", *(f"peft.{k}={v}" for k, v in _peft_sets(args.set).items()
+                                                                 if k in _option_names(method))],
+                           plugins=args.plugin).peft
+        for precision in PRECISIONS:
+            for checkpointing in (False, True):
+                try:
+                    est = estimate_training(args.name, config, opts, kind, precision, batch_size=args.batch_size,
+                                            tokens=args.tokens, gradient_checkpointing=checkpointing,
+                                            compute_dtype="bfloat16", num_labels=args.num_labels)
+                except (ValueError, RuntimeError, NotImplementedError) as exc:
+                    out.append({"method": method, "precision": precision, "gradient_checkpointing": checkpointing,
+                                "error": str(exc).splitlines()[0][:200]})
+                    continue
+                out.append({"method": method, **est.as_dict()})
+    return out
+
+
+def _print_memory(args: argparse.Namespace, memory: list[dict]) -> None:
+    print(f"\none client's training memory, estimated (GiB; batch {args.batch_size} x {args.tokens} tokens, AdamW; "
+          "nf4: bf16 compute; without the allocator's slack and the CUDA context; see fedpeft.models.memory)")
+    header = ["method", "precision", "backbone", "trainable state", "activations (ckpt off / on)",
+              "total (ckpt off / on)"]
+    lines = []
+    for i in range(0, len(memory), 2):
+        off, on = memory[i], memory[i + 1]
+        if "error" in off or "error" in on:
+            lines.append([off["method"], off["precision"], "-", "-", "-", (off.get("error") or on.get("error"))])
+            continue
+        lines.append([off["method"], off["precision"], f"{off['backbone_bytes'] / 2**30:.2f}",
+                      f"{off['trainable_state_bytes'] / 2**30:.3f}",
+                      f"{off['activation_bytes'] / 2**30:.2f} / {on['activation_bytes'] / 2**30:.2f}",
+                      f"{off['total_bytes'] / 2**30:.2f} / {on['total_bytes'] / 2**30:.2f}"])
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+    for line in [header, *lines]:
+        print("  ".join(str(x).rjust(w) if i > 1 else str(x).ljust(w) for i, (x, w) in enumerate(zip(line, widths))))
 
 
 def _gops(ops: float | None) -> str:
@@ -457,7 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("model", help="a backbone's layout and, per PEFT method, trainable parameters, upload per "
                        "client and round, and analytic OPs, from its architecture config alone (offline, no weights)")
     m.add_argument("name", help="a bundled architecture (t5-small, t5-base, bart-base, distilbert, roberta-base, "
-                   "roberta-large, gpt2, gpt2-large, gpt2-xl, opt-1.3b, llama-7b, or their Hub ids), a bundled "
+                   "roberta-large, gpt2, gpt2-large, gpt2-xl, opt-1.3b, open-llama-3b, llama-7b, llama-3.2-1b, llama-3.2-3b, "
+                   "llama-3.1-8b, or their Hub ids), a bundled "
                    "alias with weights, a local directory or a Hub id")
     m.add_argument("--task", choices=["classification", "generation", "multiple_choice"])
     m.add_argument("--methods", help="comma-separated PEFT methods (default: all)")
@@ -465,7 +515,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--set", action="append", default=[], metavar="peft.KEY=VALUE",
                    help="a PEFT option, as in `fedpeft run` (e.g. peft.r=8, peft.num_virtual_tokens=100)")
     m.add_argument("--sparsity", type=float, help="also show head pruning at this sparsity (paper 000)")
-    m.add_argument("--tokens", type=int, default=128, help="tokens per training sequence for the OPs (paper 000: 512)")
+    m.add_argument("--tokens", type=int, default=128, help="tokens per training sequence for the OPs and the memory "
+                   "estimate (paper 000: 512)")
+    m.add_argument("--memory", action="store_true", help="also estimate one client's training memory in float32, "
+                   "bfloat16, int8 and nf4, with and without gradient checkpointing")
+    m.add_argument("--batch-size", type=int, default=4, help="sequences per training step for --memory")
     m.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
                    help="load a plugin first; its PEFT methods are listed too (repeatable)")
     m.add_argument("--json", action="store_true", help="print JSON")

@@ -60,6 +60,7 @@ class ChatFormat:
     source: str  # "config", "tokenizer" or "builtin" (see SOURCES)
     eos_token: str  # the tokenizer's eos (or sep) token, given to templates as eos_token
     stop_ids: list[int]  # generation stops at any of these: the eos id and the template's end-of-turn token
+    stop_text: str | None = None  # a template whose turn ends in ordinary text (not one special token): that text
 
     def describe(self) -> str:
         return SOURCES[self.source]
@@ -71,6 +72,7 @@ class InstructionEval:
     references: list[list[str]]  # the final response, or the row's references
     teacher_forced: Encoded  # the whole conversation, labels on every assistant token (eval loss, perplexity)
     stop_ids: list[int]
+    stop_text: str | None = None  # generation also stops at this text, and a reply is cut before it
 
 
 @dataclass
@@ -134,6 +136,16 @@ def chat_format(tokenizer, configured: str | None = None) -> ChatFormat:
     specials = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     if probe_ids and probe_ids[-1] in specials and probe_ids[-1] not in stops:
         stops.append(int(probe_ids[-1]))  # the template's end of turn (e.g. <|im_end|>, <|eot_id|>)
+    elif not probe_ids or probe_ids[-1] not in stops:
+        # the turn ends in ordinary text (e.g. "### End"), or in nothing: generation must stop on that text
+        marker = trained[trained.rfind(_PROBE[-1]["content"]) + len(_PROBE[-1]["content"]):]
+        if not marker.strip():
+            raise DataError(f"{fmt.describe()} ends an assistant turn with nothing after the reply, so a model cannot "
+                            "learn where a reply ends and generation would run to task.generation_max_new_tokens; "
+                            "end each assistant turn with {{ eos_token }} in task.chat_template")
+        fmt.stop_text = marker.strip()
+        log.info("task.type instruction: %s ends a turn with the text %r (not one special token): generation stops "
+                 "at it and replies are cut before it", fmt.describe(), fmt.stop_text)
     fmt.stop_ids = stops
     return fmt
 
@@ -303,7 +315,7 @@ def encode_instruction_eval(rows: list[Row], origins: list[V.Origin], tokenizer,
             cut_prompts += 1
         prompts.append(np.asarray(prompt, dtype=np.int32))
     _log_cut(where, cut_prompts, 0, len(convs), max_length, "generation prompts")
-    return InstructionEval(Encoded(prompts, [0] * len(prompts)), refs, teacher, list(fmt.stop_ids))
+    return InstructionEval(Encoded(prompts, [0] * len(prompts)), refs, teacher, list(fmt.stop_ids), fmt.stop_text)
 
 
 def announce(fmt: ChatFormat) -> None:

@@ -72,11 +72,12 @@ def peak_accelerator_mb(device: torch.device) -> float | None:
 
 
 def backbone_bytes(tuned) -> int:
-    """Bytes of the model's parameters and buffers as they are held (quantized layers at their packed size)."""
+    """Bytes of the backbone's parameters, buffers and quantization constants as they are held (quantized layers at
+    their packed size), the PEFT method's own tensors included."""
+    from fedpeft.models.memory import held_bytes
+
     module = tuned.module
-    base = module.get_base_model() if hasattr(module, "get_base_model") else module
-    return int(base.get_memory_footprint()) if hasattr(base, "get_memory_footprint") else int(
-        sum(t.numel() * t.element_size() for t in [*base.parameters(), *base.buffers()]))
+    return held_bytes(module.get_base_model() if hasattr(module, "get_base_model") else module)
 
 
 def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, cid: int, received: wire.Payload,

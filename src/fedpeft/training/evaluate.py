@@ -112,8 +112,15 @@ def evaluate_generation(
 
 
 def _greedy(model, prompts: Encoded, *, pad_id, eos_id, device, batch_size, encoder_decoder, max_new_tokens, tokenizer,
-            precision) -> list[str]:
-    """Greedy continuations of the prompts (new tokens only, special tokens dropped, stripped)."""
+            precision, stop_text: str | None = None) -> list[str]:
+    """Greedy continuations of the prompts (new tokens only, special tokens dropped, stripped); with
+    ``stop_text``, generation also stops once a continuation contains it and each is cut before it (as written,
+    or as the tokenizer decodes it: an uncased WordPiece tokenizer gives "### End" back as "# # # end")."""
+    markers: list[str] = []
+    if stop_text:
+        decoded = tokenizer.decode(tokenizer(stop_text, add_special_tokens=False)["input_ids"]).strip()
+        markers = list(dict.fromkeys(m for m in (stop_text, decoded) if m))
+    stop = {"stop_strings": markers, "tokenizer": tokenizer} if markers else {}
     predictions = [""] * len(prompts)
     side = "right" if encoder_decoder else "left"
     for idx in sequential_batches(prompts.lengths(), batch_size):
@@ -121,10 +128,12 @@ def _greedy(model, prompts: Encoded, *, pad_id, eos_id, device, batch_size, enco
         inputs = {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
         with _autocast(device, precision):
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                                 pad_token_id=pad_id, eos_token_id=eos_id)
+                                 pad_token_id=pad_id, eos_token_id=eos_id, **stop)
         new = out if encoder_decoder else out[:, inputs["input_ids"].shape[1] :]
         texts = tokenizer.batch_decode(new, skip_special_tokens=True)
         for i, t in zip(idx, texts):
+            for marker in markers:
+                t = t.split(marker, 1)[0]
             predictions[i] = t.strip()
     return predictions
 
@@ -148,7 +157,7 @@ def evaluate_instruction(
     loss = float(-sums.sum() / max(counts.sum(), 1))
     predictions = _greedy(model, data.prompts, pad_id=pad_id, eos_id=list(data.stop_ids), device=device,
                           batch_size=batch_size, encoder_decoder=False, max_new_tokens=max_new_tokens,
-                          tokenizer=tokenizer, precision=precision)
+                          tokenizer=tokenizer, precision=precision, stop_text=data.stop_text)
     result: dict[str, Any] = {"eval_loss": loss, "eval_perplexity": math.exp(loss) if loss < 700 else math.inf}
     result.update(_rouge_and_examples(predictions, data.references))
     return result
