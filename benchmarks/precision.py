@@ -15,7 +15,7 @@ round: warm), quality, each as a ratio to fp32; on CUDA also peak allocated acce
 Part 2 (estimated): ``fedpeft.models.memory.estimate_training`` for the same setting, checked against the
 measured figures (backbone bytes; training memory = the RSS growth on CPU, the accelerator's peak on CUDA),
 then the backbone and one client's LoRA training memory of 1B, 3B, 7B and 8B shapes (architecture configs
-on the meta device, no weights) in each precision, against 24, 48 and 80 GB devices.
+on the meta device, no weights) in each precision, against 24, 48 and 80 GiB devices.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ PRECISIONS = {
 }
 ESTIMATE_PRECISION = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "nf4": "nf4"}
 SHAPES = ["llama-3.2-1b", "opt-1.3b", "llama-3.2-3b", "open-llama-3b", "llama-7b", "llama-3.1-8b"]
-DEVICES_GB = [24, 48, 80]
+DEVICES_GIB = [24, 48, 80]  # what "24 GB" / "48 GB" / "80 GB" accelerators hold
 HEADROOM = 0.9  # a device "fits" a setting whose estimate is at most 90% of its memory (CUDA context, allocator)
 MIB = 2**20
 
@@ -163,7 +163,7 @@ def profiled_step(cfg, timeline: Path) -> dict:
 
 # --- the estimate ---------------------------------------------------------------------------------------------
 
-def estimate(model: str, precision: str, *, checkpointing: bool, batch_size: int, tokens: int, nf4_compute: str):
+def estimate(model: str, precision: str, *, checkpointing: bool, batch_size: int, tokens: int):
     from fedpeft.config import schema
     from fedpeft.models.architectures import architecture_config
     from fedpeft.models.memory import estimate_training
@@ -171,7 +171,7 @@ def estimate(model: str, precision: str, *, checkpointing: bool, batch_size: int
     raw = yaml.safe_load(BASE_CONFIG.read_text())
     peft = schema.RunConfig.model_validate({"peft": raw["peft"]}).peft
     return estimate_training(model, architecture_config(model), peft, "causal", precision, batch_size=batch_size,
-                             tokens=tokens, gradient_checkpointing=checkpointing, compute_dtype=nf4_compute)
+                             tokens=tokens, gradient_checkpointing=checkpointing)
 
 
 def main() -> None:
@@ -225,7 +225,7 @@ def main() -> None:
     checks = []
     for r in rows:
         est = estimate("smollm2-135m", ESTIMATE_PRECISION[r["precision"]], checkpointing=r["gradient_checkpointing"],
-                       batch_size=8, tokens=r["profiled_tokens"], nf4_compute=args.nf4_compute_dtype)
+                       batch_size=8, tokens=r["profiled_tokens"])
         # what the run's backbone_bytes holds: the backbone and the method's tensors (float32 in every precision)
         held = est.backbone_bytes + est.method_parameters * 4
         checks.append({"precision": r["precision"], "gradient_checkpointing": r["gradient_checkpointing"],
@@ -237,8 +237,7 @@ def main() -> None:
     for model in SHAPES:
         for precision in ("float32", "bfloat16", "int8", "nf4"):
             for ckpt in (False, True):
-                est = estimate(model, precision, checkpointing=ckpt, batch_size=args.batch_size, tokens=args.tokens,
-                               nf4_compute="bfloat16")
+                est = estimate(model, precision, checkpointing=ckpt, batch_size=args.batch_size, tokens=args.tokens)
                 fits.append(est.as_dict())
 
     save(args.out, {"base_config": str(BASE_CONFIG.relative_to(ROOT)),
@@ -264,15 +263,15 @@ def main() -> None:
                   f"{c['total_estimate_mb'] / c['profiled_peak_mb']:.3f}"] for c in checks])
     print()
     print(f"fits: the estimate is at most {HEADROOM:.0%} of the device's memory; batch {args.batch_size} x "
-          f"{args.tokens} tokens, LoRA r8 on q/v, AdamW, nf4 with bf16 compute")
+          f"{args.tokens} tokens, LoRA r8 on q/v, AdamW; activations float32 except in bf16")
     header = ["model", "parameters", "precision", "backbone GiB", "training GiB (ckpt off / on)",
-              *[f"{gb} GB" for gb in DEVICES_GB]]
+              *[f"{gib} GiB" for gib in DEVICES_GIB]]
     table = []
     for i in range(0, len(fits), 2):
         off, on = fits[i], fits[i + 1]
         cells = []
-        for gb in DEVICES_GB:
-            cap = HEADROOM * gb * 1e9
+        for gib in DEVICES_GIB:
+            cap = HEADROOM * gib * 2**30
             cells.append("yes" if off["total_bytes"] <= cap else "with ckpt" if on["total_bytes"] <= cap else "no")
         table.append([off["model"], f"{off['parameters'] / 1e9:.2f} B", off["precision"],
                       f"{off['backbone_bytes'] / 2**30:.2f}",

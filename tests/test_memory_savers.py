@@ -40,7 +40,7 @@ def _data(kind: str, n: int = 16) -> Encoded:
     return Encoded(ids, labels)
 
 
-def _train(name: str, kind: str, method: str, **train) -> tuple[dict[str, np.ndarray], object]:
+def _train(name: str, kind: str, method: str, n: int = 16, **train) -> tuple[dict[str, np.ndarray], object]:
     tok = registry.load_tokenizer(name)
     model = registry.load_model(name, kind, num_labels=2, tokenizer=tok, seed=1)
     if train.pop("checkpointing", False):
@@ -52,7 +52,7 @@ def _train(name: str, kind: str, method: str, **train) -> tuple[dict[str, np.nda
     cfg = TrainConfig(length_grouping=False, max_grad_norm=None, optimizer="sgd", lr=0.5, **train)
     trainer = LocalTrainer(cfg, device=torch.device("cpu"), pad_id=tok.pad_token_id, flops_sample_steps=0)
     torch.manual_seed(0)
-    result = trainer.train(tuned, _data(kind), np.random.default_rng(3))
+    result = trainer.train(tuned, _data(kind, n), np.random.default_rng(3))
     return tuned.state(), result
 
 
@@ -72,6 +72,17 @@ def test_accumulated_micro_batches_take_the_large_batch_step(name, kind, method)
     for k in large:
         np.testing.assert_allclose(accumulated[k], large[k], rtol=1e-4, atol=1e-6)
     assert max(float(np.abs(per_micro[k] - large[k]).max()) for k in large) > 1e-4
+
+
+@pytest.mark.parametrize("name, kind", [("tiny-bert", "classification"), ("tiny-llama", "causal")])
+def test_an_uneven_last_group_is_weighted_like_the_large_batch(name, kind):
+    """14 examples: a step of 12 then one of 2, as batches of 12 and as 4 x 3 accumulated (the last group a
+    single micro-batch of 2): the loss of each step is the mean over its own examples (or target tokens)."""
+    large, r_large = _train(name, kind, "lora", n=14, batch_size=12)
+    accumulated, r_acc = _train(name, kind, "lora", n=14, batch_size=4, gradient_accumulation_steps=3)
+    assert r_large.steps == r_acc.steps == 2 and r_acc.examples == 14
+    for k in large:
+        np.testing.assert_allclose(accumulated[k], large[k], rtol=1e-4, atol=1e-6)
 
 
 def test_local_steps_count_optimizer_steps_under_accumulation():

@@ -94,7 +94,7 @@ def test_without_bitsandbytes_the_error_names_the_extra(monkeypatch):
 
 
 def test_place_on_moves_only_what_is_elsewhere():
-    from fedpeft.runtime.setup import place_on
+    from fedpeft.models.registry import place_on
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
     model[1].register_buffer("seen", torch.zeros(2))

@@ -89,7 +89,9 @@ def load_adapter(directory: str | Path, *, base_model: str | None = None, dtype:
                 raise StateError(f"{str(directory)!r} has no {FEDPEFT_ADAPTER_FILE} for its {method} weights")
             tuned.load_state(load_file(str(weights)))
             model = tuned.module
-    if not meta.get("quantization"):  # a quantized backbone was loaded onto the device
+    if meta.get("quantization"):  # the quantized backbone was loaded onto the device; the method's tensors follow
+        registry.place_on(model, torch.device(device))
+    else:
         model.to(device)
     model.eval()
     return LoadedAdapter(model, tokenizer, meta)

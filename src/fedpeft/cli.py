@@ -327,7 +327,7 @@ def cmd_model(args: argparse.Namespace) -> int:
              "hidden": shape.hidden, "feed_forward": shape.intermediate, "encoder_decoder": shape.encoder_decoder,
              "task_head": kind, "num_labels": args.num_labels if kind == "classification" else None,
              "tokens": args.tokens, "sparsity": args.sparsity}
-    memory = _memory_rows(args, config, kind, {r.method: r for r in rows}) if args.memory else None
+    memory = _memory_rows(args, config, kind, task, {r.method: r for r in rows}) if args.memory else None
     if args.json:
         print(json.dumps({**about, "methods": [r.as_dict() for r in rows], "not_available": skipped,
                           **({"memory": memory} if memory is not None else {})}, indent=2))
@@ -366,23 +366,33 @@ def cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _memory_rows(args: argparse.Namespace, config, kind: str, rows: dict) -> list[dict]:
+def _memory_rows(args: argparse.Namespace, config, kind: str, kind_task: str, rows: dict) -> list[dict]:
     """One client's estimated training memory per method, precision and checkpointing (models/memory.py)."""
     from fedpeft.models.memory import PRECISIONS, estimate_training
 
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size {args.batch_size}: give the sequences of one training step (at least 1)")
     out = []
+    as_config = {"float32": ["model.dtype=float32"], "bfloat16": ["model.dtype=bfloat16"],
+                 "int8": ["model.quantization={bits: 8}"], "nf4": ["model.quantization={bits: 4}"]}
     for method in rows:
-        opts = load_config(None, [f"peft={{method: {method}}}", *(f"peft.{k}={v}" for k, v in _peft_sets(args.set).items()
-                                                                 if k in _option_names(method))],
-                           plugins=args.plugin).peft
+        peft_sets = [f"peft={{method: {method}}}", *(f"peft.{k}={v}" for k, v in _peft_sets(args.set).items()
+                                                     if k in _option_names(method))]
+        opts = load_config(None, peft_sets, plugins=args.plugin).peft
         for precision in PRECISIONS:
             for checkpointing in (False, True):
+                try:  # a combination a run would refuse gets the run's reason, not a number
+                    load_config(None, [f"model.name={args.name}", f"task.type={kind_task}", *peft_sets,
+                                       *as_config[precision], f"train.gradient_checkpointing={checkpointing}"],
+                                plugins=args.plugin)
+                except ConfigError as exc:
+                    out.append({"method": method, "precision": precision, "gradient_checkpointing": checkpointing,
+                                "error": "refused: " + str(exc).split(": ", 1)[-1].splitlines()[0][:200]})
+                    continue
                 try:
                     est = estimate_training(args.name, config, opts, kind, precision, batch_size=args.batch_size,
                                             tokens=args.tokens, gradient_checkpointing=checkpointing,
-                                            compute_dtype="bfloat16", num_labels=args.num_labels)
+                                            num_labels=args.num_labels)
                 except (ValueError, RuntimeError, NotImplementedError) as exc:
                     out.append({"method": method, "precision": precision, "gradient_checkpointing": checkpointing,
                                 "error": str(exc).splitlines()[0][:200]})
@@ -393,22 +403,34 @@ def _memory_rows(args: argparse.Namespace, config, kind: str, rows: dict) -> lis
 
 def _print_memory(args: argparse.Namespace, memory: list[dict]) -> None:
     print(f"\none client's training memory, estimated (GiB; batch {args.batch_size} x {args.tokens} tokens, AdamW; "
-          "nf4: bf16 compute; without the allocator's slack and the CUDA context; see fedpeft.models.memory)")
+          "without the allocator's slack and the CUDA context; see fedpeft.models.memory)")
     header = ["method", "precision", "backbone", "trainable state", "activations (ckpt off / on)",
               "total (ckpt off / on)"]
-    lines = []
+    lines, reasons = [], []
+
+    def gib(row: dict, key: str, digits: int = 2) -> str:
+        if "error" in row:
+            reasons.append(f"{row['method']} {row['precision']} checkpointing "
+                           f"{'on' if row['gradient_checkpointing'] else 'off'}: {row['error']}")
+            return f"({len(reasons)})"
+        return f"{row[key] / 2**30:.{digits}f}"
+
     for i in range(0, len(memory), 2):
         off, on = memory[i], memory[i + 1]
-        if "error" in off or "error" in on:
-            lines.append([off["method"], off["precision"], "-", "-", "-", (off.get("error") or on.get("error"))])
+        first = off if "error" not in off else on
+        if "error" in off and "error" in on and off["error"] == on["error"]:
+            reasons.append(f"{off['method']} {off['precision']}: {off['error']}")
+            lines.append([off["method"], off["precision"], *[f"({len(reasons)})"] * 4])
             continue
-        lines.append([off["method"], off["precision"], f"{off['backbone_bytes'] / 2**30:.2f}",
-                      f"{off['trainable_state_bytes'] / 2**30:.3f}",
-                      f"{off['activation_bytes'] / 2**30:.2f} / {on['activation_bytes'] / 2**30:.2f}",
-                      f"{off['total_bytes'] / 2**30:.2f} / {on['total_bytes'] / 2**30:.2f}"])
+        lines.append([off["method"], off["precision"], gib(first, "backbone_bytes"),
+                      gib(first, "trainable_state_bytes", 3),
+                      f"{gib(off, 'activation_bytes')} / {gib(on, 'activation_bytes')}",
+                      " / ".join("-" if "error" in r else f"{r['total_bytes'] / 2**30:.2f}" for r in (off, on))])
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
     for line in [header, *lines]:
         print("  ".join(str(x).rjust(w) if i > 1 else str(x).ljust(w) for i, (x, w) in enumerate(zip(line, widths))))
+    for n, reason in enumerate(reasons, 1):
+        print(f"({n}) {reason}")
 
 
 def _gops(ops: float | None) -> str:

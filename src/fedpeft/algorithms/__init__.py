@@ -6,6 +6,7 @@ same function a plugin calls (``fedpeft.register_algorithm``).
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from fedpeft.algorithms.base import (
@@ -40,6 +41,10 @@ register_algorithm("fedprox", options=S.FedProxOptions, server=FedProxServer,
 register_algorithm("headprune", options=S.HeadPruneOptions, server=HeadPruneServer, client=HeadPruneClient)
 register_algorithm("fedpeptao", options=S.FedPepTAOOptions, server=FedPepTAOServer, client=FedPepTAOClient)
 register_algorithm("fedsp", options=S.FedSPOptions, server=FedSPServer, client=FedSPClient)
+# the federated LoRA methods register themselves through the public API (import fedpeft) when imported
+importlib.import_module("fedpeft.algorithms.lora.ffa")
+importlib.import_module("fedpeft.algorithms.lora.fedsa")
+importlib.import_module("fedpeft.algorithms.lora.hetero")
 
 
 def make_server(options: Any, initial_state, *, num_clients: int, clients_per_round: int, seed: int,

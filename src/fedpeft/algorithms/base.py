@@ -152,12 +152,17 @@ class ServerAlgorithm(ABC):
     def validate(self, rnd: int, payload: Payload) -> None:
         check_update(payload, self.expected, rnd)
 
+    def validate_from(self, rnd: int, client: int, payload: Payload) -> None:
+        """Check the update that ``client`` sent; by default :meth:`validate`. Override it where what a client
+        may send depends on the client (e.g. heterogeneous LoRA ranks)."""
+        self.validate(rnd, payload)
+
     def accept(self, rnd: int, updates: dict[int, Payload]) -> tuple[dict[int, Payload], dict[int, str]]:
         """Split updates into accepted and rejected (client -> reason); rejections are logged."""
         ok, rejected = {}, {}
         for cid, p in updates.items():
             try:
-                self.validate(rnd, p)
+                self.validate_from(rnd, cid, p)
                 ok[cid] = p
             except UpdateRejected as exc:
                 rejected[cid] = str(exc)

@@ -20,6 +20,7 @@ from fedpeft.algorithms.base import (
     UpdateRejected,
     check_arrays,
 )
+from fedpeft.algorithms.lora.factors import aggregation_error, lora_pairs
 from fedpeft.algorithms.privacy import PrivateMean, clip, l2_norm
 from fedpeft.wire import Payload
 
@@ -30,6 +31,7 @@ class FedAvgServer(ServerAlgorithm):
         dp = getattr(options, "dp", None)
         self.private = (PrivateMean(dp, num_clients=self.num_clients, clients_per_round=self.clients_per_round)
                         if dp is not None else None)
+        self.lora_pairs = lora_pairs(self.global_state)  # LoRA factors, when the PEFT method is LoRA
 
     def validate(self, rnd: int, payload: Payload) -> None:
         super().validate(rnd, payload)
@@ -82,7 +84,12 @@ class FedAvgServer(ServerAlgorithm):
             return {"update_norm": 0.0}
         d = self.pseudo_gradient(updates)
         self.step(d)
-        return {"update_norm": l2_norm(d)}
+        out = {"update_norm": l2_norm(d)}
+        if self.lora_pairs and self.private is None:  # under DP the clients' own updates are not reported on
+            ids = sorted(updates)
+            out["lora_aggregation_error"] = aggregation_error(
+                [updates[c].arrays for c in ids], [updates[c].meta["num_examples"] for c in ids], self.lora_pairs)
+        return out
 
     def aggregate_mean(self, rnd: int, mean_update: dict[str, np.ndarray]) -> dict[str, float]:
         if self.private is not None:

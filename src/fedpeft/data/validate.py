@@ -181,6 +181,10 @@ def _messages(messages: Any) -> str | None:
             missing = "role" if "role" not in message else "content"
             return (f"{key} has no {missing!r} (keys: {', '.join(sorted(map(str, message))) or 'none'}); give every "
                     "message a role (system, user or assistant) and a content")
+        extra = sorted(map(str, set(message) - {"role", "content"}))
+        if extra:
+            return (f"{key} has {', '.join(repr(k) for k in extra)} besides role and content; fedpeft formats a "
+                    "message from its role and content only and trains every assistant turn: remove the other keys")
         role = message["role"]
         if role not in ROLES:
             return (f"{key}.role is {show(role)}, not one of {', '.join(ROLES)}; rename the roles (e.g. human -> user, "

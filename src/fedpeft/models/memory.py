@@ -146,15 +146,28 @@ class TrainingMemory:
 
 
 def _with_layers(config, layers: int):
+    """``config`` with ``layers`` layers in each stack (an encoder-decoder: that many in both)."""
     config = copy.deepcopy(config)
     config.num_hidden_layers = layers
-    for name in ("num_layers", "n_layer", "num_decoder_layers"):  # other families' spellings
+    for name in ("num_layers", "n_layer", "num_decoder_layers", "encoder_layers", "decoder_layers"):
         if hasattr(config, name):
             setattr(config, name, layers)
     return config
 
 
+def _stacks(config) -> int:
+    """2 for an encoder-decoder (a "layer" of the estimate is one encoder and one decoder layer), else 1."""
+    return 2 if getattr(config, "is_encoder_decoder", False) else 1
+
+
 def _layer_count(config) -> int:
+    if _stacks(config) == 2:
+        depths = {getattr(config, n) for n in ("encoder_layers", "decoder_layers", "num_layers", "num_decoder_layers")
+                  if isinstance(getattr(config, n, None), int)}
+        if len(depths) != 1:
+            raise ValueError(f"{type(config).__name__}: the estimate assumes an encoder and a decoder of one depth, "
+                             f"got {sorted(depths)}")
+        return depths.pop()
     for name in ("num_hidden_layers", "num_layers", "n_layer"):
         if isinstance(getattr(config, name, None), int):
             return getattr(config, name)
@@ -162,18 +175,19 @@ def _layer_count(config) -> int:
 
 
 def estimate_training(name: str, config, method_opts, kind: str, precision: str, *, batch_size: int, tokens: int,
-                      gradient_checkpointing: bool = False, compute_dtype: str = "float32",
-                      double_quant: bool = True, optimizer_states: int = 2, num_labels: int = 2) -> TrainingMemory:
+                      gradient_checkpointing: bool = False, double_quant: bool = True, optimizer_states: int = 2, num_labels: int = 2) -> TrainingMemory:
     """One client's training memory for the PEFT method ``method_opts`` (registered options) on ``config`` in
-    ``precision`` (see the module's docstring). Activations are in bfloat16 for ``bfloat16``, in
-    ``compute_dtype`` for ``nf4`` and in float32 otherwise; the method's tensors, their gradients and optimizer
+    ``precision`` (see the module's docstring). Activations are in bfloat16 for ``bfloat16`` and in float32
+    otherwise: under a quantized backbone fedpeft's k-bit preparation keeps embeddings, norms and the head in
+    float32 and the quantized layers return their input's dtype, so only the inputs those layers save are in
+    the compute dtype; with a bfloat16 compute dtype this is an upper bound. The method's tensors, their gradients and optimizer
     moments in float32 in every precision (as fedpeft trains them: ``model.dtype``)."""
     from fedpeft.models.architectures import build_on_meta
     from fedpeft.tuners import apply_tuner
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
-    act_dtype = {"bfloat16": "bfloat16", "nf4": compute_dtype}.get(precision, "float32")
+    act_dtype = "bfloat16" if precision == "bfloat16" else "float32"
 
     def tuned(layers: int | None):
         model = build_on_meta(config if layers is None else _with_layers(config, layers), kind, num_labels)
@@ -199,7 +213,7 @@ def estimate_training(name: str, config, method_opts, kind: str, precision: str,
     layers = _layer_count(config)
     if gradient_checkpointing:
         hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None) or config.n_embd
-        layer_input = batch_size * tokens * hidden * _ELEMENT_BYTES[act_dtype]
+        layer_input = _stacks(config) * batch_size * tokens * hidden * _ELEMENT_BYTES[act_dtype]
         activations = outside + layers * layer_input + per_layer
     else:
         activations = outside + layers * per_layer

@@ -316,3 +316,15 @@ def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dty
     if getattr(model.config, "pad_token_id", None) is None and tokenizer is not None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def place_on(module: torch.nn.Module, device: torch.device) -> None:
+    """Move every parameter and buffer of ``module`` that is not on ``device`` there, leaving those that are
+    in place (a quantized layer cannot be moved with ``.to``, and need not be: it loaded on the device)."""
+    def elsewhere(t: torch.Tensor) -> bool:
+        return t.device.type != device.type or (device.index is not None and t.device.index != device.index)
+
+    for sub in module.modules():
+        own = [*sub.parameters(recurse=False), *sub.buffers(recurse=False)]
+        if any(elsewhere(t) for t in own):  # torch's own conversion (keeps parameters shared between modules)
+            sub._apply(lambda t: t.to(device) if elsewhere(t) else t, recurse=False)

@@ -182,7 +182,7 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     if quantization is None:
         tuned.module.to(device)
     else:  # the quantized backbone was placed when it loaded; the method's new tensors may not be
-        place_on(tuned.module, device)
+        registry.place_on(tuned.module, device)
     shape = model_shape(mconfig)
     options = cfg.peft.model_dump()
     rows = registered_peft_method(cfg.peft.method).analytic_ops
@@ -198,18 +198,6 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     prefix = prefix_layout(tuned) if needs.prefix_layout else None
     return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout, prefix,
                       server_part)
-
-
-def place_on(module: torch.nn.Module, device: torch.device) -> None:
-    """Move every parameter and buffer of ``module`` that is not on ``device`` there, leaving those that are
-    in place (a quantized layer cannot be moved with ``.to``, and need not be: it loaded on the device)."""
-    def elsewhere(t: torch.Tensor) -> bool:
-        return t.device.type != device.type or (device.index is not None and t.device.index != device.index)
-
-    for sub in module.modules():
-        own = [*sub.parameters(recurse=False), *sub.buffers(recurse=False)]
-        if any(elsewhere(t) for t in own):  # torch's own conversion (keeps parameters shared between modules)
-            sub._apply(lambda t: t.to(device) if elsewhere(t) else t, recurse=False)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:

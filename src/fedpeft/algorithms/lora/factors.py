@@ -1,0 +1,123 @@
+"""Pure maths over LoRA factors held as named arrays (no torch, no runtime).
+
+HF PEFT names a LoRA module's factors ``<module>.lora_A.<adapter>.weight`` (shape ``(r, in)``) and
+``<module>.lora_B.<adapter>.weight`` (shape ``(out, r)``); the module's update is ``s * B @ A`` with the
+constant scale ``s = alpha / r``. Every function here leaves ``s`` out: it is the same for all clients of
+a run (heterogeneous ranks keep the configured rank's scale, see :mod:`fedpeft.algorithms.lora.hetero`), so
+it changes no aggregate and cancels from every relative error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Arrays = dict[str, np.ndarray]
+A_MARK, B_MARK = ".lora_A.", ".lora_B."
+
+
+@dataclass(frozen=True)
+class LoraPair:
+    """One adapted module: its name and the names of its A (r x in) and B (out x r) factors."""
+
+    module: str
+    a: str
+    b: str
+
+
+def lora_pairs(names: Iterable[str]) -> list[LoraPair]:
+    """The LoRA modules among ``names``, sorted; raises ValueError if an A has no B or the other way round."""
+    a_of: dict[str, str] = {}
+    b_of: dict[str, str] = {}
+    for name in names:
+        for mark, table in ((A_MARK, a_of), (B_MARK, b_of)):
+            if mark in name:
+                table[name.replace(mark, ".lora_?.")] = name
+    unpaired = sorted(set(a_of) ^ set(b_of))
+    if unpaired:
+        raise ValueError(f"LoRA factor without its partner: {unpaired[0]!r}")
+    return [LoraPair(key.split(".lora_?.")[0], a_of[key], b_of[key]) for key in sorted(a_of)]
+
+
+def factor_names(pairs: Sequence[LoraPair]) -> tuple[set[str], set[str]]:
+    """(names of the A factors, names of the B factors)."""
+    return {p.a for p in pairs}, {p.b for p in pairs}
+
+
+def _normalised(weights: Sequence[float]) -> np.ndarray:
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or np.any(w < 0) or w.sum() <= 0:
+        raise ValueError(f"weights must be non-negative with a positive sum, got {list(w)}")
+    return w / w.sum()
+
+
+def _sq_norm_of_sum(terms: Sequence[tuple[float, np.ndarray, np.ndarray]]) -> float:
+    """||sum_j c_j B_j A_j||_F^2 from r x r Gram matrices, without forming any out x in product:
+    sum_jk c_j c_k tr((B_j^T B_k)(A_k A_j^T))."""
+    total = 0.0
+    for cj, bj, aj in terms:
+        for ck, bk, ak in terms:
+            total += cj * ck * float(np.sum((bj.T @ bk) * (aj @ ak.T)))
+    return max(total, 0.0)
+
+
+def product_norm(b: np.ndarray, a: np.ndarray) -> float:
+    """||B A||_F, from the r x r Gram matrices."""
+    return float(np.sqrt(_sq_norm_of_sum([(1.0, np.asarray(b, dtype=np.float64), np.asarray(a, dtype=np.float64))])))
+
+
+def aggregation_error(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float],
+                      pairs: Sequence[LoraPair]) -> float:
+    """||sum_i w_i B_i A_i - (sum_i w_i B_i)(sum_i w_i A_i)||_F / ||sum_i w_i B_i A_i||_F over all modules
+    (weights normalised to sum 1): how far averaging A and B separately lands from averaging the clients'
+    updates. 0 when the denominator is 0 (no client moved B off zero)."""
+    w = _normalised(weights)
+    err = ref = 0.0
+    for p in pairs:
+        bs = [np.asarray(s[p.b], dtype=np.float64) for s in states]
+        as_ = [np.asarray(s[p.a], dtype=np.float64) for s in states]
+        a_mean = sum(wi * a for wi, a in zip(w, as_))
+        ref += _sq_norm_of_sum([(float(wi), b, a) for wi, b, a in zip(w, bs, as_)])
+        # sum_i w_i B_i A_i - (sum_i w_i B_i) A_mean = sum_i w_i B_i (A_i - A_mean): exactly 0 for a shared A
+        err += _sq_norm_of_sum([(float(wi), b, a - a_mean) for wi, b, a in zip(w, bs, as_)])
+    return float(np.sqrt(err / ref)) if ref > 0 else 0.0
+
+
+def pad_rank(factor: np.ndarray, rank: int, *, is_a: bool) -> np.ndarray:
+    """A factor of a smaller rank zero-padded to ``rank`` (A: rows appended, B: columns appended)."""
+    have = factor.shape[0] if is_a else factor.shape[1]
+    if have > rank:
+        raise ValueError(f"cannot pad a rank-{have} factor to rank {rank}")
+    width = ((0, rank - have), (0, 0)) if is_a else ((0, 0), (0, rank - have))
+    return np.pad(factor, width).astype(np.float32)
+
+
+def truncate_rank(factor: np.ndarray, rank: int, *, is_a: bool) -> np.ndarray:
+    """The first ``rank`` components of a factor (A: its first rows, B: its first columns)."""
+    return np.ascontiguousarray(factor[:rank] if is_a else factor[:, :rank]).astype(np.float32)
+
+
+def svd_factors(product: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best rank-``rank`` factorisation (B, A) of ``product`` (out x in) in the Frobenius norm (Eckart-Young):
+    with product = U S V^T, B = U_r sqrt(S_r) and A = sqrt(S_r) V_r^T, so B @ A = U_r S_r V_r^T. The singular
+    values are split evenly between the factors so neither dominates the other's learning rate."""
+    u, s, vt = np.linalg.svd(np.asarray(product, dtype=np.float64), full_matrices=False)
+    k = min(rank, s.size)
+    root = np.sqrt(s[:k])
+    b = np.zeros((product.shape[0], rank))
+    a = np.zeros((rank, product.shape[1]))
+    b[:, :k] = u[:, :k] * root
+    a[:k] = root[:, None] * vt[:k]
+    return b.astype(np.float32), a.astype(np.float32)
+
+
+def weighted_product(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float],
+                     pair: LoraPair) -> np.ndarray:
+    """sum_i w_i B_i A_i (weights normalised), in float64."""
+    w = _normalised(weights)
+    out = np.zeros((states[0][pair.b].shape[0], states[0][pair.a].shape[1]))
+    for wi, s in zip(w, states):
+        out += wi * (np.asarray(s[pair.b], dtype=np.float64) @ np.asarray(s[pair.a], dtype=np.float64))
+    return out

@@ -1,0 +1,85 @@
+"""FedSA-LoRA (Guo et al., "Selective Aggregation for Low-Rank Adaptation in Federated Learning", ICLR 2025).
+
+The A factors (and the task head) are shared and averaged; each client keeps its own B, which never leaves
+it. A client's B lives in its per-client state (``ctx.state``, as FedPepTAO keeps its personal prompt
+layers): one float32 copy of B per client that has trained. Until the server has accepted an update of a
+client, it sends that client the initial B (the seeded initialisation, zeros for LoRA) with the shared part;
+a client trains on its own B whenever it has one.
+
+The global model the server evaluates is the shared part with the initial B; the method's own score is
+each client's model with its B (``eval.personalized``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import fedpeft
+from fedpeft.algorithms.lora.common import (
+    LoraFedAvgOptions,
+    mean_step,
+    pairs_in,
+    round_meta,
+)
+
+NAME = "fedsa_lora"
+KEPT = "lora_B"  # ctx.state key of the client's own B factors
+
+
+class FedSaLoraOptions(LoraFedAvgOptions):
+    """algorithm: {name: fedsa_lora, server_lr: 1.0}: LoRA with A and the head federated, B personal."""
+
+    name: Literal["fedsa_lora"] = "fedsa_lora"
+
+
+class FedSaLoraServer(fedpeft.ServerAlgorithm):
+    state_attrs = ("global_state", "served")
+
+    def __init__(self, options: FedSaLoraOptions, initial_state: Any, **kwargs: Any):
+        super().__init__(options, initial_state, **kwargs)
+        self.kept = {p.b for p in pairs_in(self.global_state, NAME)}
+        self.shared = {k: spec for k, spec in self.expected.items() if k not in self.kept}
+        self.served: list[int] = []  # clients whose update was accepted, so they hold a B of their own
+
+    def configure(self, rnd: int, clients: list[int]) -> dict[int, fedpeft.Payload]:
+        shared = {k: self.global_state[k] for k in self.shared}
+        out = {}
+        for c in clients:
+            first = c not in self.served
+            arrays = {**shared, **{k: self.global_state[k] for k in self.kept}} if first else shared
+            out[c] = fedpeft.Payload(arrays, {"round": rnd, "client": c})
+        return out
+
+    def validate(self, rnd: int, payload: fedpeft.Payload) -> None:
+        fedpeft.check_update(payload, self.shared, rnd)  # a B in the update is refused as unknown
+
+    def aggregate(self, rnd: int, updates: dict[int, fedpeft.Payload]) -> dict[str, float]:
+        if not updates:
+            return {"update_norm": 0.0}
+        self.served = sorted(set(self.served) | set(updates))
+        self.global_state, norm = mean_step(self.global_state, updates, self.shared, self.options.server_lr)
+        return {"update_norm": norm}
+
+
+class FedSaLoraClient(fedpeft.ClientAlgorithm):
+    def __init__(self, options: FedSaLoraOptions):
+        self.options = options
+
+    def fit(self, payload: fedpeft.Payload, ctx: fedpeft.ClientContext) -> fedpeft.Payload:
+        kept_names = {p.b for p in pairs_in(ctx.tuned.params, NAME)}
+        shared = {k: v for k, v in payload.arrays.items() if k not in kept_names}
+        kept = ctx.state.get(KEPT)  # its own B, when it has trained before
+        if kept is None:
+            if not kept_names <= set(payload.arrays):
+                raise ValueError(f"fedsa_lora: client {ctx.client_id} holds no LoRA B of its own (its state was "
+                                 "lost, e.g. a restarted client process) and the server no longer sends the "
+                                 "initial B to it; it cannot rejoin this run")
+            kept = {k: payload.arrays[k] for k in kept_names}
+        ctx.tuned.load_state({**shared, **kept})
+        result = ctx.train()
+        state = ctx.tuned.state()
+        ctx.state[KEPT] = {k: state[k] for k in kept_names}
+        return fedpeft.Payload({k: state[k] for k in shared}, round_meta(payload, ctx, result))
+
+
+fedpeft.register_algorithm(NAME, options=FedSaLoraOptions, server=FedSaLoraServer, client=FedSaLoraClient)

@@ -1,0 +1,264 @@
+"""Federated LoRA methods (ffa_lora, fedsa_lora, hetlora, flexlora): the factor maths against hand-computed
+matrices, the servers on hand-made updates, and runs on a tiny model that inspect what travels."""
+
+import numpy as np
+import pytest
+from helpers import crash_at_round, tiny_config, without_timings
+
+from fedpeft import checkpoint
+from fedpeft.algorithms import make_server
+from fedpeft.algorithms.lora.factors import (
+    aggregation_error,
+    lora_pairs,
+    pad_rank,
+    svd_factors,
+    truncate_rank,
+)
+from fedpeft.algorithms.lora.hetero import FlexLoraOptions, HetLoraOptions, RankGroup, assign_ranks
+from fedpeft.config import ConfigError
+from fedpeft.rundir import read_metrics
+from fedpeft.runtime.embedded import EmbeddedRuntime
+from fedpeft.wire import Payload
+
+A, B = "m.lora_A.default.weight", "m.lora_B.default.weight"
+
+
+def test_aggregation_error_by_hand():
+    # B1 A1 = 1*2 = 2, B2 A2 = 3*4 = 12: the mean update is 7, the product of the means 2 * 3 = 6
+    states = [{A: np.array([[2.0]]), B: np.array([[1.0]])}, {A: np.array([[4.0]]), B: np.array([[3.0]])}]
+    pairs = lora_pairs([A, B, "classifier.weight"])
+    assert [(p.module, p.a, p.b) for p in pairs] == [("m", A, B)]
+    assert aggregation_error(states, [1, 1], pairs) == pytest.approx(1 / 7)
+    # weights 3:1: exact 0.75*2 + 0.25*12 = 4.5, product of means (0.75*1+0.25*3)(0.75*2+0.25*4) = 1.5*2.5 = 3.75
+    assert aggregation_error(states, [3, 1], pairs) == pytest.approx(0.75 / 4.5)
+    # one A for everyone (FFA-LoRA): exact
+    shared = [{A: np.array([[2.0, 1.0]]), B: np.array([[1.0], [5.0]])}, {A: np.array([[2.0, 1.0]]), B: np.array([[3.0], [-1.0]])}]
+    assert aggregation_error(shared, [1, 2], pairs) == pytest.approx(0.0, abs=1e-12)
+    # larger random factors: the Gram-matrix formula equals the explicit products
+    rng = np.random.default_rng(0)
+    big = [{A: rng.normal(size=(3, 7)), B: rng.normal(size=(5, 3))} for _ in range(4)]
+    w = np.array([1.0, 2.0, 3.0, 4.0]) / 10
+    exact = sum(wi * s[B] @ s[A] for wi, s in zip(w, big))
+    naive = sum(wi * s[B] for wi, s in zip(w, big)) @ sum(wi * s[A] for wi, s in zip(w, big))
+    assert aggregation_error(big, [1, 2, 3, 4], pairs) == pytest.approx(
+        np.linalg.norm(exact - naive) / np.linalg.norm(exact), rel=1e-10)
+    with pytest.raises(ValueError, match="without its partner"):
+        lora_pairs([A])
+
+
+def test_padding_truncation_and_svd_truncation():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.arange(8, dtype=np.float32).reshape(4, 2)
+    pa, pb = pad_rank(a, 4, is_a=True), pad_rank(b, 4, is_a=False)
+    assert pa.shape == (4, 3) and not pa[2:].any() and pb.shape == (4, 4) and not pb[:, 2:].any()
+    assert np.array_equal(pb @ pa, b @ a)  # zero components add nothing
+    assert np.array_equal(truncate_rank(pa, 2, is_a=True), a) and np.array_equal(truncate_rank(pb, 2, is_a=False), b)
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(6, 5))
+    s = np.linalg.svd(w, compute_uv=False)
+    for r in (1, 2, 4):  # Eckart-Young: the error of the best rank-r factorisation is the tail of the spectrum
+        fb, fa = svd_factors(w, r)
+        assert fb.shape == (6, r) and fa.shape == (r, 5)
+        assert np.linalg.norm(w - fb.astype(np.float64) @ fa) == pytest.approx(np.sqrt(np.sum(s[r:] ** 2)), rel=1e-5)
+    low = rng.normal(size=(6, 2)) @ rng.normal(size=(2, 5))  # rank 2: rank 3 factors reproduce it exactly
+    fb, fa = svd_factors(low, 3)
+    assert np.allclose(fb @ fa, low, atol=1e-5) and np.allclose(fa[2], 0, atol=1e-6)
+    # transposition check: the factors' shapes follow LoRA's (B: out x r, A: r x in) for a non-square product
+    fb, fa = svd_factors(rng.normal(size=(2, 9)), 2)
+    assert fb.shape == (2, 2) and fa.shape == (2, 9)
+
+
+def test_ranks_are_assigned_by_share_seeded_and_overridable():
+    groups = [RankGroup(rank=4, share=1 / 3), RankGroup(rank=8, share=1 / 3), RankGroup(rank=16, share=1 / 3)]
+    ranks = assign_ranks(10, groups, seed=7)
+    assert sorted(ranks) == [4] * 4 + [8] * 3 + [16] * 3  # 3.33 each: the leftover client to the first group
+    assert ranks == assign_ranks(10, groups, seed=7) and ranks != assign_ranks(10, groups, seed=8)
+    assert assign_ranks(10, groups, seed=7, explicit={0: 2})[0] == 2
+
+
+def hetero_server(options, initial, ranks_of):
+    server = make_server(options, initial, num_clients=len(ranks_of), clients_per_round=len(ranks_of), seed=0)
+    server.ranks = list(ranks_of)
+    return server
+
+
+def initial_state(rank=2, out=3, inp=2):
+    return {A: np.zeros((rank, inp), np.float32), B: np.zeros((out, rank), np.float32),
+            "classifier.weight": np.zeros((2, 2), np.float32)}
+
+
+def update(rnd, arrays, n):
+    return Payload({k: np.asarray(v, np.float32) for k, v in arrays.items()}, {"round": rnd, "num_examples": n})
+
+
+def test_hetlora_zero_pads_and_averages_by_hand():
+    opts = HetLoraOptions(rank_groups=[RankGroup(rank=2, share=1.0)], weighting="examples")
+    server = hetero_server(opts, initial_state(), [1, 2])
+    payloads = server.configure(1, [0, 1])
+    assert payloads[0].arrays[A].shape == (1, 2) and payloads[1].arrays[A].shape == (2, 2)
+    assert payloads[0].meta["rank"] == 1
+    u0 = update(1, {A: [[1, 2]], B: [[1], [0], [2]], "classifier.weight": np.ones((2, 2))}, 1)
+    u1 = update(1, {A: [[3, 4], [5, 6]], B: [[1, 1], [1, 1], [1, 1]], "classifier.weight": np.zeros((2, 2))}, 3)
+    ok, rejected = server.accept(1, {0: u0, 1: u1})
+    assert set(ok) == {0, 1} and not rejected
+    ok, rejected = server.accept(1, {0: u1})  # a rank-1 client sending rank-2 factors
+    assert not ok and "shape" in rejected[0]
+    metrics = server.aggregate(1, {0: u0, 1: u1})
+    g = server.global_state
+    assert np.allclose(g[A], [[0.25 * 1 + 0.75 * 3, 0.25 * 2 + 0.75 * 4], [0.75 * 5, 0.75 * 6]])
+    assert np.allclose(g[B], [[1, 0.75], [0.75, 0.75], [1.25, 0.75]])
+    assert np.allclose(g["classifier.weight"], 0.25)
+    assert metrics["lora_aggregation_error"] > 0
+    # norm weighting: client 0's update B A has norm sqrt(1+4+4+16)=5, client 1's has norm ||[1,1]^T [8,10]||
+    server = hetero_server(HetLoraOptions(rank_groups=[RankGroup(rank=2, share=1.0)]), initial_state(), [1, 2])
+    server.aggregate(1, {0: u0, 1: u1})
+    n0, n1 = 5.0, np.linalg.norm(np.ones((3, 1)) @ np.array([[8.0, 10.0]]))
+    assert np.allclose(server.global_state[A][1], n1 / (n0 + n1) * np.array([5, 6]), rtol=1e-6)
+
+
+def test_flexlora_gives_every_client_the_best_factorisation_at_its_rank():
+    rng = np.random.default_rng(3)
+    opts = FlexLoraOptions(rank_groups=[RankGroup(rank=3, share=1.0)])
+    init = initial_state(rank=3, out=5, inp=4)
+    server = hetero_server(opts, init, [1, 2, 3])
+    ups = {}
+    for c, r in enumerate([1, 2, 3]):
+        ups[c] = update(1, {A: rng.normal(size=(r, 4)), B: rng.normal(size=(5, r)), "classifier.weight": np.ones((2, 2))},
+                        c + 1)
+    metrics = server.aggregate(1, ups)
+    mean = sum(n * ups[c].arrays[B].astype(np.float64) @ ups[c].arrays[A] for c, n in zip(range(3), [1, 2, 3])) / 6
+    s = np.linalg.svd(mean, compute_uv=False)
+    g = server.global_state
+    assert np.linalg.norm(mean - g[B].astype(np.float64) @ g[A]) == pytest.approx(np.sqrt(np.sum(s[3:] ** 2)), abs=1e-5)
+    assert metrics["lora_aggregation_error"] == pytest.approx(np.sqrt(np.sum(s[3:] ** 2)) / np.linalg.norm(mean),
+                                                              rel=1e-4)
+    for c, r in enumerate([1, 2, 3]):  # each client's factors: the best rank-r approximation of the mean product
+        p = server.configure(2, [c])[c].arrays
+        assert p[A].shape == (r, 4) and p[B].shape == (5, r)
+        assert np.linalg.norm(mean - p[B].astype(np.float64) @ p[A]) == pytest.approx(np.sqrt(np.sum(s[r:] ** 2)),
+                                                                                       abs=1e-5)
+
+
+def test_the_methods_refuse_other_peft_methods_and_impossible_ranks():
+    with pytest.raises(ConfigError, match="peft.method: lora"):
+        tiny_config("algorithm.name=ffa_lora", "peft.method=ia3")
+    with pytest.raises(ConfigError, match="must lie in 1..peft.r"):
+        tiny_config("algorithm.name=hetlora", "peft.r=4", "algorithm.rank_groups=[{rank: 8, share: 1.0}]")
+    with pytest.raises(ConfigError, match="sum to 0.5"):
+        tiny_config("algorithm.name=flexlora", "algorithm.rank_groups=[{rank: 2, share: 0.5}]")
+    with pytest.raises(ConfigError, match="client 9 does not exist"):
+        tiny_config("algorithm.name=flexlora", "algorithm.rank_groups=[{rank: 2, share: 1}]",
+                    "algorithm.client_ranks={9: 2}")
+
+
+class Uploads:
+    """Record every decoded update the embedded runtime receives."""
+
+    def __init__(self, rt):
+        self.seen: dict[int, dict[int, Payload]] = {}
+        real = rt.run_client
+
+        def spy(rnd, cid, payload):
+            result = real(rnd, cid, payload)
+            self.seen.setdefault(rnd, {})[cid] = result[0]
+            return result
+
+        rt.run_client = spy
+
+
+@pytest.mark.needs_data
+def test_ffa_lora_keeps_a_bit_identical_and_sends_b_only_with_zero_error(tmp_path):
+    rt = EmbeddedRuntime(tiny_config("algorithm.name=ffa_lora", "federation.rounds=2", "peft.r=4"), tmp_path / "ffa")
+    a_names = [p.a for p in lora_pairs(rt.server.global_state)]
+    before = {k: rt.server.global_state[k].copy() for k in a_names}
+    uploads = Uploads(rt)
+    rt.run()
+    for k in a_names:  # on the server and in the model (which every client trained)
+        assert np.array_equal(rt.server.global_state[k], before[k])
+        assert np.array_equal(rt.exp.tuned.params[k].detach().numpy(), before[k])
+    for per_client in uploads.seen.values():
+        for p in per_client.values():
+            assert p is not None and not set(p.arrays) & set(a_names) and any(".lora_B." in k for k in p.arrays)
+    rows = [r for r in read_metrics(tmp_path / "ffa") if r["round"] > 0]
+    assert all(r["agg_lora_aggregation_error"] < 1e-6 for r in rows)
+    fedavg = EmbeddedRuntime(tiny_config("federation.rounds=2", "peft.r=4"), tmp_path / "avg")
+    fedavg.run()
+    avg_rows = [r for r in read_metrics(tmp_path / "avg") if r["round"] > 0]
+    assert all(r["agg_lora_aggregation_error"] > 1e-4 for r in avg_rows)
+    # A is half of LoRA's factors here (r x in = 4 x 32, B = 32 x 4): up- and download drop by that many floats
+    saved = 4 * sum(before[k].size for k in a_names)
+    assert avg_rows[0]["bytes_up_total"] - rows[0]["bytes_up_total"] >= 2 * saved
+    assert avg_rows[0]["bytes_down_total"] - rows[0]["bytes_down_total"] >= 2 * saved
+
+
+@pytest.mark.needs_data
+def test_fedsa_lora_b_never_leaves_a_client(tmp_path):
+    cfg = tiny_config("algorithm.name=fedsa_lora", "federation.rounds=3", "peft.r=4", "train.lr=0.01")
+    rt = EmbeddedRuntime(cfg, tmp_path / "sa")
+    b_names = {p.b for p in lora_pairs(rt.server.global_state)}
+    initial_b = {k: rt.server.global_state[k].copy() for k in b_names}
+    sent = {}
+    real_configure = rt.server.configure
+
+    def spy(rnd, clients):
+        sent[rnd] = real_configure(rnd, clients)
+        return sent[rnd]
+
+    rt.server.configure = spy
+    uploads = Uploads(rt)
+    rt.run()
+    for per_client in uploads.seen.values():
+        for p in per_client.values():
+            assert not set(p.arrays) & b_names and any(".lora_A." in k for k in p.arrays)
+    served = set()
+    for rnd in sorted(sent):
+        for c, p in sent[rnd].items():  # the initial B goes out only until the client's first update lands
+            assert (set(p.arrays) >= b_names) == (c not in served)
+        served |= set(uploads.seen[rnd])
+    for k in b_names:
+        assert np.array_equal(rt.server.global_state[k], initial_b[k])
+    kept = [rt.client_states[c]["lora_B"] for c in sorted(served)]
+    assert len(kept) >= 2 and all(np.abs(s[k]).sum() > 0 for s in kept for k in b_names)
+    assert not all(np.array_equal(kept[0][k], kept[1][k]) for k in b_names)  # personal, not shared
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("name", ["hetlora", "flexlora"])
+def test_heterogeneous_ranks_send_and_receive_at_each_clients_rank(name, tmp_path):
+    cfg = tiny_config(f"algorithm.name={name}", "peft.r=4", "federation.clients_per_round=4",
+                      "algorithm.rank_groups=[{rank: 1, share: 0.5}, {rank: 4, share: 0.5}]")
+    rt = EmbeddedRuntime(cfg, tmp_path / name)
+    uploads = Uploads(rt)
+    rt.run()
+    ranks = rt.server.ranks
+    assert sorted(ranks) == [1, 1, 4, 4]
+    rows = [r for r in read_metrics(tmp_path / name) if r["round"] > 0]
+    for r in rows:
+        assert r["client_rank"] == {str(c): ranks[c] for c in r["clients"]}
+        small = [c for c in r["clients"] if ranks[c] == 1]
+        large = [c for c in r["clients"] if ranks[c] == 4]
+        assert all(r["bytes_up"][str(s)] < r["bytes_up"][str(lg)] for s in small for lg in large)
+        assert all(r["bytes_down"][str(s)] < r["bytes_down"][str(lg)] for s in small for lg in large)
+        assert r["agg_lora_aggregation_error"] >= 0
+    for per_client in uploads.seen.values():
+        for c, p in per_client.items():
+            a = next(v for k, v in p.arrays.items() if ".lora_A." in k)
+            assert a.shape[0] == ranks[c]
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("algorithm", [
+    ["algorithm.name=ffa_lora"], ["algorithm.name=fedsa_lora"],
+    ["algorithm.name=hetlora", "algorithm.rank_groups=[{rank: 2, share: 0.5}, {rank: 4, share: 0.5}]"],
+    ["algorithm.name=flexlora", "algorithm.rank_groups=[{rank: 2, share: 0.5}, {rank: 4, share: 0.5}]"],
+])
+def test_resume_of_each_lora_method_ends_like_an_uninterrupted_run(algorithm, tmp_path, monkeypatch):
+    cfg = tiny_config(*algorithm, "peft.r=4", "federation.rounds=3", "peft.dropout=0.0")
+    EmbeddedRuntime(cfg, tmp_path / "full").run()
+    cut = EmbeddedRuntime(cfg, tmp_path / "cut")
+    crash_at_round(cut, monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        cut.run()
+    assert checkpoint.load(tmp_path / "cut")[0] == 2
+    EmbeddedRuntime.resume(tmp_path / "cut").run()
+    assert without_timings(read_metrics(tmp_path / "full")) == without_timings(read_metrics(tmp_path / "cut"))
