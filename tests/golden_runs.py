@@ -36,6 +36,8 @@ GOLDEN: dict[str, list[str]] = {
     "algorithm-fedsp": ["model.name=tiny-llama", *CHOICE, *FEDSP],
     "algorithm-ffa_lora": ["algorithm.name=ffa_lora"],
     "algorithm-fedsa_lora": ["algorithm.name=fedsa_lora"],
+    "algorithm-flora": ["algorithm.name=flora"],
+    "algorithm-fedex_lora": ["algorithm.name=fedex_lora"],
     "algorithm-hetlora": ["algorithm={name: hetlora, rank_groups: [{rank: 4, share: 0.5}, {rank: 16, share: 0.5}]}"],
     "algorithm-flexlora": ["algorithm={name: flexlora, rank_groups: [{rank: 4, share: 0.5}, {rank: 16, share: 0.5}]}"],
     "causal-lora": ["model.name=tiny-gpt2", "peft.method=lora", *LM],

@@ -102,7 +102,8 @@ def test_a_plugin_algorithm_runs_on_flower_like_embedded(deployment, tmp_path):
 @pytest.mark.parametrize("algorithm", [
     ["algorithm.name=hetlora", "algorithm.rank_groups=[{rank: 1, share: 0.5}, {rank: 4, share: 0.5}]"],
     ["algorithm.name=ffa_lora"],  # every ClientApp builds the same frozen A from the seed (checked by digest)
-    ["algorithm.name=fedsa_lora"],  # each client's B kept in its SuperNode's state between its rounds
+    ["algorithm.name=fedsa_lora", "eval.personalized=true"],  # B kept in the SuperNode; personalized scores
+    ["algorithm.name=flora"],  # each SuperNode merges the stacked rounds into its own backbone
 ])
 def test_federated_lora_methods_run_on_flower_like_embedded(algorithm, deployment, tmp_path):
     cfg = tiny_config(*algorithm, "peft.r=4", "federation.rounds=3", "federation.clients_per_round=3")

@@ -151,6 +151,19 @@ def test_the_methods_refuse_other_peft_methods_and_impossible_ranks():
                     "algorithm.client_ranks={9: 2}")
 
 
+def spy_configure(rt) -> dict[int, dict[int, Payload]]:
+    """Record every payload the server builds (round -> client -> payload)."""
+    sent: dict[int, dict[int, Payload]] = {}
+    real = rt.server.configure
+
+    def spy(rnd, clients):
+        sent[rnd] = real(rnd, clients)
+        return sent[rnd]
+
+    rt.server.configure = spy
+    return sent
+
+
 class Uploads:
     """Record every decoded update the embedded runtime receives."""
 
@@ -197,14 +210,7 @@ def test_fedsa_lora_b_never_leaves_a_client(tmp_path):
     rt = EmbeddedRuntime(cfg, tmp_path / "sa")
     b_names = {p.b for p in lora_pairs(rt.server.global_state)}
     initial_b = {k: rt.server.global_state[k].copy() for k in b_names}
-    sent = {}
-    real_configure = rt.server.configure
-
-    def spy(rnd, clients):
-        sent[rnd] = real_configure(rnd, clients)
-        return sent[rnd]
-
-    rt.server.configure = spy
+    sent = spy_configure(rt)
     uploads = Uploads(rt)
     rt.run()
     for per_client in uploads.seen.values():
@@ -251,6 +257,7 @@ def test_heterogeneous_ranks_send_and_receive_at_each_clients_rank(name, tmp_pat
     ["algorithm.name=ffa_lora"], ["algorithm.name=fedsa_lora"],
     ["algorithm.name=hetlora", "algorithm.rank_groups=[{rank: 2, share: 0.5}, {rank: 4, share: 0.5}]"],
     ["algorithm.name=flexlora", "algorithm.rank_groups=[{rank: 2, share: 0.5}, {rank: 4, share: 0.5}]"],
+    ["algorithm.name=flora"], ["algorithm.name=fedex_lora"],
 ])
 def test_resume_of_each_lora_method_ends_like_an_uninterrupted_run(algorithm, tmp_path, monkeypatch):
     cfg = tiny_config(*algorithm, "peft.r=4", "federation.rounds=3", "peft.dropout=0.0")
@@ -262,3 +269,87 @@ def test_resume_of_each_lora_method_ends_like_an_uninterrupted_run(algorithm, tm
     assert checkpoint.load(tmp_path / "cut")[0] == 2
     EmbeddedRuntime.resume(tmp_path / "cut").run()
     assert without_timings(read_metrics(tmp_path / "full")) == without_timings(read_metrics(tmp_path / "cut"))
+
+
+def test_a_fresh_process_knows_the_lora_methods_when_it_reads_a_config():
+    """The CLI and the Flower apps validate a config before anything imports the algorithms."""
+    import subprocess
+    import sys
+
+    code = ("from fedpeft.config import load_config; "
+            "print(load_config(None, ['algorithm.name=flexlora', 'peft.r=16']).algorithm.name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "flexlora"
+
+
+def test_stacking_is_the_weighted_sum_of_the_products():
+    rng = np.random.default_rng(5)
+    blocks = [(0.25, rng.normal(size=(6, 2)), rng.normal(size=(2, 5))), (0.75, rng.normal(size=(6, 3)),
+                                                                           rng.normal(size=(3, 5)))]
+    from fedpeft.algorithms.lora.factors import stack
+
+    b, a, err = stack(blocks)
+    assert b.shape == (6, 5) and a.shape == (5, 5)  # ranks 2 + 3 stacked
+    exact = sum(c * bb @ aa for c, bb, aa in blocks)
+    np.testing.assert_allclose(b.astype(np.float64) @ a, exact, rtol=1e-5, atol=1e-6)
+    assert np.allclose(b[:, :2], 0.25 * blocks[0][1]) and np.allclose(a[2:], blocks[1][2])  # not transposed
+    assert err == pytest.approx(np.linalg.norm(exact - b.astype(np.float64) @ a), rel=1e-3, abs=1e-12)
+    assert err < 1e-5 * np.linalg.norm(exact)
+
+
+def base_weights(tuned):
+    from fedpeft.algorithms.lora.factors import lora_pairs
+
+    return {p.module: tuned.module.get_submodule(p.module).base_layer.weight.detach().clone().numpy()
+            for p in lora_pairs(tuned.params)}
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("name", ["flora", "fedex_lora"])
+def test_merging_methods_make_the_global_model_the_exact_mean_of_the_clients(name, tmp_path):
+    cfg = tiny_config(f"algorithm.name={name}", "peft.r=4", "federation.rounds=1", "peft.dropout=0.0")
+    rt = EmbeddedRuntime(cfg, tmp_path / name)
+    before = base_weights(rt.exp.tuned)
+    uploads = Uploads(rt)
+    rt.run()
+    after = base_weights(rt.exp.tuned)
+    ups = uploads.seen[1]
+    ids = sorted(ups)
+    n = np.array([ups[c].meta["num_examples"] for c in ids], dtype=np.float64)
+    w = n / n.sum()
+    glob = rt.server.global_state
+    for p in lora_pairs(glob):
+        layer = rt.exp.tuned.module.get_submodule(p.module)
+        s = layer.scaling["default"]
+        exact = s * sum(wi * ups[c].arrays[p.b].astype(np.float64) @ ups[c].arrays[p.a] for wi, c in zip(w, ids))
+        effective = (after[p.module] - before[p.module]).astype(np.float64)
+        effective += s * glob[p.b].astype(np.float64) @ glob[p.a]  # FLoRA's global B is zero: adds nothing
+        np.testing.assert_allclose(effective, exact, rtol=1e-4, atol=1e-6)
+    row = read_metrics(tmp_path / name)[1]
+    assert row["agg_lora_aggregation_error"] < 1e-6
+    if name == "fedex_lora":
+        assert row["agg_lora_residual"] > 1e-4  # what FedAvg of A and B alone would have missed
+
+
+@pytest.mark.needs_data
+def test_flora_downloads_grow_with_the_rounds_a_client_missed(tmp_path):
+    cfg = tiny_config("algorithm.name=flora", "peft.r=4", "federation.rounds=4")
+    rt = EmbeddedRuntime(cfg, tmp_path / "flora")
+    sent = spy_configure(rt)
+    rt.run()
+    rows = read_metrics(tmp_path / "flora")
+    last_seen: dict[int, int] = {}
+    for r in rows[1:]:
+        rnd = r["round"]
+        for c in r["clients"]:
+            rounds = sent[rnd][c].meta["merge_rounds"]
+            assert rounds == list(range(last_seen.get(c, 0) + 1, rnd))  # every round since it last reported
+            assert not any(".lora_" in k and not k.startswith("merge/") for k in sent[rnd][c].arrays)
+            last_seen[c] = rnd - 1
+        sizes = {c: len(sent[rnd][c].meta["merge_rounds"]) for c in r["clients"]}
+        for a in r["clients"]:
+            for b in r["clients"]:
+                if sizes[a] > sizes[b]:
+                    assert r["bytes_down"][str(a)] > r["bytes_down"][str(b)]
+    with pytest.raises(ConfigError, match="frozen in 4 or 8 bits"):
+        tiny_config("algorithm.name=flora", "model.quantization={bits: 4}")

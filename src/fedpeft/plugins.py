@@ -89,8 +89,15 @@ def load_installed_plugins() -> list[str]:
     return names
 
 
+# importing it registers every built-in algorithm, among them the federated LoRA methods, which are plugins
+# written against the public API (fedpeft.algorithms.lora) like a user's
+BUILT_IN_ALGORITHMS = "fedpeft.algorithms"
+
+
 def load_plugins(specs: list[str]) -> None:
-    """Load the installed plugins, then each of ``specs`` (resolved specs, see :func:`resolve_plugin`)."""
+    """Load the built-in algorithms and the installed plugins, then each of ``specs`` (resolved specs, see
+    :func:`resolve_plugin`)."""
+    importlib.import_module(BUILT_IN_ALGORITHMS)
     load_installed_plugins()
     for spec in specs:
         load_plugin(spec)

@@ -45,6 +45,8 @@ register_algorithm("fedsp", options=S.FedSPOptions, server=FedSPServer, client=F
 importlib.import_module("fedpeft.algorithms.lora.ffa")
 importlib.import_module("fedpeft.algorithms.lora.fedsa")
 importlib.import_module("fedpeft.algorithms.lora.hetero")
+importlib.import_module("fedpeft.algorithms.lora.flora")
+importlib.import_module("fedpeft.algorithms.lora.fedex")
 
 
 def make_server(options: Any, initial_state, *, num_clients: int, clients_per_round: int, seed: int,

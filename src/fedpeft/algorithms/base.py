@@ -87,6 +87,11 @@ class ClientContext:
     # report(name, value): hand a value to the run's observers (RunObserver.on_client_report) for analysis;
     # it stays in this process and never travels (a runtime without observers ignores it)
     report: Callable[[str, Any], None] = field(default=lambda name, value: None)
+    # evaluate_personal(): under eval.personalized, in the rounds the global model is evaluated, score the
+    # model as ctx.tuned holds it now on this client's held-out slice and report it with the update; the client
+    # half calls it once its personalized model is assembled (the global part it received plus what it keeps),
+    # before training. Returns the metrics, or None when nothing is due (the runtime's answer, not an error).
+    evaluate_personal: Callable[[], dict[str, Any] | None] = field(default=lambda: None)
 
 
 class RunObserver:

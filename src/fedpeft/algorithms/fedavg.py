@@ -144,6 +144,7 @@ class FedAvgClient(ClientAlgorithm):
 
     def fit(self, payload: Payload, ctx: ClientContext) -> Payload:
         ctx.tuned.load_state(payload.arrays)
+        ctx.evaluate_personal()  # the personalized model of the FedAvg family: the global one
         result = ctx.train(extra_loss=self.extra_loss(payload, ctx))
         meta = {"round": payload.meta["round"], "client": ctx.client_id, "num_examples": ctx.num_examples,
                 **result.as_meta()}

@@ -302,6 +302,7 @@ class FedPepTAOClient(ClientAlgorithm):
             prefix = layout.merge(personal, blocks)
         head = {k: v for k, v in arrays.items() if k != layout.name and "#layer" not in k}
         ctx.tuned.load_state({**head, layout.name: prefix})
+        ctx.evaluate_personal()  # the received layers over the client's own prompt
         rng = np.random.default_rng([ctx.resources.get("seed", 0), ctx.round, ctx.client_id, 0x9E9])
         device, pad_id = ctx.resources["device"], ctx.resources["pad_id"]
         meta: dict[str, Any] = {}

@@ -39,6 +39,8 @@ class AlgorithmOptions(Section):
     name: str
     # whether the server can aggregate from the sample-weighted mean update alone (needed by SecAgg+)
     supports_secure_aggregation: ClassVar[bool] = False
+    # whether the client half scores its personalized model when asked (ClientContext.evaluate_personal)
+    supports_personalized_eval: ClassVar[bool] = False
 
     def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this algorithm cannot
@@ -305,6 +307,7 @@ class FedAvgOptions(AlgorithmOptions):
 
     name: Literal["fedavg"] = "fedavg"
     supports_secure_aggregation: ClassVar[bool] = True
+    supports_personalized_eval: ClassVar[bool] = True
     server_lr: float = Field(1.0, gt=0)
     dp: PrivacyOptions | None = Field(None, description="Client-level differential privacy (off by default).")
 
@@ -312,6 +315,7 @@ class FedAvgOptions(AlgorithmOptions):
 class FedAvgMOptions(AlgorithmOptions):
     name: Literal["fedavgm"] = "fedavgm"
     supports_secure_aggregation: ClassVar[bool] = True
+    supports_personalized_eval: ClassVar[bool] = True
     server_lr: float = Field(1.0, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     dp: PrivacyOptions | None = None
@@ -320,6 +324,7 @@ class FedAvgMOptions(AlgorithmOptions):
 class FedAdamOptions(AlgorithmOptions):
     name: Literal["fedadam"] = "fedadam"
     supports_secure_aggregation: ClassVar[bool] = True
+    supports_personalized_eval: ClassVar[bool] = True
     dp: PrivacyOptions | None = None
     server_lr: float = Field(1e-2, gt=0)
     beta1: float = Field(0.9, ge=0, lt=1)
@@ -334,6 +339,7 @@ class FedYogiOptions(FedAdamOptions):
 class FedProxOptions(AlgorithmOptions):
     name: Literal["fedprox"] = "fedprox"
     supports_secure_aggregation: ClassVar[bool] = True
+    supports_personalized_eval: ClassVar[bool] = True
     server_lr: float = Field(1.0, gt=0)
     mu: float = Field(0.01, ge=0, description="Weight of the proximal term mu/2 * ||w - w_global||^2.")
     dp: PrivacyOptions | None = None
@@ -392,6 +398,7 @@ class FedPepTAOOptions(AlgorithmOptions):
     prompts of the other layers stay on each client (personal) from then on."""
 
     name: Literal["fedpeptao"] = "fedpeptao"
+    supports_personalized_eval: ClassVar[bool] = True
     layer_selection: Literal["score", "random", "ascending", "descending", "all"] = Field(
         "score", description="score: highest Eq. 3 score first (the method); random / ascending (bottom layers "
         "first) / descending (top layers first): the paper's Appendix B.6 baselines; all: every layer travels "
@@ -583,6 +590,11 @@ class EvalConfig(Section):
     target: float | None = Field(None, description="Value of the primary metric for rounds/time-to-target.")
     save_best: bool = Field(True, description="Also keep the global adapter of the best evaluated round (by the "
                             "primary metric) in RUN_DIR/best_adapter, next to the last round's RUN_DIR/adapter.")
+    personalized: bool = Field(False, description="Also score each selected client's personalized model (what "
+                               "its algorithm assembles from the global part and what the client keeps) on a "
+                               "held-out slice of its own partition, in the rounds the global model is evaluated.")
+    personal_fraction: float = Field(0.2, gt=0, lt=1, description="With personalized: the share of each client's "
+                                     "examples held out of its training for that (at least one example).")
 
 
 class SecureAggregationOptions(Section):
@@ -713,6 +725,11 @@ class RunConfig(Section):
             raise ValueError("runtime.precision fp16 needs a GPU; use bf16 or fp32 on cpu")
         if self.runtime.flower.secure_aggregation is not None:
             self._check_secure_aggregation()
+        if self.eval.personalized and not type(self.algorithm).supports_personalized_eval:
+            able = ", ".join(n for n, m in ALGORITHM_OPTIONS.items() if m.supports_personalized_eval)
+            raise ValueError(f"eval.personalized: algorithm {self.algorithm.name} does not score a personalized model "
+                             f"(its client half never calls ClientContext.evaluate_personal); algorithms that do: "
+                             f"{able}")
         self.peft.check(self)
         self.algorithm.check(self)
         return self

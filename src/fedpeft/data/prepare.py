@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,6 +31,26 @@ class TaskData:
     template: str | None
     label_kind: str | None = None  # classification: "names" (string labels) or "ids" (integer labels)
     chat_template_source: str | None = None  # instruction: "config", "tokenizer" or "builtin" (data.chat.SOURCES)
+    # the training examples encoded for evaluation, aligned with ``train`` (prepare_task(train_eval=True)), from
+    # which each client's held-out slice is scored under eval.personalized
+    train_eval: EvalSet | None = None
+
+
+def subset_eval(data: EvalSet, idx: np.ndarray) -> EvalSet:
+    """The examples ``idx`` (positions) of an evaluation set, of whichever kind."""
+    idx = np.asarray(idx, dtype=np.int64)
+    if isinstance(data, Encoded):
+        return data.subset(idx)
+    if isinstance(data, F.ChoiceEval):
+        where = {int(e): i for i, e in enumerate(idx)}
+        rows = [j for j, e in enumerate(data.example_index) if int(e) in where]
+        return F.ChoiceEval(data.sequences.subset(np.asarray(rows, dtype=np.int64)),
+                            np.asarray([where[int(data.example_index[j])] for j in rows], dtype=np.int64),
+                            data.choice_chars[rows], data.gold[idx],
+                            data.num_choices[idx] if len(data.num_choices) else data.num_choices)
+    refs = [data.references[int(i)] for i in idx]
+    return replace(data, prompts=data.prompts.subset(idx), references=refs,
+                               teacher_forced=data.teacher_forced.subset(idx))
 
 
 def _seeded_subset(n: int, k: int | None, seed: int) -> np.ndarray:
@@ -63,9 +83,11 @@ def prepare_task(
     encoder_decoder: bool,
     seed: int,
     eval_max_examples: int | None,
+    train_eval: bool = False,
 ) -> TaskData:
     """Reads the train and eval splits, checks every row of both (:mod:`fedpeft.data.validate`), then takes
-    the seeded subsets and tokenises them. Class labels are numbered over the whole train split."""
+    the seeded subsets and tokenises them. Class labels are numbered over the whole train split. With
+    ``train_eval`` the training examples are also encoded for evaluation (``TaskData.train_eval``)."""
     if task.type not in V.TASK_FIELDS:
         raise DataError(f"task.type {task.type!r} is not supported")
     _check_causal(task, encoder_decoder)
@@ -95,15 +117,21 @@ def prepare_task(
     eval_pick = _seeded_subset(len(eval_rows), eval_max_examples, seed + 1)
     eval_rows = [eval_rows[i] for i in eval_pick]
     if task.type == "instruction":
-        return _instruction_task(task, tokenizer, train_rows, [train_origins[i] for i in pick], eval_rows,
+        origins = [train_origins[i] for i in pick]
+        data = _instruction_task(task, tokenizer, train_rows, origins, eval_rows,
                                  [eval_origins[i] for i in eval_pick], where_train, where_eval)
-
+        if train_eval:
+            fmt = C.chat_format(tokenizer, task.chat_template)
+            data.train_eval = C.encode_instruction_eval(train_rows, origins, tokenizer, fmt, where=where_train,
+                                                        max_length=task.max_length, instruction=task.instruction)
+        return data
     if task.type == "classification":
         y_train = [y_train[i] for i in pick]
         y_eval = [y_eval[i] for i in eval_pick]
+        encoded = F.encode_classification(train_rows, y_train, tokenizer, task.max_length, where_train)
         return TaskData(
             "classification",
-            F.encode_classification(train_rows, y_train, tokenizer, task.max_length, where_train),
+            encoded,
             F.encode_classification(eval_rows, y_eval, tokenizer, task.max_length, where_eval),
             np.asarray(y_train, dtype=np.int64),
             len(names),
@@ -111,6 +139,7 @@ def prepare_task(
             len(eval_rows),
             None,
             "names" if isinstance(V.class_id(train_rows[0]["label"]), str) else "ids",
+            train_eval=encoded if train_eval else None,
         )
     if task.type == "generation":
         kw2 = {
@@ -122,6 +151,7 @@ def prepare_task(
             F.encode_generation(train_rows, tokenizer, where=where_train, **kw2),
             F.encode_generation_eval(eval_rows, tokenizer, where=where_eval, **kw2),
             None, None, None, len(eval_rows), template,
+            train_eval=F.encode_generation_eval(train_rows, tokenizer, where=where_train, **kw2) if train_eval else None,
         )
     kw3 = {"encoder_decoder": encoder_decoder, "template": template, "max_length": task.max_length}
     return TaskData(
@@ -129,6 +159,7 @@ def prepare_task(
         F.encode_choice_train(train_rows, tokenizer, where=where_train, **kw3),
         F.encode_choice_eval(eval_rows, tokenizer, where=where_eval, **kw3),
         None, None, None, len(eval_rows), template,
+        train_eval=F.encode_choice_eval(train_rows, tokenizer, where=where_train, **kw3) if train_eval else None,
     )
 
 

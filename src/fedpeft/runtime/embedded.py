@@ -29,6 +29,7 @@ from fedpeft.config import RunConfig
 from fedpeft.metrics.accounting import better_or_equal, summarize
 from fedpeft.rundir import RunWriter, check_run_dir_free, new_run_dir, rewrite_metrics
 from fedpeft.runlock import RunLock
+from fedpeft.runtime.personal import PERSONAL, check_personal, personal_due, personal_row, score
 from fedpeft.runtime.resume import resume_config, resume_point
 from fedpeft.runtime.setup import Experiment, build_experiment
 from fedpeft.training.evaluate import PREDICTIONS, evaluate
@@ -97,7 +98,26 @@ def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, 
                         data=data, resources=exp.client_resources)
     if report is not None:
         ctx.report = report
-    return client.fit(received, ctx)
+    due = personal_due(cfg, rnd)
+    personal: dict[str, Any] = {}
+
+    def evaluate_personal(tuned=None) -> dict[str, Any] | None:
+        if not due:
+            return None
+        if PERSONAL in personal:
+            raise RuntimeError(f"algorithm {cfg.algorithm.name}: ctx.evaluate_personal() called twice in one round")
+        task = exp.personal_data(cid)
+        personal[PERSONAL] = None if task is None else score(exp, (tuned or exp.tuned).module, task)
+        return personal[PERSONAL]
+
+    ctx.evaluate_personal = evaluate_personal
+    update = client.fit(received, ctx)
+    if due and PERSONAL not in personal:
+        raise RuntimeError(f"algorithm {cfg.algorithm.name} declares supports_personalized_eval but its client half "
+                           "did not call ctx.evaluate_personal() (eval.personalized)")
+    if personal.get(PERSONAL) is not None:
+        update.meta[PERSONAL] = personal[PERSONAL]
+    return update
 
 
 def _total_or_unknown(values) -> float | None:
@@ -278,6 +298,12 @@ class EmbeddedRuntime:
                 log.warning("round %d: update of client %d rejected: %s", rnd, cid, failure)
             else:
                 updates[cid] = update
+        for cid in sorted(updates):  # the runtime's own part of an update: the personalized scores
+            problem = check_personal(updates[cid].meta[PERSONAL]) if PERSONAL in updates[cid].meta else None
+            if problem is not None:
+                out.rejected[cid] = problem
+                log.warning("round %d: update of client %d rejected: %s", rnd, cid, problem)
+                del updates[cid]
         ta = time.perf_counter()
         accepted, refused = self.server.accept(rnd, updates)
         out.rejected.update(refused)
@@ -309,6 +335,7 @@ class EmbeddedRuntime:
             row["train_loss"] = float((n * losses).sum() / n.sum())
         row["client_train_loss"] = {str(c): m["train_loss"] for c, m in metas.items()}
         row["client_num_examples"] = {str(c): m["num_examples"] for c, m in metas.items()}
+        row.update(personal_row(metas))
         row.update({f"agg_{k}": v for k, v in out.agg.items()})
         row.update(self.server.round_info())
         self.cum_up += sum(bytes_up.values())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ import torch
 from fedpeft.algorithms import runtime_needs
 from fedpeft.config import ConfigError, RunConfig
 from fedpeft.data.partition import partition, partition_stats
-from fedpeft.data.prepare import TaskData, prepare_task
+from fedpeft.data.prepare import TaskData, prepare_task, subset_eval
 from fedpeft.heads import build_layout
 from fedpeft.metrics.ops import rows_ops
 from fedpeft.models import registry
@@ -53,6 +53,8 @@ class Experiment:
     head_layout: Any = None  # fedpeft.heads.HeadLayout, for algorithms that work per attention head
     prefix_layout: Any = None  # fedpeft.tuners.prefix_layers.PrefixLayout, for algorithms that work per layer
     server_part: np.ndarray | None = None  # training examples the server keeps (FedSP), not given to any client
+    # eval.personalized: each client's held-out examples (indices into data.train, not in its training part)
+    personal_parts: list[np.ndarray] | None = None
 
     @functools.cached_property
     def server_model(self) -> ServerModel | None:
@@ -77,6 +79,13 @@ class Experiment:
 
     def client_data(self, cid: int):
         return self.data.train.subset(self.parts[cid])
+
+    def personal_data(self, cid: int) -> TaskData | None:
+        """The task data with the client's held-out slice as its eval split (eval.personalized), or None when
+        personalized evaluation is off or the client holds nothing out (a client of one example)."""
+        if self.personal_parts is None or self.data.train_eval is None or not len(self.personal_parts[cid]):
+            return None
+        return replace(self.data, eval=subset_eval(self.data.train_eval, self.personal_parts[cid]))
 
 
 @dataclass
@@ -149,6 +158,18 @@ def build_partition(cfg: RunConfig, data: TaskData,
     return [rest[part] for part in parts], server
 
 
+def hold_out(parts: list[np.ndarray], fraction: float, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each client's part split into (training, held out): round(fraction x size) examples, at least one, drawn
+    by a generator seeded by (seed, client); a client of one example keeps it for training."""
+    train, held = [], []
+    for cid, part in enumerate(parts):
+        k = min(max(1, round(fraction * len(part))), len(part) - 1) if len(part) > 1 else 0
+        order = np.random.default_rng([seed, cid, 0x9E5]).permutation(len(part))
+        held.append(np.sort(part[order[:k]]))
+        train.append(np.sort(part[order[k:]]))
+    return train, held
+
+
 def build_experiment(cfg: RunConfig) -> Experiment:
     if cfg.runtime.threads:
         torch.set_num_threads(cfg.runtime.threads)
@@ -160,12 +181,19 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     mconfig = registry.load_config(cfg.model.name)
     kind = registry.model_kind(cfg.task.type, mconfig)
     encdec = bool(getattr(mconfig, "is_encoder_decoder", False))
-    data = prepare_task(cfg.task, tokenizer, encoder_decoder=encdec, seed=cfg.seed, eval_max_examples=cfg.eval.max_examples)
+    personalized = cfg.eval.personalized
+    data = prepare_task(cfg.task, tokenizer, encoder_decoder=encdec, seed=cfg.seed,
+                        eval_max_examples=cfg.eval.max_examples, train_eval=personalized)
     values = partition_column(cfg)
     parts, server_part = build_partition(cfg, data, values)
     stats = partition_stats(parts, data.train_labels, values, column=cfg.federation.partition.column)
     if server_part is not None:
         stats["server_examples"] = len(server_part)
+    personal_parts = None
+    if personalized:
+        parts, personal_parts = hold_out(parts, cfg.eval.personal_fraction, cfg.seed)
+        for entry, held in zip(stats["clients"], personal_parts):
+            entry["personal_examples"] = len(held)  # out of its "size", held out of its training
     quantization = cfg.model.quantization
     model = registry.load_model(cfg.model.name, kind, num_labels=data.num_labels, dtype=cfg.model.dtype,
                                 tokenizer=tokenizer, seed=cfg.seed, attn_implementation=cfg.model.attn_implementation,
@@ -197,7 +225,7 @@ def build_experiment(cfg: RunConfig) -> Experiment:
         layout = build_layout(tuned.spec(), mconfig, cfg.peft.method)
     prefix = prefix_layout(tuned) if needs.prefix_layout else None
     return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout, prefix,
-                      server_part)
+                      server_part, personal_parts)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:

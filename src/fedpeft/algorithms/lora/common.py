@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import Field
@@ -18,6 +18,7 @@ from fedpeft.algorithms.lora.factors import LoraPair, lora_pairs
 class LoraFedAvgOptions(fedpeft.AlgorithmOptions):
     """Options of a LoRA method that averages what travels (FedAvg with a server step on the mean change)."""
 
+    supports_personalized_eval: ClassVar[bool] = True
     server_lr: float = Field(1.0, gt=0, description="Step on the clients' sample-weighted mean change.")
 
     def check(self, run: Any) -> None:

@@ -121,3 +121,24 @@ def weighted_product(states: Sequence[Mapping[str, np.ndarray]], weights: Sequen
     for wi, s in zip(w, states):
         out += wi * (np.asarray(s[pair.b], dtype=np.float64) @ np.asarray(s[pair.a], dtype=np.float64))
     return out
+
+
+def stack(blocks: Sequence[tuple[float, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, float]:
+    """Stacked factors of a sum of LoRA products: for blocks (c_j, B_j, A_j), B_s = [c_1 B_1, c_2 B_2, ...]
+    (out x sum r_j) and A_s = [A_1; A_2; ...] (sum r_j x in), so B_s A_s = sum_j c_j B_j A_j (FLoRA's
+    stacking). Returned as float32 with ||sum_j c_j B_j A_j - B_s A_s||_F, the error of storing them in
+    float32, computed block by block (sum_j (c_j B_j - B_sj) A_j + B_sj (A_j - A_sj)) so that it is not lost
+    in cancellation."""
+    bs = [(c * np.asarray(b, dtype=np.float64)).astype(np.float32) for c, b, _ in blocks]
+    as_ = [np.asarray(a, dtype=np.float32) for _, _, a in blocks]
+    terms = []
+    for (c, b, a), b32, a32 in zip(blocks, bs, as_):
+        b64, a64 = np.asarray(b, dtype=np.float64), np.asarray(a, dtype=np.float64)
+        terms += [(1.0, c * b64 - b32, a64), (1.0, b32.astype(np.float64), a64 - a32)]
+    return np.concatenate(bs, axis=1), np.concatenate(as_, axis=0), float(np.sqrt(_sq_norm_of_sum(terms)))
+
+
+def sum_norm(blocks: Sequence[tuple[float, np.ndarray, np.ndarray]]) -> float:
+    """||sum_j c_j B_j A_j||_F."""
+    return float(np.sqrt(_sq_norm_of_sum([(c, np.asarray(b, np.float64), np.asarray(a, np.float64))
+                                          for c, b, a in blocks])))

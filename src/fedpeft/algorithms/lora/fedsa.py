@@ -76,6 +76,7 @@ class FedSaLoraClient(fedpeft.ClientAlgorithm):
                                  "initial B to it; it cannot rejoin this run")
             kept = {k: payload.arrays[k] for k in kept_names}
         ctx.tuned.load_state({**shared, **kept})
+        ctx.evaluate_personal()  # the global A and head with the client's own B
         result = ctx.train()
         state = ctx.tuned.state()
         ctx.state[KEPT] = {k: state[k] for k in kept_names}

@@ -69,6 +69,7 @@ class FfaLoraClient(fedpeft.ClientAlgorithm):
         for name in frozen:
             params[name].requires_grad_(False)  # no gradient: the optimizer skips it
         ctx.tuned.load_state(payload.arrays, partial=True)
+        ctx.evaluate_personal()  # the global model (nothing is kept)
         result = ctx.train()
         state = ctx.tuned.state()
         return fedpeft.Payload({k: state[k] for k in payload.arrays}, round_meta(payload, ctx, result))

@@ -24,7 +24,7 @@ or ``client_ranks`` (client id -> rank, for the clients it names).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,6 +69,8 @@ def assign_ranks(num_clients: int, groups: Sequence[RankGroup], seed: int,
 
 class HeteroRankOptions(fedpeft.AlgorithmOptions):
     """The resource profile shared by hetlora and flexlora."""
+
+    supports_personalized_eval: ClassVar[bool] = True
 
     rank_groups: list[RankGroup] = Field(
         default_factory=lambda: [RankGroup(rank=r, share=1 / 3) for r in (4, 8, 16)], min_length=1,
@@ -226,6 +228,7 @@ class HeteroRankClient(fedpeft.ClientAlgorithm):
             arrays[p.a] = pad_rank(arrays[p.a], full, is_a=True)
             arrays[p.b] = pad_rank(arrays[p.b], full, is_a=False)
         ctx.tuned.load_state(arrays)
+        ctx.evaluate_personal()  # the global model at the client's rank
         result = ctx.train()
         state = ctx.tuned.state()
         out = {k: state[k] for k in payload.arrays}

@@ -1,0 +1,99 @@
+"""FLoRA (Wang et al., "FLoRA: Federated Fine-Tuning Large Language Models with Heterogeneous Low-Rank
+Adaptations", NeurIPS 2024): stacking aggregation.
+
+Each round every selected client starts from freshly initialised LoRA factors (A drawn as PEFT draws it,
+seeded by (seed, round, client); B zero) on the backbone with every earlier round merged in, trains, and
+sends A_i, B_i and the task head. The server stacks them, B_s = [w_1 B_1, ..., w_K B_K] and
+A_s = [A_1; ...; A_K] (w_i: the clients' example shares), so B_s A_s = sum_i w_i B_i A_i exactly, and merges
+the product into the frozen weights of its model; the head is averaged. A client receives the stacks of
+every round since it last reported (see :mod:`.merge`), so downloads grow with the clients stacked and the
+rounds the client missed. The backbone cannot be quantized (the product is added to its weights).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+
+import fedpeft
+from fedpeft.algorithms.aggregate import weighted_mean
+from fedpeft.algorithms.lora.common import pairs_in, require_lora, round_meta
+from fedpeft.algorithms.lora.factors import stack, sum_norm
+from fedpeft.algorithms.lora.merge import MergingServer, merge_missing
+
+NAME = "flora"
+
+
+def require_plain_backbone(run: Any, name: str) -> None:
+    require_lora(run, name)
+    if run.model.quantization is not None:
+        raise ValueError(f"model.quantization: algorithm {name} adds the clients' LoRA products to the backbone's "
+                         "weights, which are frozen in 4 or 8 bits; remove model.quantization or use another algorithm")
+
+
+class FLoraOptions(fedpeft.AlgorithmOptions):
+    """algorithm: {name: flora}: stacking aggregation, merged into the backbone every round."""
+
+    name: Literal["flora"] = "flora"
+    supports_personalized_eval: ClassVar[bool] = True
+
+    def check(self, run: Any) -> None:
+        require_plain_backbone(run, NAME)
+
+
+class FLoraServer(MergingServer):
+    def configure(self, rnd: int, clients: list[int]) -> dict[int, fedpeft.Payload]:
+        head = {k: v for k, v in self.global_state.items() if k not in self.factor_names}
+        out = {}
+        for c in clients:
+            merges, meta = self.merge_payload(c)
+            out[c] = fedpeft.Payload({**head, **merges}, {"round": rnd, "client": c, **meta})
+        return out
+
+    def aggregate(self, rnd: int, updates: dict[int, fedpeft.Payload]) -> dict[str, float]:
+        if not updates:
+            return {}
+        ids = sorted(updates)
+        n = np.asarray([updates[c].meta["num_examples"] for c in ids], dtype=np.float64)
+        w = n / n.sum()
+        factors, err, ref, width = {}, 0.0, 0.0, 0
+        for p in self.pairs:
+            blocks = [(float(wi), updates[c].arrays[p.b], updates[c].arrays[p.a]) for wi, c in zip(w, ids)]
+            factors[p.b], factors[p.a], e = stack(blocks)
+            err, ref, width = err + e * e, ref + sum_norm(blocks) ** 2, factors[p.a].shape[0]
+        self.record(rnd, factors, updates)
+        others = sorted(set(self.global_state) - self.factor_names)
+        if others:
+            mean = weighted_mean([{k: updates[c].arrays[k] for k in others} for c in ids], list(n))
+            self.global_state.update(mean)
+        return {"lora_aggregation_error": math.sqrt(err / ref) if ref > 0 else 0.0, "stacked_rank": width}
+
+
+class FLoraClient(fedpeft.ClientAlgorithm):
+    def __init__(self, options: FLoraOptions):
+        self.options = options
+
+    def fit(self, payload: fedpeft.Payload, ctx: fedpeft.ClientContext) -> fedpeft.Payload:
+        params = ctx.tuned.params
+        pairs = pairs_in(params, NAME)
+        held = merge_missing(ctx, payload, pairs, NAME)
+        head = {k: v for k, v in payload.arrays.items() if not k.startswith("merge/")}
+        ctx.tuned.load_state(head, partial=True)
+        seed = ctx.resources.get("seed", 0)
+        gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, ctx.round, ctx.client_id, 0xF10]).generate_state(1)[0]))
+        with torch.no_grad():  # fresh factors, as PEFT initialises LoRA: A Kaiming-uniform, B zero
+            for p in pairs:
+                a = torch.empty(params[p.a].shape, dtype=torch.float32)
+                torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=gen)
+                params[p.a].copy_(a.to(params[p.a].device, params[p.a].dtype))
+                params[p.b].zero_()
+        ctx.evaluate_personal()  # the merged backbone with the global head: the global model
+        result = ctx.train()
+        state = ctx.tuned.state()
+        return fedpeft.Payload(state, round_meta(payload, ctx, result, merged_through=held))
+
+
+fedpeft.register_algorithm(NAME, options=FLoraOptions, server=FLoraServer, client=FLoraClient)

@@ -1,0 +1,120 @@
+"""LoRA products merged into the frozen backbone (FLoRA, FedEx-LoRA): the server keeps, per round, the
+stacked factors whose product it merged into its own model, and sends each client the rounds its model may
+lack; a model records the last round it holds, so that every process (the embedded runtime's one shared
+model, each Flower SuperNode's) merges each round once, in order.
+
+Payload arrays ``merge/<round>/<factor name>`` carry round ``<round>``'s stacked B (out x k) and A (k x in)
+under the names of the module's LoRA factors; the payload's meta lists them (``merge_rounds``) and says
+which round the model must hold afterwards (``merged_upto``). A client reports ``merged_through`` with its
+update, which is where the server starts the next time it serves that client (a failure resets it, so a
+client that lost its merged backbone, e.g. a restarted process, gets the whole history again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+import fedpeft
+from fedpeft.algorithms.lora.common import pairs_in
+from fedpeft.algorithms.lora.factors import LoraPair
+
+MERGED_ATTR = "_fedpeft_merged_through"  # on the torch module: the last round merged into its backbone
+PREFIX = "merge/"
+
+
+def merged_through(tuned: Any) -> int:
+    return int(getattr(tuned.module, MERGED_ATTR, 0))
+
+
+def array_name(rnd: int, factor: str) -> str:
+    return f"{PREFIX}{rnd}/{factor}"
+
+
+def merge_round(tuned: Any, pairs: list[LoraPair], factors: Mapping[str, np.ndarray], rnd: int) -> None:
+    """Add scale x B_s A_s of round ``rnd`` to each adapted module's frozen weight (transposed where the
+    layer stores it in x out, e.g. GPT-2's Conv1D); ``factors`` maps factor names to the stacked factors."""
+    with torch.no_grad():
+        for p in pairs:
+            layer = tuned.module.get_submodule(p.module)
+            adapter = p.a.split(".lora_A.")[1].split(".")[0]
+            delta = np.asarray(factors[p.b], np.float64) @ np.asarray(factors[p.a], np.float64)
+            delta *= float(layer.scaling[adapter])
+            weight = layer.base_layer.weight
+            update = torch.from_numpy(delta.T if getattr(layer, "fan_in_fan_out", False) else delta)
+            weight.add_(update.to(device=weight.device, dtype=weight.dtype))
+    setattr(tuned.module, MERGED_ATTR, rnd)
+
+
+class MergingServer(fedpeft.ServerAlgorithm):
+    """Keeps the history of merged rounds, merges each into the server's model, serves clients the rounds
+    they lack; subclasses say what each round stacks (:meth:`round_stack`) and what else travels."""
+
+    state_attrs = ("global_state", "history", "synced")
+
+    @classmethod
+    def runtime_needs(cls, options: Any) -> fedpeft.RuntimeNeeds:
+        return fedpeft.RuntimeNeeds(server_model=True)  # the global model is the merged backbone
+
+    def __init__(self, options: Any, initial_state: Any, **kwargs: Any):
+        super().__init__(options, initial_state, **kwargs)
+        if self.server_model is None:
+            raise ValueError(f"{options.name} needs the server's model (the runtime passes it as server_model)")
+        self.pairs = pairs_in(self.global_state, options.name)
+        self.factor_names = {n for p in self.pairs for n in (p.a, p.b)}
+        self.history: dict[int, dict[str, np.ndarray]] = {}  # round -> stacked factors by factor name
+        self.synced: dict[int, int] = {}  # client -> the last round its model reported holding
+
+    def merge_payload(self, client: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        start = self.synced.get(client, 0)
+        rounds = [r for r in sorted(self.history) if r > start]
+        arrays = {array_name(r, k): v for r in rounds for k, v in self.history[r].items()}
+        return arrays, {"merge_rounds": rounds, "merged_upto": max(self.history, default=0)}
+
+    def validate(self, rnd: int, payload: fedpeft.Payload) -> None:
+        super().validate(rnd, payload)
+        m = payload.meta.get("merged_through")
+        if not isinstance(m, int) or isinstance(m, bool) or not 0 <= m <= max(self.history, default=0):
+            raise fedpeft.UpdateRejected(f"merged_through {m!r} is not a round the server has merged")
+
+    def record(self, rnd: int, factors: dict[str, np.ndarray], updates: Mapping[int, fedpeft.Payload]) -> None:
+        """Keep round ``rnd``'s stacked factors, merge them into the server's model, note what clients hold."""
+        self.history[rnd] = factors
+        model = self.server_model.tuned
+        if merged_through(model) < rnd:  # (the embedded runtime's clients share this model)
+            merge_round(model, self.pairs, factors, rnd)
+        for c, p in updates.items():
+            self.synced[c] = int(p.meta["merged_through"])
+
+    def observe_failures(self, rnd: int, failures: dict[int, str]) -> None:
+        for c in failures:  # it may have lost its merged backbone: send it everything next time
+            self.synced.pop(c, None)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.history = {int(r): dict(f) for r, f in self.history.items()}
+        self.synced = {int(c): int(r) for c, r in self.synced.items()}
+        model = self.server_model.tuned
+        for r in sorted(self.history):  # a rebuilt model holds none of them
+            if r > merged_through(model):
+                merge_round(model, self.pairs, self.history[r], r)
+
+
+def merge_missing(ctx: fedpeft.ClientContext, payload: fedpeft.Payload, pairs: list[LoraPair], name: str) -> int:
+    """Merge the rounds of ``payload`` the client's model lacks; returns the last round it then holds."""
+    have = merged_through(ctx.tuned)
+    for r in payload.meta["merge_rounds"]:
+        if r <= have:
+            continue  # merged already (the embedded runtime's shared model, or another client of this process)
+        if r != have + 1:
+            break
+        merge_round(ctx.tuned, pairs, {k: payload.arrays[array_name(r, k)] for p in pairs for k in (p.a, p.b)}, r)
+        have = r
+    if have < payload.meta["merged_upto"]:
+        raise ValueError(f"{name}: client {ctx.client_id}'s model holds the merged rounds up to {have} but the server "
+                         f"sent rounds {payload.meta['merge_rounds']} (it lost its merged backbone, e.g. a restarted "
+                         "process); the server sends the whole history the next time")
+    return have

@@ -1,0 +1,92 @@
+"""eval.personalized: each selected client's personalized model scored on a held-out slice of its own
+partition, reported per client and as the sample-weighted mean."""
+
+import numpy as np
+import pytest
+from helpers import tiny_config
+
+import fedpeft
+from fedpeft.config import ConfigError
+from fedpeft.rundir import read_metrics
+from fedpeft.runtime.embedded import EmbeddedRuntime
+from fedpeft.runtime.personal import check_personal, personal_row, score
+from fedpeft.runtime.setup import hold_out
+
+
+def test_hold_out_splits_each_part_without_losing_an_example():
+    parts = [np.arange(0, 10), np.arange(10, 11), np.arange(11, 14)]
+    train, held = hold_out(parts, 0.2, seed=3)
+    assert [len(h) for h in held] == [2, 0, 1]  # a client of one example keeps it for training
+    for part, t, h in zip(parts, train, held):
+        assert not set(t) & set(h) and sorted([*t, *h]) == list(part)
+    assert all(np.array_equal(a, b) for a, b in zip(held, hold_out(parts, 0.2, seed=3)[1]))
+
+
+def test_reports_are_checked_and_averaged_by_held_out_examples():
+    assert check_personal({"examples": 2, "accuracy": 0.5}) is None
+    assert "not a finite number" in check_personal({"examples": 2, "accuracy": float("nan")})
+    assert "positive integer" in check_personal({"examples": 0, "accuracy": 0.5})
+    assert "not an object" in check_personal([1, 2])
+    row = personal_row({1: {"personal": {"examples": 1, "accuracy": 1.0}},
+                        4: {"personal": {"examples": 3, "accuracy": 0.0, "loss": 2.0}}, 5: {}})
+    assert row["personal_accuracy"] == pytest.approx(0.25) and row["personal_loss"] == 2.0
+    assert row["personal_examples"] == 4 and set(row["client_personal"]) == {"1", "4"}
+
+
+def test_an_algorithm_without_a_personalized_model_is_refused():
+    with pytest.raises(ConfigError, match="eval.personalized: algorithm headprune"):
+        tiny_config("algorithm.name=headprune", "eval.personalized=true")
+
+
+class Sent(fedpeft.RunObserver):
+    """What each client received, and (by reference to the runtime) what it kept, at each round's start."""
+
+    def __init__(self):
+        self.payloads, self.kept = {}, {}
+        self.rt = None
+
+    def on_configure(self, rnd, payloads):
+        self.payloads[rnd] = payloads
+        self.kept[rnd] = {c: {k: dict(v) if isinstance(v, dict) else v for k, v in s.items()}
+                          for c, s in self.rt.client_states.items()}
+
+
+def rescore(rt, cid, arrays):
+    rt.exp.tuned.load_state(arrays)
+    return score(rt.exp, rt.exp.tuned.module, rt.exp.personal_data(cid))
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("name", ["fedavg", "fedsa_lora"])
+def test_the_reported_score_is_the_personalized_model_on_the_clients_own_slice(name, tmp_path):
+    cfg = tiny_config(f"algorithm.name={name}", "eval.personalized=true", "peft.r=4", "federation.rounds=3",
+                      "federation.clients_per_round=3", "train.lr=0.01")
+    sent = Sent()
+    rt = EmbeddedRuntime(cfg, tmp_path / name, observers=[sent])
+    sent.rt = rt
+    rt.run()
+    rows = read_metrics(tmp_path / name)
+    held = {c: set(h.tolist()) for c, h in enumerate(rt.exp.personal_parts)}
+    for c, part in enumerate(rt.exp.parts):  # held out of training
+        assert held[c] and not held[c] & set(part.tolist())
+    for r in rows[1:]:
+        assert set(r["client_personal"]) == {str(c) for c in r["clients"]}
+        sizes = {c: r["client_personal"][str(c)]["examples"] for c in r["clients"]}
+        assert sizes == {c: len(held[c]) for c in r["clients"]}
+        mean = sum(r["client_personal"][str(c)]["accuracy"] * sizes[c] for c in r["clients"]) / sum(sizes.values())
+        assert r["personal_accuracy"] == pytest.approx(mean)
+    last = rows[-1]
+    for c in last["clients"]:  # recompute the last round's scores from what the client received and kept
+        arrays = dict(sent.payloads[3][c].arrays)
+        kept = sent.kept[3].get(c, {}).get("lora_B")
+        if name == "fedsa_lora" and kept is not None:
+            arrays.update(kept)  # the client's own B, not the server's initial one
+        got = rescore(rt, c, {**rt.server.global_state, **arrays})
+        assert got["accuracy"] == pytest.approx(last["client_personal"][str(c)]["accuracy"])
+        assert got["loss"] == pytest.approx(last["client_personal"][str(c)]["loss"], rel=1e-5)
+    if name == "fedsa_lora":  # a returning client's own B differs from the server's: so does its score
+        back = [c for c in last["clients"] if sent.kept[3].get(c, {}).get("lora_B") is not None]
+        assert back
+        c = back[0]
+        with_initial_b = rescore(rt, c, {**rt.server.global_state, **sent.payloads[3][c].arrays})
+        assert with_initial_b["loss"] != pytest.approx(last["client_personal"][str(c)]["loss"], rel=1e-6)
