@@ -1,15 +1,21 @@
-"""Federated LoRA methods side by side (issue 26): FedAvg-LoRA vs FFA-LoRA vs FedSA-LoRA on IID and
-Dirichlet(0.5) label-skewed clients, and a federation of clients with ranks 4, 8 and 16 (in thirds) under
-HetLoRA and FlexLoRA against everyone at rank 4. MiniLM-L6 on 20 Newsgroups (configs/lora_20news.yaml:
-1,200 documents, 8 clients, 4 per round, 8 rounds, personalized evaluation on a held-out fifth of each
-client's documents).
+"""Federated LoRA methods side by side (issue 26): FedAvg-LoRA vs FFA-LoRA vs FedSA-LoRA vs FLoRA vs
+FedEx-LoRA on IID and Dirichlet(0.5)-skewed clients, and a federation of clients with ranks 4, 8 and 16 (in
+thirds) under HetLoRA and FlexLoRA against everyone at rank 4.
+
+* minilm-20news: MiniLM-L6 on 20 Newsgroups (configs/lora_20news.yaml: 1,200 documents, 8 clients, 4 per
+  round, 8 rounds of 2 local epochs, Dirichlet skew over the labels); the heterogeneous ranks run here.
+* smollm2-e2e: SmolLM2-135M on E2E NLG (configs/e2e_smollm2_lora.yaml at a smaller scale: 480 pairs, 6
+  clients, 3 per round, 3 rounds of 5 local steps; Dirichlet skew over the restaurants' eat_type).
+
+Every client keeps a fifth of its examples out of training to score its personalized model on
+(eval.personalized).
 
     python benchmarks/lora_methods.py --out benchmarks/results/lora_methods.json
 
-Reported per run: the global model's final accuracy on the test subset, the mean personalized accuracy of
-the last round's clients on their own held-out documents, bytes up and down per client and round (by rank
-for heterogeneous clients) and the LoRA aggregation error (mean over rounds). Finished runs in --runs are
-reused when their config is unchanged.
+Reported per run: the global model's final score (accuracy / ROUGE-L) on the test subset, the personalized
+score of the last round's clients on their own held-out examples (mean weighted by their sizes), bytes up
+and down per client and round (by rank for heterogeneous clients) and the LoRA aggregation error (mean over
+rounds). Finished runs in --runs are reused when their config is unchanged.
 """
 
 from __future__ import annotations
@@ -24,25 +30,34 @@ from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import run
 
-PARTITIONS = {"iid": ["federation.partition.scheme=iid"],
-              "dirichlet0.5": ["federation.partition={scheme: dirichlet_label, alpha: 0.5}"]}
-METHODS = {"fedavg": ["algorithm.name=fedavg"], "ffa_lora": ["algorithm.name=ffa_lora"],
-           "fedsa_lora": ["algorithm.name=fedsa_lora"]}
+E2E_SKEW = "federation.partition={scheme: dirichlet_column, column: eat_type, alpha: 0.5}"
+SUITES = {
+    "minilm-20news": {"config": "configs/lora_20news.yaml", "sets": [],
+                      "partitions": {"iid": ["federation.partition.scheme=iid"],
+                                     "dirichlet0.5": ["federation.partition={scheme: dirichlet_label, alpha: 0.5}"]}},
+    "smollm2-e2e": {"config": "configs/e2e_smollm2_lora.yaml",
+                    "sets": ["task.max_train_examples=480", "federation.num_clients=6", "federation.clients_per_round=3",
+                             "federation.rounds=3", "train.local_steps=5", "eval.every=3", "eval.max_examples=24",
+                             "task.generation_max_new_tokens=32", "eval.personalized=true"],
+                    "partitions": {"iid": ["federation.partition.scheme=iid"],
+                                   "dirichlet0.5": [E2E_SKEW]}},
+}
+METHODS = {m: [f"algorithm.name={m}"] for m in ("fedavg", "ffa_lora", "fedsa_lora", "flora", "fedex_lora")}
 THIRDS = "algorithm.rank_groups=[{rank: 4, share: 0.34}, {rank: 8, share: 0.33}, {rank: 16, share: 0.33}]"
 HETERO = {"rank4_all": ["algorithm.name=fedavg", "peft.r=4", "peft.alpha=8"],
           "hetlora": ["algorithm.name=hetlora", "peft.r=16", "peft.alpha=32", THIRDS],
           "flexlora": ["algorithm.name=flexlora", "peft.r=16", "peft.alpha=32", THIRDS]}
 
 
-def describe(run_dir: Path, label: dict) -> dict:
+def describe(run_dir: Path, label: dict, metric: str) -> dict:
     rows = read_metrics(run_dir)
     later = [r for r in rows if r["round"] > 0]
-    last_eval = [r for r in later if "eval_accuracy" in r][-1]
-    personal = [r for r in later if "personal_accuracy" in r]
+    last_eval = [r for r in later if f"eval_{metric}" in r][-1]
+    personal = [r for r in later if f"personal_{metric}" in r]
     up = [b for r in later for b in r["bytes_up"].values()]
     down = [b for r in later for b in r["bytes_down"].values()]
-    out = {**label, "final_accuracy": last_eval["eval_accuracy"], "initial_accuracy": rows[0].get("eval_accuracy"),
-           "personal_accuracy": personal[-1]["personal_accuracy"] if personal else None,
+    out = {**label, "metric": metric, "final": last_eval[f"eval_{metric}"], "initial": rows[0].get(f"eval_{metric}"),
+           "personal": personal[-1][f"personal_{metric}"] if personal else None,
            "bytes_up_per_client_round": statistics.mean(up), "bytes_down_per_client_round": statistics.mean(down),
            "run_dir": str(run_dir)}
     errors = [r["agg_lora_aggregation_error"] for r in later if "agg_lora_aggregation_error" in r]
@@ -61,36 +76,40 @@ def describe(run_dir: Path, label: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="configs/lora_20news.yaml")
+    ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--runs", default="runs/lora_methods")
     ap.add_argument("--out", default="benchmarks/results/lora_methods.json")
     ap.add_argument("--seeds", default=None, help="e.g. 0,1,2 (default: the config's seed)")
-    ap.add_argument("--parts", default="methods,hetero", help="methods and/or hetero")
+    ap.add_argument("--parts", default="methods,hetero", help="methods and/or hetero (hetero: minilm-20news only)")
+    ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--set", action="append", default=[])
     args = ap.parse_args()
     seeds = parse_seeds(args.seeds) or [None]
     cells = []
-    if "methods" in args.parts:
-        cells += [(f"{p}/{m}", {"partition": p, "method": m}, [*PARTITIONS[p], *METHODS[m]])
-                  for p in PARTITIONS for m in METHODS]
-    if "hetero" in args.parts:
-        cells += [(f"iid/{m}", {"partition": "iid", "method": m}, [*PARTITIONS["iid"], *HETERO[m]]) for m in HETERO]
+    for suite in args.suites.split(","):
+        spec = SUITES[suite]
+        if "methods" in args.parts:
+            cells += [(suite, f"{p}/{m}", {"suite": suite, "partition": p, "method": m}, [*sets, *METHODS[m]])
+                      for p, sets in spec["partitions"].items() for m in args.methods.split(",")]
+        if "hetero" in args.parts and suite == "minilm-20news":
+            cells += [(suite, f"iid/{m}", {"suite": suite, "partition": "iid", "method": m},
+                       [*spec["partitions"]["iid"], *HETERO[m]]) for m in HETERO]
     rows = []
     for seed in seeds:
-        for name, label, sets in cells:
+        for suite, name, label, sets in cells:
             seed_sets = [] if seed is None else [f"seed={seed}"]
-            cfg = load_config(args.config, [*sets, *seed_sets, "runtime.progress=false", *args.set])
-            run_dir = Path(args.runs) / (name if seed is None else f"{name}-seed{seed}")
-            if not reuse_or_clear(run_dir, cfg, name):
+            cfg = load_config(SUITES[suite]["config"], [*SUITES[suite]["sets"], *sets, *seed_sets,
+                                                        "runtime.progress=false", *args.set])
+            run_dir = Path(args.runs) / suite / (name if seed is None else f"{name}-seed{seed}")
+            if not reuse_or_clear(run_dir, cfg, f"{suite}/{name}"):
                 run(cfg, run_dir)
-            rows.append(describe(run_dir, {**label, "seed": cfg.seed}))
+            rows.append(describe(run_dir, {**label, "seed": cfg.seed}, cfg.primary_metric()))
             print({k: v for k, v in rows[-1].items() if k != "run_dir"}, flush=True)
-            save(args.out, {"config": args.config, "partitions": PARTITIONS, "methods": METHODS, "hetero": HETERO,
-                            "rows": rows})
-    print_table(["partition", "method", "seed", "global acc", "personalized acc", "KiB up / client / round",
+            save(args.out, {"suites": SUITES, "methods": METHODS, "hetero": HETERO, "rows": rows})
+    print_table(["suite", "partition", "method", "seed", "metric", "global", "personalized", "KiB up / client / round",
                  "KiB down / client / round", "aggregation error (mean)"],
-                [[r["partition"], r["method"], r["seed"], f"{r['final_accuracy']:.4f}",
-                  "-" if r["personal_accuracy"] is None else f"{r['personal_accuracy']:.4f}",
+                [[r["suite"], r["partition"], r["method"], r["seed"], r["metric"], f"{r['final']:.4f}",
+                  "-" if r["personal"] is None else f"{r['personal']:.4f}",
                   f"{r['bytes_up_per_client_round'] / 1024:.1f}", f"{r['bytes_down_per_client_round'] / 1024:.1f}",
                   "-" if r["aggregation_error_mean"] is None else f"{r['aggregation_error_mean']:.4f}"]
                  for r in rows])

@@ -35,7 +35,7 @@ GOLDEN: dict[str, list[str]] = {
                             "federation.rounds=3"],
     "algorithm-fedsp": ["model.name=tiny-llama", *CHOICE, *FEDSP],
     "algorithm-ffa_lora": ["algorithm.name=ffa_lora"],
-    "algorithm-fedsa_lora": ["algorithm.name=fedsa_lora"],
+    "algorithm-fedsa_lora": ["algorithm.name=fedsa_lora", "eval.personalized=true"],
     "algorithm-flora": ["algorithm.name=flora"],
     "algorithm-fedex_lora": ["algorithm.name=fedex_lora"],
     "algorithm-hetlora": ["algorithm={name: hetlora, rank_groups: [{rank: 4, share: 0.5}, {rank: 16, share: 0.5}]}"],

@@ -146,6 +146,10 @@ def test_the_methods_refuse_other_peft_methods_and_impossible_ranks():
         tiny_config("algorithm.name=hetlora", "peft.r=4", "algorithm.rank_groups=[{rank: 8, share: 1.0}]")
     with pytest.raises(ConfigError, match="sum to 0.5"):
         tiny_config("algorithm.name=flexlora", "algorithm.rank_groups=[{rank: 2, share: 0.5}]")
+    with pytest.raises(ConfigError, match="set eval.personalized: true"):
+        tiny_config("algorithm.name=fedsa_lora")
+    with pytest.raises(ConfigError, match="set model.dtype: float32"):
+        tiny_config("algorithm.name=fedex_lora", "model.dtype=bfloat16")
     with pytest.raises(ConfigError, match="client 9 does not exist"):
         tiny_config("algorithm.name=flexlora", "algorithm.rank_groups=[{rank: 2, share: 1}]",
                     "algorithm.client_ranks={9: 2}")
@@ -206,7 +210,8 @@ def test_ffa_lora_keeps_a_bit_identical_and_sends_b_only_with_zero_error(tmp_pat
 
 @pytest.mark.needs_data
 def test_fedsa_lora_b_never_leaves_a_client(tmp_path):
-    cfg = tiny_config("algorithm.name=fedsa_lora", "federation.rounds=3", "peft.r=4", "train.lr=0.01")
+    cfg = tiny_config("algorithm.name=fedsa_lora", "federation.rounds=3", "peft.r=4", "train.lr=0.01",
+                      "eval.personalized=true")
     rt = EmbeddedRuntime(cfg, tmp_path / "sa")
     b_names = {p.b for p in lora_pairs(rt.server.global_state)}
     initial_b = {k: rt.server.global_state[k].copy() for k in b_names}
@@ -254,7 +259,7 @@ def test_heterogeneous_ranks_send_and_receive_at_each_clients_rank(name, tmp_pat
 
 @pytest.mark.needs_data
 @pytest.mark.parametrize("algorithm", [
-    ["algorithm.name=ffa_lora"], ["algorithm.name=fedsa_lora"],
+    ["algorithm.name=ffa_lora"], ["algorithm.name=fedsa_lora", "eval.personalized=true"],
     ["algorithm.name=hetlora", "algorithm.rank_groups=[{rank: 2, share: 0.5}, {rank: 4, share: 0.5}]"],
     ["algorithm.name=flexlora", "algorithm.rank_groups=[{rank: 2, share: 0.5}, {rank: 4, share: 0.5}]"],
     ["algorithm.name=flora"], ["algorithm.name=fedex_lora"],
@@ -353,3 +358,63 @@ def test_flora_downloads_grow_with_the_rounds_a_client_missed(tmp_path):
                     assert r["bytes_down"][str(a)] > r["bytes_down"][str(b)]
     with pytest.raises(ConfigError, match="frozen in 4 or 8 bits"):
         tiny_config("algorithm.name=flora", "model.quantization={bits: 4}")
+
+
+@pytest.mark.needs_data
+def test_refusals_a_client_half_makes_and_how_the_server_recovers(tmp_path):
+    # FFA-LoRA: a client whose frozen A differs from the server's refuses to train
+    rt = EmbeddedRuntime(tiny_config("algorithm.name=ffa_lora", "peft.r=4"), tmp_path / "ffa")
+    payload = rt.server.configure(1, [0])[0]
+    payload.meta["frozen_a_sha256"] = "0" * 64
+    with pytest.raises(ValueError, match="frozen LoRA A differs"):
+        rt.run_client(1, 0, payload)
+    rt.close()
+    # FedSA-LoRA: a served client that lost its B fails once, then gets the initial B again
+    rt = EmbeddedRuntime(tiny_config("algorithm.name=fedsa_lora", "peft.r=4", "eval.personalized=true"),
+                         tmp_path / "sa")
+    rt.server.served = [0]
+    with pytest.raises(ValueError, match="holds no LoRA B of its own"):
+        rt.run_client(1, 0, rt.server.configure(1, [0])[0])
+    rt.server.observe_failures(1, {0: "lost"})
+    update, _, _, failure = rt.run_client(1, 0, rt.server.configure(1, [0])[0])
+    assert failure is None and update is not None
+    rt.close()
+    # FLoRA: a client whose model lost its merges fails, and from then on gets the whole history
+    rt = EmbeddedRuntime(tiny_config("algorithm.name=flora", "peft.r=4", "federation.rounds=2"), tmp_path / "flora")
+    rt.run()
+    from fedpeft.algorithms.lora.merge import MERGED_ATTR
+
+    c = next(iter(rt.server.synced))
+    assert rt.server.configure(3, [c])[c].meta["merge_rounds"] == [r for r in (1, 2) if r > rt.server.synced[c]]
+    if rt.server.synced[c] > 0:
+        setattr(rt.exp.tuned.module, MERGED_ATTR, 0)  # as a restarted process's fresh model
+        with pytest.raises(ValueError, match="lost its merged backbone"):
+            rt.run_client(3, c, rt.server.configure(3, [c])[c])
+    rt.server.observe_failures(3, {c: "lost"})
+    assert rt.server.configure(3, [c])[c].meta["merge_rounds"] == [1, 2]
+    rt.close()
+
+
+@pytest.mark.needs_data
+def test_a_low_rank_client_trains_only_its_own_components(tmp_path):
+    cfg = tiny_config("algorithm.name=hetlora", "peft.r=4", "algorithm.rank_groups=[{rank: 4, share: 1.0}]",
+                      "algorithm.client_ranks={1: 1}", "train.weight_decay=0.1", "peft.dropout=0.3")
+    rt = EmbeddedRuntime(cfg, tmp_path / "het")
+    rt.server.global_state = {k: v + 0.01 for k, v in rt.server.global_state.items()}  # nothing starts at zero
+    update, _, _, failure = rt.run_client(1, 1, rt.server.configure(1, [1])[1])
+    assert failure is None
+    for p in lora_pairs(rt.exp.tuned.params):
+        a = rt.exp.tuned.params[p.a].detach().numpy()
+        b = rt.exp.tuned.params[p.b].detach().numpy()
+        assert not a[1:].any() and not b[:, 1:].any()  # the padded components stayed exactly zero
+        assert a[0].any() and update.arrays[p.a].shape[0] == 1
+    rt.close()
+
+
+def test_lora_on_an_embedding_layer_is_refused_by_the_lora_methods():
+    from fedpeft.algorithms.lora.common import pairs_in
+
+    names = [A, B, "emb.lora_embedding_A.default", "emb.lora_embedding_B.default"]
+    with pytest.raises(ValueError, match="linear layers only"):
+        pairs_in(names, "ffa_lora")
+    assert [p.module for p in lora_pairs(names)] == ["m"]  # FedAvg's error metric just leaves it out

@@ -36,6 +36,9 @@ def test_reports_are_checked_and_averaged_by_held_out_examples():
 def test_an_algorithm_without_a_personalized_model_is_refused():
     with pytest.raises(ConfigError, match="eval.personalized: algorithm headprune"):
         tiny_config("algorithm.name=headprune", "eval.personalized=true")
+    with pytest.raises(ConfigError, match="eval.personalized together are not supported"):
+        tiny_config("eval.personalized=true", "runtime.name=flower", "runtime.flower.secure_aggregation={}",
+                    "runtime.flower.num_supernodes=4")
 
 
 class Sent(fedpeft.RunObserver):
@@ -90,3 +93,19 @@ def test_the_reported_score_is_the_personalized_model_on_the_clients_own_slice(n
         c = back[0]
         with_initial_b = rescore(rt, c, {**rt.server.global_state, **sent.payloads[3][c].arrays})
         assert with_initial_b["loss"] != pytest.approx(last["client_personal"][str(c)]["loss"], rel=1e-6)
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("name", sorted(n for n, a in __import__("fedpeft.algorithms", fromlist=["ALGORITHMS"])
+                                        .ALGORITHMS.items() if a.options.supports_personalized_eval))
+def test_every_algorithm_that_declares_it_reports_personalized_scores(name, tmp_path):
+    from golden_runs import GOLDEN
+
+    overrides = GOLDEN.get(f"algorithm-{name}", [f"algorithm.name={name}"])
+    cfg = tiny_config(*overrides, "eval.personalized=true", "federation.rounds=1")
+    rt = EmbeddedRuntime(cfg, tmp_path / name)
+    rt.run()
+    row = read_metrics(tmp_path / name)[1]
+    assert set(row["client_personal"]) == {str(c) for c in row["clients"]}
+    metric = cfg.primary_metric()
+    assert 0.0 <= row[f"personal_{metric}"] <= 1.0 and row["personal_examples"] > 0

@@ -227,6 +227,7 @@ class FedSPClient(ClientAlgorithm):
         self._load_aux(ctx.state["aux"])
         module = self.aux.module
         self.aux.load_state(prompts)
+        ctx.evaluate_personal(self.aux)  # the client's auxiliary model with the received prompts
         params = self._aux_params()
         prompt_params = [p for n, p in module.named_parameters() if "prompt_encoder" in n]
 

@@ -446,6 +446,7 @@ class FedSPOptions(AlgorithmOptions):
     only (task.type generation or multiple_choice with a decoder-only model); embedded runtime only."""
 
     name: Literal["fedsp"] = "fedsp"
+    supports_personalized_eval: ClassVar[bool] = True
     aux_layers: int = Field(1, ge=1, description="k: blocks of the global model in the auxiliary model.")
     aux_position: Literal["bottom", "middle", "top"] = Field(
         "bottom", description="Where the k consecutive blocks are taken from (paper Table 3).")
@@ -742,6 +743,9 @@ class RunConfig(Section):
             family = ", ".join(n for n, m in ALGORITHM_OPTIONS.items() if m.supports_secure_aggregation)
             raise ValueError(f"{where} needs an algorithm that aggregates from the mean update alone ({family}); "
                              f"{self.algorithm.name} needs the clients' updates in the clear")
+        if self.eval.personalized:
+            raise ValueError(f"{where} and eval.personalized together are not supported (the masked update carries "
+                             "no per-client scores): choose one")
         if getattr(self.algorithm, "dp", None) is not None:
             raise ValueError(f"{where} and algorithm.dp together are not supported (the private mean needs each "
                              "clipped update; SecAgg+ reveals only the weighted mean): choose one")

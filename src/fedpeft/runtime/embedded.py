@@ -101,7 +101,7 @@ def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, 
     due = personal_due(cfg, rnd)
     personal: dict[str, Any] = {}
 
-    def evaluate_personal(tuned=None) -> dict[str, Any] | None:
+    def evaluate_personal(tuned: Any = None) -> dict[str, Any] | None:
         if not due:
             return None
         if PERSONAL in personal:

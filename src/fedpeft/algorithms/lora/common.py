@@ -33,10 +33,16 @@ def require_lora(run: Any, algorithm: str) -> None:
 
 
 def pairs_in(names: Iterable[str], algorithm: str) -> list[LoraPair]:
+    names = list(names)
     pairs = lora_pairs(names)
     if not pairs:
         raise ValueError(f"algorithm {algorithm} found no LoRA factors (names with .lora_A. / .lora_B.) among "
                          "the trainable parameters; use peft.method: lora")
+    paired = {n for p in pairs for n in (p.a, p.b)}
+    other = sorted(n for n in names if "lora_" in n and n not in paired)
+    if other:  # e.g. LoRA on an embedding layer (lora_embedding_A/B), which these methods would average as is
+        raise ValueError(f"algorithm {algorithm} handles LoRA on linear layers only, not {other[0]!r}: remove that "
+                         "layer from peft.target_modules")
     return pairs
 
 

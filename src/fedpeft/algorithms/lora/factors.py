@@ -68,20 +68,28 @@ def product_norm(b: np.ndarray, a: np.ndarray) -> float:
     return float(np.sqrt(_sq_norm_of_sum([(1.0, np.asarray(b, dtype=np.float64), np.asarray(a, dtype=np.float64))])))
 
 
+def aggregation_gap(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float],
+                    pair: LoraPair) -> tuple[float, float]:
+    """(||sum_i w_i B_i A_i - (sum_i w_i B_i)(sum_i w_i A_i)||_F^2, ||sum_i w_i B_i A_i||_F^2) of one module,
+    weights normalised to sum 1. The gap is computed as sum_i w_i B_i (A_i - A_mean), which is exactly 0 for a
+    shared A (no cancellation of large terms)."""
+    w = _normalised(weights)
+    bs = [np.asarray(s[pair.b], dtype=np.float64) for s in states]
+    as_ = [np.asarray(s[pair.a], dtype=np.float64) for s in states]
+    a_mean = sum(wi * a for wi, a in zip(w, as_))
+    ref = _sq_norm_of_sum([(float(wi), b, a) for wi, b, a in zip(w, bs, as_)])
+    return _sq_norm_of_sum([(float(wi), b, a - a_mean) for wi, b, a in zip(w, bs, as_)]), ref
+
+
 def aggregation_error(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float],
                       pairs: Sequence[LoraPair]) -> float:
     """||sum_i w_i B_i A_i - (sum_i w_i B_i)(sum_i w_i A_i)||_F / ||sum_i w_i B_i A_i||_F over all modules
     (weights normalised to sum 1): how far averaging A and B separately lands from averaging the clients'
     updates. 0 when the denominator is 0 (no client moved B off zero)."""
-    w = _normalised(weights)
     err = ref = 0.0
     for p in pairs:
-        bs = [np.asarray(s[p.b], dtype=np.float64) for s in states]
-        as_ = [np.asarray(s[p.a], dtype=np.float64) for s in states]
-        a_mean = sum(wi * a for wi, a in zip(w, as_))
-        ref += _sq_norm_of_sum([(float(wi), b, a) for wi, b, a in zip(w, bs, as_)])
-        # sum_i w_i B_i A_i - (sum_i w_i B_i) A_mean = sum_i w_i B_i (A_i - A_mean): exactly 0 for a shared A
-        err += _sq_norm_of_sum([(float(wi), b, a - a_mean) for wi, b, a in zip(w, bs, as_)])
+        e, r = aggregation_gap(states, weights, p)
+        err, ref = err + e, ref + r
     return float(np.sqrt(err / ref)) if ref > 0 else 0.0
 
 

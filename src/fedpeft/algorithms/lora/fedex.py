@@ -57,8 +57,9 @@ class FedExLoraServer(MergingServer):
             err, ref = err + e * e, ref + sum_norm(blocks[:-1]) ** 2
         gap = aggregation_error([updates[c].arrays for c in ids], n, self.pairs)  # what FedAvg alone would miss
         self.global_state = mean
-        self.record(rnd, residual, updates)
-        return {"lora_aggregation_error": math.sqrt(err / ref) if ref > 0 else 0.0, "lora_residual": gap}
+        merge_error = self.record(rnd, residual, updates)
+        return {"lora_aggregation_error": math.sqrt(err / ref) if ref > 0 else 0.0, "lora_residual": gap,
+                "lora_merge_error": merge_error}
 
 
 class FedExLoraClient(fedpeft.ClientAlgorithm):

@@ -31,6 +31,13 @@ class FedSaLoraOptions(LoraFedAvgOptions):
 
     name: Literal["fedsa_lora"] = "fedsa_lora"
 
+    def check(self, run: Any) -> None:
+        super().check(run)
+        if not run.eval.personalized:
+            raise ValueError("algorithm fedsa_lora keeps each client's B on the client, so the server's global model "
+                             "has none and its score is not the method's: set eval.personalized: true to score the "
+                             "clients' own models")
+
 
 class FedSaLoraServer(fedpeft.ServerAlgorithm):
     state_attrs = ("global_state", "served")
@@ -49,6 +56,10 @@ class FedSaLoraServer(fedpeft.ServerAlgorithm):
             arrays = {**shared, **{k: self.global_state[k] for k in self.kept}} if first else shared
             out[c] = fedpeft.Payload(arrays, {"round": rnd, "client": c})
         return out
+
+    def observe_failures(self, rnd: int, failures: dict[int, str]) -> None:
+        # it may have lost its B (a replaced node): it gets the initial one again (one it still has wins)
+        self.served = [c for c in self.served if c not in failures]
 
     def validate(self, rnd: int, payload: fedpeft.Payload) -> None:
         fedpeft.check_update(payload, self.shared, rnd)  # a B in the update is refused as unknown
@@ -72,8 +83,8 @@ class FedSaLoraClient(fedpeft.ClientAlgorithm):
         if kept is None:
             if not kept_names <= set(payload.arrays):
                 raise ValueError(f"fedsa_lora: client {ctx.client_id} holds no LoRA B of its own (its state was "
-                                 "lost, e.g. a restarted client process) and the server no longer sends the "
-                                 "initial B to it; it cannot rejoin this run")
+                                 "lost, e.g. a restarted client process) and the server did not send the initial "
+                                 "B; it gets it with its next payload")
             kept = {k: payload.arrays[k] for k in kept_names}
         ctx.tuned.load_state({**shared, **kept})
         ctx.evaluate_personal()  # the global A and head with the client's own B

@@ -32,6 +32,9 @@ def require_plain_backbone(run: Any, name: str) -> None:
     if run.model.quantization is not None:
         raise ValueError(f"model.quantization: algorithm {name} adds the clients' LoRA products to the backbone's "
                          "weights, which are frozen in 4 or 8 bits; remove model.quantization or use another algorithm")
+    if run.model.dtype != "float32":
+        raise ValueError(f"model.dtype: algorithm {name} adds small LoRA products to the backbone's weights, which "
+                         f"in {run.model.dtype} would round most of each update away; set model.dtype: float32")
 
 
 class FLoraOptions(fedpeft.AlgorithmOptions):
@@ -64,12 +67,13 @@ class FLoraServer(MergingServer):
             blocks = [(float(wi), updates[c].arrays[p.b], updates[c].arrays[p.a]) for wi, c in zip(w, ids)]
             factors[p.b], factors[p.a], e = stack(blocks)
             err, ref, width = err + e * e, ref + sum_norm(blocks) ** 2, factors[p.a].shape[0]
-        self.record(rnd, factors, updates)
+        merge_error = self.record(rnd, factors, updates)
         others = sorted(set(self.global_state) - self.factor_names)
         if others:
             mean = weighted_mean([{k: updates[c].arrays[k] for k in others} for c in ids], list(n))
             self.global_state.update(mean)
-        return {"lora_aggregation_error": math.sqrt(err / ref) if ref > 0 else 0.0, "stacked_rank": width}
+        return {"lora_aggregation_error": math.sqrt(err / ref) if ref > 0 else 0.0, "stacked_rank": width,
+                "lora_merge_error": merge_error}
 
 
 class FLoraClient(fedpeft.ClientAlgorithm):

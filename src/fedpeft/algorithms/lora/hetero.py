@@ -33,7 +33,7 @@ import fedpeft
 from fedpeft.algorithms.lora.common import pairs_in, require_lora, round_meta
 from fedpeft.algorithms.lora.factors import (
     LoraPair,
-    aggregation_error,
+    aggregation_gap,
     pad_rank,
     product_norm,
     svd_factors,
@@ -184,7 +184,7 @@ class HeteroRankServer(fedpeft.ServerAlgorithm):
 
 class HetLoraServer(HeteroRankServer):
     def combine(self, states: list[dict[str, np.ndarray]], examples: list[int]) -> dict[str, float]:
-        error = aggregation_error(states, examples, self.pairs)
+        err = ref = 0.0
         for p in self.pairs:
             if self.options.weighting == "norm":
                 w = np.asarray([product_norm(s[p.b], s[p.a]) for s in states])
@@ -192,11 +192,13 @@ class HetLoraServer(HeteroRankServer):
             else:
                 w = np.asarray(examples, dtype=np.float64)
             w = w / w.sum()
+            e, r = aggregation_gap(states, w, p)  # with the weights this module is averaged with
+            err, ref = err + e, ref + r
             self.global_state[p.a] = np.asarray(sum(wi * s[p.a].astype(np.float64) for wi, s in zip(w, states)),
                                                 dtype=np.float32)
             self.global_state[p.b] = np.asarray(sum(wi * s[p.b].astype(np.float64) for wi, s in zip(w, states)),
                                                 dtype=np.float32)
-        return {"lora_aggregation_error": error}
+        return {"lora_aggregation_error": float(np.sqrt(err / ref)) if ref > 0 else 0.0}
 
 
 class FlexLoraServer(HeteroRankServer):

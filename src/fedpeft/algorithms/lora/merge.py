@@ -6,12 +6,14 @@ model, each Flower SuperNode's) merges each round once, in order.
 Payload arrays ``merge/<round>/<factor name>`` carry round ``<round>``'s stacked B (out x k) and A (k x in)
 under the names of the module's LoRA factors; the payload's meta lists them (``merge_rounds``) and says
 which round the model must hold afterwards (``merged_upto``). A client reports ``merged_through`` with its
-update, which is where the server starts the next time it serves that client (a failure resets it, so a
-client that lost its merged backbone, e.g. a restarted process, gets the whole history again).
+update, which is where the server starts the next time it serves that client; a client that has failed once (it
+may have lost its merged backbone: a restarted process, or a ClientApp process per message) gets the whole
+history from then on.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,9 +36,12 @@ def array_name(rnd: int, factor: str) -> str:
     return f"{PREFIX}{rnd}/{factor}"
 
 
-def merge_round(tuned: Any, pairs: list[LoraPair], factors: Mapping[str, np.ndarray], rnd: int) -> None:
+def merge_round(tuned: Any, pairs: list[LoraPair], factors: Mapping[str, np.ndarray], rnd: int) -> float:
     """Add scale x B_s A_s of round ``rnd`` to each adapted module's frozen weight (transposed where the
-    layer stores it in x out, e.g. GPT-2's Conv1D); ``factors`` maps factor names to the stacked factors."""
+    layer stores it in x out, e.g. GPT-2's Conv1D); ``factors`` maps factor names to the stacked factors.
+    Returns ||what the weights changed by - the product||_F / ||the product||_F: the rounding of adding a
+    small update to float32 weights (about 1e-5 here), the part of the merge that is not exact."""
+    err = ref = 0.0
     with torch.no_grad():
         for p in pairs:
             layer = tuned.module.get_submodule(p.module)
@@ -45,15 +50,19 @@ def merge_round(tuned: Any, pairs: list[LoraPair], factors: Mapping[str, np.ndar
             delta *= float(layer.scaling[adapter])
             weight = layer.base_layer.weight
             update = torch.from_numpy(delta.T if getattr(layer, "fan_in_fan_out", False) else delta)
+            before = weight.detach().to("cpu", torch.float64)
             weight.add_(update.to(device=weight.device, dtype=weight.dtype))
+            err += float(((weight.detach().to("cpu", torch.float64) - before) - update).square().sum())
+            ref += float(update.square().sum())
     setattr(tuned.module, MERGED_ATTR, rnd)
+    return math.sqrt(err / ref) if ref > 0 else 0.0
 
 
 class MergingServer(fedpeft.ServerAlgorithm):
     """Keeps the history of merged rounds, merges each into the server's model, serves clients the rounds
     they lack; subclasses say what each round stacks (:meth:`round_stack`) and what else travels."""
 
-    state_attrs = ("global_state", "history", "synced")
+    state_attrs = ("global_state", "history", "synced", "stateless")
 
     @classmethod
     def runtime_needs(cls, options: Any) -> fedpeft.RuntimeNeeds:
@@ -67,9 +76,12 @@ class MergingServer(fedpeft.ServerAlgorithm):
         self.factor_names = {n for p in self.pairs for n in (p.a, p.b)}
         self.history: dict[int, dict[str, np.ndarray]] = {}  # round -> stacked factors by factor name
         self.synced: dict[int, int] = {}  # client -> the last round its model reported holding
+        # clients that have failed: sent the whole history from then on (a ClientApp process per message, or
+        # a replaced node, holds none of it)
+        self.stateless: list[int] = []
 
     def merge_payload(self, client: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        start = self.synced.get(client, 0)
+        start = 0 if client in self.stateless else self.synced.get(client, 0)
         rounds = [r for r in sorted(self.history) if r > start]
         arrays = {array_name(r, k): v for r in rounds for k, v in self.history[r].items()}
         return arrays, {"merge_rounds": rounds, "merged_upto": max(self.history, default=0)}
@@ -77,26 +89,34 @@ class MergingServer(fedpeft.ServerAlgorithm):
     def validate(self, rnd: int, payload: fedpeft.Payload) -> None:
         super().validate(rnd, payload)
         m = payload.meta.get("merged_through")
-        if not isinstance(m, int) or isinstance(m, bool) or not 0 <= m <= max(self.history, default=0):
-            raise fedpeft.UpdateRejected(f"merged_through {m!r} is not a round the server has merged")
+        # up to the previous round: a node that outlived a server restart may hold rounds the server runs again
+        # (seeded, they merge the same stacks)
+        if not isinstance(m, int) or isinstance(m, bool) or not 0 <= m < rnd:
+            raise fedpeft.UpdateRejected(f"merged_through {m!r} is not a round before round {rnd}")
 
-    def record(self, rnd: int, factors: dict[str, np.ndarray], updates: Mapping[int, fedpeft.Payload]) -> None:
-        """Keep round ``rnd``'s stacked factors, merge them into the server's model, note what clients hold."""
+    def record(self, rnd: int, factors: dict[str, np.ndarray], updates: Mapping[int, fedpeft.Payload]) -> float:
+        """Keep round ``rnd``'s stacked factors, merge them into the server's model, note what clients hold;
+        returns the merge's rounding error (see :func:`merge_round`)."""
         self.history[rnd] = factors
         model = self.server_model.tuned
+        error = 0.0
         if merged_through(model) < rnd:  # (the embedded runtime's clients share this model)
-            merge_round(model, self.pairs, factors, rnd)
+            error = merge_round(model, self.pairs, factors, rnd)
         for c, p in updates.items():
             self.synced[c] = int(p.meta["merged_through"])
+        return error
 
     def observe_failures(self, rnd: int, failures: dict[int, str]) -> None:
-        for c in failures:  # it may have lost its merged backbone: send it everything next time
+        for c in failures:  # it may have lost its merged backbone: send it everything from now on
             self.synced.pop(c, None)
+            if c not in self.stateless:
+                self.stateless = sorted([*self.stateless, c])
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.history = {int(r): dict(f) for r, f in self.history.items()}
         self.synced = {int(c): int(r) for c, r in self.synced.items()}
+        self.stateless = [int(c) for c in self.stateless]
         model = self.server_model.tuned
         for r in sorted(self.history):  # a rebuilt model holds none of them
             if r > merged_through(model):
