@@ -3,7 +3,7 @@ FedEx-LoRA on IID and Dirichlet(0.5)-skewed clients, and a federation of clients
 thirds) under HetLoRA and FlexLoRA against everyone at rank 4.
 
 * minilm-20news: MiniLM-L6 on 20 Newsgroups (configs/lora_20news.yaml: 1,200 documents, 8 clients, 4 per
-  round, 8 rounds of 2 local epochs, Dirichlet skew over the labels); the heterogeneous ranks run here.
+  round, 6 rounds of 2 local epochs, Dirichlet skew over the labels); the heterogeneous ranks run here.
 * smollm2-e2e: SmolLM2-135M on E2E NLG (configs/e2e_smollm2_lora.yaml at a smaller scale: 480 pairs, 6
   clients, 3 per round, 3 rounds of 5 local steps; Dirichlet skew over the restaurants' eat_type).
 
