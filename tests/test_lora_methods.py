@@ -368,6 +368,10 @@ def test_flora_downloads_grow_with_the_rounds_a_client_missed(tmp_path):
                     assert r["bytes_down"][str(a)] > r["bytes_down"][str(b)]
     with pytest.raises(ConfigError, match="frozen in 4 or 8 bits"):
         tiny_config("algorithm.name=flora", "model.quantization={bits: 4}")
+    import fedpeft
+
+    with pytest.raises(fedpeft.UserError, match="is not the run's model: a flora run merges"):
+        fedpeft.load_adapter(tmp_path / "flora" / "adapter")
 
 
 @pytest.mark.needs_data

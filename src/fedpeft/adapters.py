@@ -49,6 +49,8 @@ def load_adapter(directory: str | Path, *, base_model: str | None = None, dtype:
     named in fedpeft_adapter.json (e.g. a local copy of the same weights)."""
     directory = Path(directory)
     meta = read_adapter_meta(directory)
+    if meta.get("incomplete"):
+        raise StateError(f"{str(directory)!r} is not the run's model: {meta['incomplete']}")
     method, kind = meta["method"], meta["kind"]
     from fedpeft.plugins import load_installed_plugins, load_plugins
     from fedpeft.tuners import PEFT_METHODS

@@ -41,6 +41,9 @@ class AlgorithmOptions(Section):
     supports_secure_aggregation: ClassVar[bool] = False
     # whether the client half scores its personalized model when asked (ClientContext.evaluate_personal)
     supports_personalized_eval: ClassVar[bool] = False
+    # why the global state saved as the run's adapter is not the run's model (e.g. updates merged into the
+    # backbone), or None; such an adapter is marked and fedpeft.load_adapter refuses it with this reason
+    adapter_incomplete: ClassVar[str | None] = None
 
     def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this algorithm cannot

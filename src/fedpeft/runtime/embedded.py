@@ -475,6 +475,7 @@ class EmbeddedRuntime:
                                extra={"num_labels": exp.data.num_labels, "label_names": exp.data.label_names,
                                       "label_kind": exp.data.label_kind, "template": exp.data.template,
                                       "seed": self.cfg.seed, "dtype": self.cfg.model.dtype,
+                                      "incomplete": type(self.cfg.algorithm).adapter_incomplete,
                                       "plugins": self.cfg.plugins, "attn_implementation": self.cfg.model.attn_implementation,
                                       "quantization": (self.cfg.model.quantization.described()
                                                        if self.cfg.model.quantization is not None else None),

@@ -19,7 +19,7 @@ from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.common import pairs_in, round_meta
 from fedpeft.algorithms.lora.factors import aggregation_error, stack, sum_norm
 from fedpeft.algorithms.lora.flora import require_plain_backbone
-from fedpeft.algorithms.lora.merge import MergingServer, merge_missing
+from fedpeft.algorithms.lora.merge import MERGED_ADAPTER, MergingServer, merge_missing
 
 NAME = "fedex_lora"
 
@@ -29,6 +29,7 @@ class FedExLoraOptions(fedpeft.AlgorithmOptions):
 
     name: Literal["fedex_lora"] = "fedex_lora"
     supports_personalized_eval: ClassVar[bool] = True
+    adapter_incomplete: ClassVar[str | None] = MERGED_ADAPTER.format(name="fedex_lora")
 
     def check(self, run: Any) -> None:
         require_plain_backbone(run, NAME)

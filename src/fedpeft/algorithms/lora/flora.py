@@ -22,7 +22,7 @@ import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.common import pairs_in, require_lora, round_meta
 from fedpeft.algorithms.lora.factors import stack, sum_norm
-from fedpeft.algorithms.lora.merge import MergingServer, merge_missing
+from fedpeft.algorithms.lora.merge import MERGED_ADAPTER, MergingServer, merge_missing
 
 NAME = "flora"
 
@@ -42,6 +42,7 @@ class FLoraOptions(fedpeft.AlgorithmOptions):
 
     name: Literal["flora"] = "flora"
     supports_personalized_eval: ClassVar[bool] = True
+    adapter_incomplete: ClassVar[str | None] = MERGED_ADAPTER.format(name="flora")
 
     def check(self, run: Any) -> None:
         require_plain_backbone(run, NAME)

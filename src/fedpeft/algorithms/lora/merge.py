@@ -26,6 +26,9 @@ from fedpeft.algorithms.lora.factors import LoraPair
 
 MERGED_ATTR = "_fedpeft_merged_through"  # on the torch module: the last round merged into its backbone
 PREFIX = "merge/"
+MERGED_ADAPTER = ("a {name} run merges the clients' LoRA products into the backbone every round, and its adapter "
+                  "holds the LoRA factors and head without them; load the run's checkpoint history onto the backbone "
+                  "instead (see the README's Federated LoRA section)")
 
 
 def merged_through(tuned: Any) -> int:
