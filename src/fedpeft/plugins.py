@@ -94,10 +94,18 @@ def load_installed_plugins() -> list[str]:
 BUILT_IN_ALGORITHMS = "fedpeft.algorithms"
 
 
+def load_built_in_algorithms(name: object) -> None:
+    """Register the built-in algorithms if ``name`` (a config's algorithm.name) is not known yet: the federated
+    LoRA methods register on import, and importing the algorithms imports torch, which a config naming a
+    method known without them (or a mistyped one the check refuses first) does not wait for."""
+    from fedpeft.config.schema import ALGORITHM_OPTIONS
+
+    if isinstance(name, str) and name not in ALGORITHM_OPTIONS:
+        importlib.import_module(BUILT_IN_ALGORITHMS)
+
+
 def load_plugins(specs: list[str]) -> None:
-    """Load the built-in algorithms and the installed plugins, then each of ``specs`` (resolved specs, see
-    :func:`resolve_plugin`)."""
-    importlib.import_module(BUILT_IN_ALGORITHMS)
+    """Load the installed plugins, then each of ``specs`` (resolved specs, see :func:`resolve_plugin`)."""
     load_installed_plugins()
     for spec in specs:
         load_plugin(spec)
