@@ -63,11 +63,6 @@ def _sq_norm_of_sum(terms: Sequence[tuple[float, np.ndarray, np.ndarray]]) -> fl
     return max(total, 0.0)
 
 
-def product_norm(b: np.ndarray, a: np.ndarray) -> float:
-    """||B A||_F, from the r x r Gram matrices."""
-    return float(np.sqrt(_sq_norm_of_sum([(1.0, np.asarray(b, dtype=np.float64), np.asarray(a, dtype=np.float64))])))
-
-
 def aggregation_gap(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float],
                     pair: LoraPair) -> tuple[float, float]:
     """(||sum_i w_i B_i A_i - (sum_i w_i B_i)(sum_i w_i A_i)||_F^2, ||sum_i w_i B_i A_i||_F^2) of one module,

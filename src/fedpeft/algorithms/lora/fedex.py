@@ -10,7 +10,7 @@ The residual travels in low rank: stacked as [w_1 B_1, ..., w_K B_K, -B_mean] ti
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -18,31 +18,24 @@ import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.common import pairs_in, round_meta
 from fedpeft.algorithms.lora.factors import aggregation_error, stack, sum_norm
-from fedpeft.algorithms.lora.flora import require_plain_backbone
-from fedpeft.algorithms.lora.merge import MERGED_ADAPTER, MergingServer, merge_missing
+from fedpeft.algorithms.lora.merge import (
+    MERGED_ADAPTER,
+    MergingOptions,
+    MergingServer,
+    merge_missing,
+)
 
 NAME = "fedex_lora"
 
 
-class FedExLoraOptions(fedpeft.AlgorithmOptions):
+class FedExLoraOptions(MergingOptions):
     """algorithm: {name: fedex_lora}: FedAvg of A and B with the residual merged into the backbone."""
 
     name: Literal["fedex_lora"] = "fedex_lora"
-    supports_personalized_eval: ClassVar[bool] = True
     adapter_incomplete: ClassVar[str | None] = MERGED_ADAPTER.format(name="fedex_lora")
-
-    def check(self, run: Any) -> None:
-        require_plain_backbone(run, NAME)
 
 
 class FedExLoraServer(MergingServer):
-    def configure(self, rnd: int, clients: list[int]) -> dict[int, fedpeft.Payload]:
-        out = {}
-        for c in clients:
-            merges, meta = self.merge_payload(c)
-            out[c] = fedpeft.Payload({**self.global_state, **merges}, {"round": rnd, "client": c, **meta})
-        return out
-
     def aggregate(self, rnd: int, updates: dict[int, fedpeft.Payload]) -> dict[str, float]:
         if not updates:
             return {}

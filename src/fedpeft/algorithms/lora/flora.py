@@ -13,49 +13,36 @@ rounds the client missed. The backbone cannot be quantized (the product is added
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
-from fedpeft.algorithms.lora.common import pairs_in, require_lora, round_meta
+from fedpeft.algorithms.lora.common import pairs_in, round_meta
 from fedpeft.algorithms.lora.factors import stack, sum_norm
-from fedpeft.algorithms.lora.merge import MERGED_ADAPTER, MergingServer, merge_missing
+from fedpeft.algorithms.lora.merge import (
+    MERGED_ADAPTER,
+    MergingOptions,
+    MergingServer,
+    merge_missing,
+)
 
 NAME = "flora"
 
 
-def require_plain_backbone(run: Any, name: str) -> None:
-    require_lora(run, name)
-    if run.model.quantization is not None:
-        raise ValueError(f"model.quantization: algorithm {name} adds the clients' LoRA products to the backbone's "
-                         "weights, which are frozen in 4 or 8 bits; remove model.quantization or use another algorithm")
-    if run.model.dtype != "float32":
-        raise ValueError(f"model.dtype: algorithm {name} adds small LoRA products to the backbone's weights, which "
-                         f"in {run.model.dtype} would round most of each update away; set model.dtype: float32")
-
-
-class FLoraOptions(fedpeft.AlgorithmOptions):
+class FLoraOptions(MergingOptions):
     """algorithm: {name: flora}: stacking aggregation, merged into the backbone every round."""
 
     name: Literal["flora"] = "flora"
-    supports_personalized_eval: ClassVar[bool] = True
     adapter_incomplete: ClassVar[str | None] = MERGED_ADAPTER.format(name="flora")
-
-    def check(self, run: Any) -> None:
-        require_plain_backbone(run, NAME)
 
 
 class FLoraServer(MergingServer):
-    def configure(self, rnd: int, clients: list[int]) -> dict[int, fedpeft.Payload]:
-        head = {k: v for k, v in self.global_state.items() if k not in self.factor_names}
-        out = {}
-        for c in clients:
-            merges, meta = self.merge_payload(c)
-            out[c] = fedpeft.Payload({**head, **merges}, {"round": rnd, "client": c, **meta})
-        return out
+    def sent_state(self) -> dict[str, np.ndarray]:
+        """The head only: clients start each round from fresh LoRA factors."""
+        return {k: v for k, v in self.global_state.items() if k not in self.factor_names}
 
     def aggregate(self, rnd: int, updates: dict[int, fedpeft.Payload]) -> dict[str, float]:
         if not updates:

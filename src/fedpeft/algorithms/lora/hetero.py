@@ -30,12 +30,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 import fedpeft
+from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.common import pairs_in, require_lora, round_meta
 from fedpeft.algorithms.lora.factors import (
     LoraPair,
     aggregation_gap,
     pad_rank,
-    product_norm,
+    sum_norm,
     svd_factors,
     truncate_rank,
     weighted_product,
@@ -158,11 +159,10 @@ class HeteroRankServer(fedpeft.ServerAlgorithm):
         return out
 
     def mean_others(self, updates: Mapping[int, fedpeft.Payload]) -> None:
-        ids = sorted(updates)
-        n = np.asarray([updates[c].meta["num_examples"] for c in ids], dtype=np.float64)
-        for k in self.others:
-            mean = sum(w * updates[c].arrays[k].astype(np.float64) for w, c in zip(n / n.sum(), ids))
-            self.global_state[k] = np.asarray(mean, dtype=np.float32)
+        if self.others:
+            ids = sorted(updates)
+            self.global_state.update(weighted_mean([{k: updates[c].arrays[k] for k in self.others} for c in ids],
+                                                   [updates[c].meta["num_examples"] for c in ids]))
 
     def round_info(self) -> dict[str, Any]:
         return {"client_rank": {str(c): self.ranks[c] for c in self.selected}}
@@ -187,7 +187,7 @@ class HetLoraServer(HeteroRankServer):
         err = ref = 0.0
         for p in self.pairs:
             if self.options.weighting == "norm":
-                w = np.asarray([product_norm(s[p.b], s[p.a]) for s in states])
+                w = np.asarray([sum_norm([(1.0, s[p.b], s[p.a])]) for s in states])
                 w = w if w.sum() > 0 else np.ones(len(states))  # no client moved this module yet
             else:
                 w = np.asarray(examples, dtype=np.float64)

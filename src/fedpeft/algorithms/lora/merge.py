@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 import fedpeft
-from fedpeft.algorithms.lora.common import pairs_in
+from fedpeft.algorithms.lora.common import pairs_in, require_lora
 from fedpeft.algorithms.lora.factors import LoraPair
 
 MERGED_ATTR = "_fedpeft_merged_through"  # on the torch module: the last round merged into its backbone
@@ -61,6 +61,24 @@ def merge_round(tuned: Any, pairs: list[LoraPair], factors: Mapping[str, np.ndar
     return math.sqrt(err / ref) if ref > 0 else 0.0
 
 
+class MergingOptions(fedpeft.AlgorithmOptions):
+    """What the merging methods share: LoRA on an unquantized float32 backbone, personalized scores (the merged
+    global model), and an adapter that is not the run's model (subclasses set ``adapter_incomplete``)."""
+
+    supports_personalized_eval: ClassVar[bool] = True
+
+    def check(self, run: Any) -> None:
+        require_lora(run, self.name)
+        if run.model.quantization is not None:
+            raise ValueError(f"model.quantization: algorithm {self.name} adds the clients' LoRA products to the "
+                             "backbone's weights, which are frozen in 4 or 8 bits; remove model.quantization or use "
+                             "another algorithm")
+        if run.model.dtype != "float32":
+            raise ValueError(f"model.dtype: algorithm {self.name} adds small LoRA products to the backbone's weights, "
+                             f"which in {run.model.dtype} would round most of each update away; set model.dtype: "
+                             "float32")
+
+
 class MergingServer(fedpeft.ServerAlgorithm):
     """Keeps the history of merged rounds, merges each into the server's model, serves clients the rounds
     they lack; subclasses say what each round stacks (:meth:`round_stack`) and what else travels."""
@@ -83,11 +101,21 @@ class MergingServer(fedpeft.ServerAlgorithm):
         # a replaced node, holds none of it)
         self.stateless: list[int] = []
 
-    def merge_payload(self, client: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        start = 0 if client in self.stateless else self.synced.get(client, 0)
-        rounds = [r for r in sorted(self.history) if r > start]
-        arrays = {array_name(r, k): v for r in rounds for k, v in self.history[r].items()}
-        return arrays, {"merge_rounds": rounds, "merged_upto": max(self.history, default=0)}
+    def sent_state(self) -> dict[str, np.ndarray]:
+        """What every selected client receives besides the merges (default: the global state)."""
+        return self.global_state
+
+    def configure(self, rnd: int, clients: list[int]) -> dict[int, fedpeft.Payload]:
+        """The sent state and the stacks of every round since the client last reported."""
+        state, last = self.sent_state(), max(self.history, default=0)
+        out = {}
+        for c in clients:
+            start = 0 if c in self.stateless else self.synced.get(c, 0)
+            rounds = [r for r in sorted(self.history) if r > start]
+            merges = {array_name(r, k): v for r in rounds for k, v in self.history[r].items()}
+            out[c] = fedpeft.Payload({**state, **merges}, {"round": rnd, "client": c, "merge_rounds": rounds,
+                                                            "merged_upto": last})
+        return out
 
     def validate(self, rnd: int, payload: fedpeft.Payload) -> None:
         super().validate(rnd, payload)
