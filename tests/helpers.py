@@ -36,3 +36,18 @@ def crash_at_round(rt, monkeypatch, rnd: int) -> None:
         return real_round(r, wall_start)
 
     monkeypatch.setattr(rt, "run_round", die)
+
+
+def crash_in_checkpoint(monkeypatch, rnd: int) -> None:
+    """Make the checkpoint of round ``rnd`` raise KeyboardInterrupt: the round's metrics row is written, its
+    checkpoint never is (``monkeypatch.undo()`` restores checkpoint.save)."""
+    from fedpeft import checkpoint
+
+    real_save = checkpoint.save
+
+    def save_then_die(run_dir, r, state):
+        if r == rnd:
+            raise KeyboardInterrupt
+        return real_save(run_dir, r, state)
+
+    monkeypatch.setattr(checkpoint, "save", save_then_die)

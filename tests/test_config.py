@@ -35,7 +35,7 @@ def test_override_parsing():
         ("train.optimizer=adagrad", "train.optimizer: Input should be 'adamw', 'adam' or 'sgd'"),
         ("peft.method=lorax", "peft.method: unknown choice 'lorax'; valid choices: 'full', 'lora'"),
         ("peft.rank=4", "peft.lora.rank: unknown key; valid keys here: alpha, dropout, method, r, target_modules"),
-        ("algorithm.mu=0.1", "algorithm.fedavg.mu: unknown key; valid keys here: dp, name, server_lr"),
+        ("algorithm.mu=0.1", "algorithm.fedavg.mu: unknown key; valid keys here: dp, name, robust, server_lr"),
         ("train.lr=-1", "train.lr: Input should be greater than 0"),
         ("federation.clients_per_round=11", "clients_per_round (11) exceeds num_clients (10)"),
         ("federation.partition.scheme=pathological", "federation.partition.scheme: Input should be 'iid'"),

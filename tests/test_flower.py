@@ -121,6 +121,19 @@ def test_federated_lora_methods_run_on_flower_like_embedded(algorithm, deploymen
                 r["bytes_up"][str(by_rank[0])] < r["bytes_up"][str(by_rank[-1])])
 
 
+def test_attackers_and_a_robust_rule_run_on_flower_like_embedded(deployment, tmp_path):
+    # the attack happens in the ClientApps (which agree with the server on who attacks through the seed only)
+    cfg = tiny_config("federation.clients_per_round=3", "federation.rounds=3", "algorithm.robust={rule: median}",
+                      "federation.attackers={fraction: 0.25, attack: sign_flip, factor: 3}")
+    EmbeddedRuntime(cfg, tmp_path / "embedded").run()
+    run_flower(cfg, tmp_path / "flower", deployment=deployment, log=lambda m: None)
+    rows = read_metrics(tmp_path / "flower")
+    assert_same_metrics(comparable(read_metrics(tmp_path / "embedded")), comparable(rows))
+    assert_same_globals(tmp_path / "embedded", tmp_path / "flower")
+    assert any(r.get("adversarial_clients") for r in rows[1:])
+    assert all("client_update_norm" in r for r in rows[1:])
+
+
 def run_killing_a_supernode(cfg, tmp_path, *, supernodes: int, victim: int, restart_after_s: float = 0.0):
     """Run cfg on local SuperNodes into tmp_path/run; once round 1's checkpoint exists, SIGKILL SuperNode
     ``victim`` (and its ClientApp worker), then after ``restart_after_s`` start a new SuperNode (new node

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import crash_at_round, tiny_config, without_timings
+from helpers import crash_at_round, crash_in_checkpoint, tiny_config, without_timings
 
 from fedpeft import checkpoint
 from fedpeft.cli import main as cli_main
@@ -66,17 +66,10 @@ def test_resume_after_a_crash_ends_like_an_uninterrupted_run(algorithm, tmp_path
     EmbeddedRuntime(cfg, tmp_path / "full").run()
 
     crashed = EmbeddedRuntime(cfg, tmp_path / "cut")
-    real_save = checkpoint.save
-
-    def save_then_die(run_dir, rnd, state):
-        if rnd == 3:  # the round's metrics row is written, its checkpoint never is
-            raise KeyboardInterrupt
-        return real_save(run_dir, rnd, state)
-
-    monkeypatch.setattr(checkpoint, "save", save_then_die)
+    crash_in_checkpoint(monkeypatch, 3)  # the round's metrics row is written, its checkpoint never is
     with pytest.raises(KeyboardInterrupt):
         crashed.run()
-    monkeypatch.setattr(checkpoint, "save", real_save)
+    monkeypatch.undo()
     assert [r["round"] for r in read_metrics(tmp_path / "cut")] == [0, 1, 2, 3]
     assert checkpoint.load(tmp_path / "cut")[0] == 2
     with open(tmp_path / "cut" / "metrics.jsonl", "a") as f:  # and a row cut off mid-write by the crash

@@ -6,7 +6,8 @@ The public API (see README, "Python API"); names load on first use, so ``import 
 * runs: :func:`run`, :func:`resume`, :class:`RunObserver` (watching a run in this process), and reading a run directory back: :func:`read_metrics`,
   :func:`read_summary`, :func:`read_partition`, :func:`load_adapter`;
 * your own algorithms: :class:`AlgorithmOptions`, :class:`ServerAlgorithm`, :class:`ClientAlgorithm`,
-  :class:`ClientContext`, :class:`Payload`, :func:`check_update`, :func:`register_algorithm`;
+  :class:`ClientContext`, :class:`Payload`, :func:`check_update`, :func:`register_algorithm`, and Byzantine-robust
+  aggregation for them: :data:`RobustRule` (the ``robust`` option), :func:`robust_aggregate`;
 * your own PEFT methods: :class:`PeftOptions`, :class:`TunerContext`, :func:`register_peft_method`;
 * plugins: :func:`load_plugin`;
 * errors about the user's input: :class:`UserError`.
@@ -23,6 +24,8 @@ _EXPORTS = {
     "RunConfig": "fedpeft.config.schema",
     "AlgorithmOptions": "fedpeft.config.schema",
     "PeftOptions": "fedpeft.config.schema",
+    "RobustRule": "fedpeft.config.adversarial",
+    "robust_aggregate": "fedpeft.algorithms.robust",
     "load_config": "fedpeft.config.load",
     "validate_config": "fedpeft.config.load",
     "dump_config": "fedpeft.config.load",

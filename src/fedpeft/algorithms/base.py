@@ -109,6 +109,9 @@ class RunObserver:
         """A copy of the round's metrics row once it is appended to metrics.jsonl (round 0: the initial
         evaluation)."""
 
+    def on_run_end(self, summary: dict[str, Any]) -> None:
+        """A copy of the run's summary once summary.json is written (not called for a run that failed)."""
+
 
 @dataclass(frozen=True)
 class RuntimeNeeds:

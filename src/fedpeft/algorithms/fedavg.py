@@ -22,6 +22,7 @@ from fedpeft.algorithms.base import (
 )
 from fedpeft.algorithms.lora.factors import aggregation_error, lora_pairs
 from fedpeft.algorithms.privacy import PrivateMean, clip, l2_norm
+from fedpeft.algorithms.robust import robust_aggregate, round_report
 from fedpeft.wire import Payload
 
 
@@ -32,6 +33,8 @@ class FedAvgServer(ServerAlgorithm):
         self.private = (PrivateMean(dp, num_clients=self.num_clients, clients_per_round=self.clients_per_round)
                         if dp is not None else None)
         self.lora_pairs = lora_pairs(self.global_state)  # LoRA factors, when the PEFT method is LoRA
+        self.robust = getattr(options, "robust", None)  # a Byzantine-robust rule in place of the weighted mean
+        self.robust_report: dict[str, Any] = {}
 
     def validate(self, rnd: int, payload: Payload) -> None:
         super().validate(rnd, payload)
@@ -47,7 +50,12 @@ class FedAvgServer(ServerAlgorithm):
         ds = [A.deltas(self.global_state, updates[c].arrays) for c in ids]
         if self.private is not None:  # clipped, unweighted, fixed denominator, Gaussian noise
             return self.private.mean(ds)
-        return A.weighted_mean(ds, [updates[c].meta["num_examples"] for c in ids])
+        weights = [updates[c].meta["num_examples"] for c in ids]
+        if self.robust is not None:
+            result = robust_aggregate(ds, weights, self.robust)
+            self.robust_report = round_report(result, ids)
+            return result.aggregate
+        return A.weighted_mean(ds, weights)
 
     def select(self, rnd: int) -> list[int]:
         if self.private is None:
@@ -63,7 +71,8 @@ class FedAvgServer(ServerAlgorithm):
         return None
 
     def round_info(self) -> dict[str, Any]:
-        return self.private.spent() if self.private is not None else {}
+        info, self.robust_report = self.robust_report, {}
+        return {**info, **(self.private.spent() if self.private is not None else {})}
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -85,15 +94,17 @@ class FedAvgServer(ServerAlgorithm):
         d = self.pseudo_gradient(updates)
         self.step(d)
         out = {"update_norm": l2_norm(d)}
-        if self.lora_pairs and self.private is None:  # under DP the clients' own updates are not reported on
+        # the gap between averaging factors and averaging products is FedAvg's: not reported under DP (the clients'
+        # own updates are not reported on) nor under a robust rule (which does not average)
+        if self.lora_pairs and self.private is None and self.robust is None:
             ids = sorted(updates)
             out["lora_aggregation_error"] = aggregation_error(
                 [updates[c].arrays for c in ids], [updates[c].meta["num_examples"] for c in ids], self.lora_pairs)
         return out
 
     def aggregate_mean(self, rnd: int, mean_update: dict[str, np.ndarray]) -> dict[str, float]:
-        if self.private is not None:
-            raise UpdateRejected("differential privacy needs the clipped updates, not their mean")
+        if self.private is not None or self.robust is not None:
+            raise UpdateRejected("differential privacy and robust aggregation need each client's update, not their mean")
         check_arrays(mean_update, self.expected)
         self.step(mean_update)
         return {"update_norm": l2_norm(mean_update)}

@@ -8,10 +8,13 @@ starts with a message naming the valid choices (see :mod:`fedpeft.config.load`).
 from __future__ import annotations
 
 import functools
+import importlib
 import operator
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedpeft.config.adversarial import ROBUST_DESCRIPTION, AttackersConfig, RobustRule
 
 
 class Section(BaseModel):
@@ -44,10 +47,24 @@ class AlgorithmOptions(Section):
     # why the global state saved as the run's adapter is not the run's model (e.g. updates merged into the
     # backbone), or None; such an adapter is marked and fedpeft.load_adapter refuses it with this reason
     adapter_incomplete: ClassVar[str | None] = None
+    # why algorithm.robust does not apply, for an algorithm without a ``robust`` option (one that has the option,
+    # e.g. ``robust: fedpeft.RobustRule | None = None``, aggregates with fedpeft.algorithms.robust itself)
+    robust_unavailable: ClassVar[str] = "its server does not aggregate one plain update per client by a weighted mean"
 
     def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this algorithm cannot
         work with; called when a whole config is validated."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _robust_needs_support(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "robust" in data and "robust" not in cls.model_fields:
+            if data["robust"] is None:  # off, as a config dumped for another algorithm says: nothing to refuse
+                return {k: v for k, v in data.items() if k != "robust"}
+            able = ", ".join(n for n, m in _all_algorithms().items() if "robust" in m.model_fields)
+            raise ValueError(f"algorithm.robust is not available for {cls.model_fields['name'].default}: "
+                             f"{cls.robust_unavailable}; algorithms with robust aggregation: {able}")
+        return data
 
 
 TaskType = Literal["classification", "generation", "multiple_choice", "instruction"]
@@ -313,6 +330,7 @@ class FedAvgOptions(AlgorithmOptions):
     supports_personalized_eval: ClassVar[bool] = True
     server_lr: float = Field(1.0, gt=0)
     dp: PrivacyOptions | None = Field(None, description="Client-level differential privacy (off by default).")
+    robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
 
 
 class FedAvgMOptions(AlgorithmOptions):
@@ -322,6 +340,7 @@ class FedAvgMOptions(AlgorithmOptions):
     server_lr: float = Field(1.0, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     dp: PrivacyOptions | None = None
+    robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
 
 
 class FedAdamOptions(AlgorithmOptions):
@@ -329,6 +348,7 @@ class FedAdamOptions(AlgorithmOptions):
     supports_secure_aggregation: ClassVar[bool] = True
     supports_personalized_eval: ClassVar[bool] = True
     dp: PrivacyOptions | None = None
+    robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
     server_lr: float = Field(1e-2, gt=0)
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.99, ge=0, lt=1)
@@ -346,6 +366,7 @@ class FedProxOptions(AlgorithmOptions):
     server_lr: float = Field(1.0, gt=0)
     mu: float = Field(0.01, ge=0, description="Weight of the proximal term mu/2 * ||w - w_global||^2.")
     dp: PrivacyOptions | None = None
+    robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
 
 
 
@@ -354,6 +375,8 @@ class HeadPruneOptions(AlgorithmOptions):
     """Paper 000: head pruning, head-weighted aggregation, loss-difference selection (and baselines B1/B2)."""
 
     name: Literal["headprune"] = "headprune"
+    robust_unavailable: ClassVar[str] = ("its Eq. 8 weights every attention head's slice by the clients' importance "
+                                         "scores, head by head, not one update per client")
     server_lr: float = Field(1.0, gt=0)
     pruning: Literal["importance", "random", "none"] = Field(
         "importance", description="importance = Eq. 6+7; random = baseline B2; none = dense (baseline B1)."
@@ -401,6 +424,8 @@ class FedPepTAOOptions(AlgorithmOptions):
     prompts of the other layers stay on each client (personal) from then on."""
 
     name: Literal["fedpeptao"] = "fedpeptao"
+    robust_unavailable: ClassVar[str] = ("its server step (Algorithm 2) keeps control variates and momentum from every "
+                                         "client's own update, which a rule that drops updates would leave inconsistent")
     supports_personalized_eval: ClassVar[bool] = True
     layer_selection: Literal["score", "random", "ascending", "descending", "all"] = Field(
         "score", description="score: highest Eq. 3 score first (the method); random / ascending (bottom layers "
@@ -449,6 +474,7 @@ class FedSPOptions(AlgorithmOptions):
     only (task.type generation or multiple_choice with a decoder-only model); embedded runtime only."""
 
     name: Literal["fedsp"] = "fedsp"
+    robust_unavailable: ClassVar[str] = "robust aggregation of its prompts is not implemented (it averages them, then tunes them on the server)"
     supports_personalized_eval: ClassVar[bool] = True
     aux_layers: int = Field(1, ge=1, description="k: blocks of the global model in the auxiliary model.")
     aux_position: Literal["bottom", "middle", "top"] = Field(
@@ -541,6 +567,9 @@ class FederationConfig(Section):
         1, ge=1, description="A round aggregates only if at least this many selected clients return an "
         "accepted update; otherwise the global model stays as it was and the round is logged as failed.",
     )
+    attackers: AttackersConfig | None = Field(
+        None, description="Simulated Byzantine clients that send harmful updates (off by default): "
+        "{fraction: F, attack: sign_flip | scale | noise | label_flip, factor, noise_std}.")
     round_timeout_s: float = Field(
         600.0, gt=0, description="Distributed runtimes: how long the server waits for the selected clients' "
         "replies; a client that has not replied by then (killed, disconnected) counts as failed for the round.",
@@ -661,6 +690,19 @@ class FlowerRuntimeConfig(Section):
     startup_timeout_s: float = Field(180.0, gt=0, description="How long to wait for the SuperNodes to connect.")
 
 
+class TrackingConfig(Section):
+    """Where runtime.loggers send a run (see fedpeft.tracking)."""
+
+    project: str | None = Field(None, min_length=1, description="The MLflow experiment and W&B project (None: the "
+                                "config's name).")
+    mlflow_tracking_uri: str | None = Field(
+        None, min_length=1, description="An MLflow tracking server or database URI; None: a SQLite database in the "
+        "run directory (RUN_DIR/mlflow.db, artifacts in RUN_DIR/mlartifacts).")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="offline: W&B run files under RUN_DIR/wandb, no account or network needed (upload "
+        "later with `wandb sync`); online: logged in (WANDB_API_KEY) and sent as the run goes.")
+
+
 class RuntimeConfig(Section):
     name: Literal["embedded", "flower"] = Field(
         "embedded", description="embedded: every client in this process (default). flower: Flower's "
@@ -682,6 +724,18 @@ class RuntimeConfig(Section):
     )
     max_payload_mb: float = Field(4096.0, gt=0, description="Updates larger than this are rejected.")
     progress: bool = Field(True, description="Show a progress bar with live round metrics.")
+    loggers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=list, description="Experiment trackers that receive every metrics row, the config and the "
+        "summary: tensorboard (RUN_DIR/tensorboard), mlflow, wandb (see runtime.tracking); each an extra, e.g. "
+        "pip install 'fedpeft[tensorboard]'.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _each_logger_once(self) -> RuntimeConfig:
+        twice = sorted({name for name in self.loggers if self.loggers.count(name) > 1})
+        if twice:
+            raise ValueError(f"runtime.loggers names {twice[0]} more than once: list each logger once")
+        return self
 
 
 # --- the registered choices of peft.method and algorithm.name -----------------------------------------
@@ -696,6 +750,13 @@ ALGORITHM_OPTIONS: dict[str, type[AlgorithmOptions]] = {
     for m in (FedAvgOptions, FedAvgMOptions, FedAdamOptions, FedYogiOptions, FedProxOptions, HeadPruneOptions,
               FedPepTAOOptions, FedSPOptions)
 }
+
+
+def _all_algorithms() -> dict[str, type[AlgorithmOptions]]:
+    """Every registered algorithm's options, the built-in ones included: an error message that lists the algorithms
+    able to do something imports them (with torch), which validating a config otherwise need not."""
+    importlib.import_module("fedpeft.algorithms")
+    return ALGORITHM_OPTIONS
 
 
 def _choice_union(models: Any, tag: str) -> Any:
@@ -730,10 +791,19 @@ class RunConfig(Section):
         if self.runtime.flower.secure_aggregation is not None:
             self._check_secure_aggregation()
         if self.eval.personalized and not type(self.algorithm).supports_personalized_eval:
-            able = ", ".join(n for n, m in ALGORITHM_OPTIONS.items() if m.supports_personalized_eval)
+            able = ", ".join(n for n, m in _all_algorithms().items() if m.supports_personalized_eval)
             raise ValueError(f"eval.personalized: algorithm {self.algorithm.name} does not score a personalized model "
                              f"(its client half never calls ClientContext.evaluate_personal); algorithms that do: "
                              f"{able}")
+        robust = getattr(self.algorithm, "robust", None)
+        if robust is not None:
+            if getattr(self.algorithm, "dp", None) is not None:
+                raise ValueError("algorithm.robust and algorithm.dp together are not supported (the private mean "
+                                 "divides the sum of clipped updates by a fixed number of clients, which a rule that "
+                                 "drops or replaces updates breaks): choose one")
+            robust.check(self)
+        if self.federation.attackers is not None:
+            self.federation.attackers.check(self)
         self.peft.check(self)
         self.algorithm.check(self)
         return self
@@ -743,12 +813,15 @@ class RunConfig(Section):
         if self.runtime.name != "flower":
             raise ValueError(f"{where} needs runtime.name: flower (in the embedded runtime the server runs the clients)")
         if not type(self.algorithm).supports_secure_aggregation:
-            family = ", ".join(n for n, m in ALGORITHM_OPTIONS.items() if m.supports_secure_aggregation)
+            family = ", ".join(n for n, m in _all_algorithms().items() if m.supports_secure_aggregation)
             raise ValueError(f"{where} needs an algorithm that aggregates from the mean update alone ({family}); "
                              f"{self.algorithm.name} needs the clients' updates in the clear")
         if self.eval.personalized:
             raise ValueError(f"{where} and eval.personalized together are not supported (the masked update carries "
                              "no per-client scores): choose one")
+        if getattr(self.algorithm, "robust", None) is not None:
+            raise ValueError(f"{where} and algorithm.robust together are not supported (SecAgg+ hides the individual "
+                             "updates a robust rule compares): choose one")
         if getattr(self.algorithm, "dp", None) is not None:
             raise ValueError(f"{where} and algorithm.dp together are not supported (the private mean needs each "
                              "clipped update; SecAgg+ reveals only the weighted mean): choose one")

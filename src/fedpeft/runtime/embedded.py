@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpeft import algorithms, checkpoint, wire
+from fedpeft import algorithms, checkpoint, tracking, wire
 from fedpeft.algorithms.base import ClientContext, RunObserver
 from fedpeft.config import RunConfig
 from fedpeft.metrics.accounting import better_or_equal, summarize
 from fedpeft.rundir import RunWriter, check_run_dir_free, new_run_dir, rewrite_metrics
 from fedpeft.runlock import RunLock
+from fedpeft.runtime.attacks import attacker_ids, flip_labels, poison
 from fedpeft.runtime.personal import PERSONAL, check_personal, personal_due, personal_row, score
 from fedpeft.runtime.resume import resume_config, resume_point
 from fedpeft.runtime.setup import Experiment, build_experiment
@@ -90,6 +91,9 @@ def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, 
     rng = np.random.default_rng([cfg.seed, rnd, cid])
     torch.manual_seed(client_seed(cfg.seed, rnd, cid))
     data = exp.client_data(cid)
+    attacking = cid in attacker_ids(cfg)  # a simulated Byzantine client (federation.attackers)
+    if attacking and cfg.federation.attackers.attack == "label_flip":
+        data = flip_labels(data, exp.data.num_labels)
 
     def train(*, tuned=None, **options):  # the options of LocalTrainer.train (hooks, optimizer state, lr, ...)
         return exp.trainer.train(tuned or exp.tuned, data, rng, **options)
@@ -112,6 +116,8 @@ def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, 
 
     ctx.evaluate_personal = evaluate_personal
     update = client.fit(received, ctx)
+    if attacking:
+        update = poison(update, received, cfg, rnd, cid)
     if due and PERSONAL not in personal:
         raise RuntimeError(f"algorithm {cfg.algorithm.name} declares supports_personalized_eval but its client half "
                            "did not call ctx.evaluate_personal() (eval.personalized)")
@@ -139,6 +145,7 @@ class EmbeddedRuntime:
         self.observers = list(observers)
         self.lock: RunLock | None = None
         self.writer: RunWriter | None = None
+        self.trackers: list[tracking.Tracker] = []
         try:
             self._open(run_dir, experiment, resume, lock)
         except BaseException:
@@ -155,6 +162,7 @@ class EmbeddedRuntime:
             restored, kept = resume_point(self.run_dir, cfg.federation.rounds)
         else:
             check_run_dir_free(run_dir)  # before the slow part
+        tracking.check_available(cfg.runtime.loggers)  # a missing extra is refused before the slow part too
         self.exp = experiment or build_experiment(cfg)
         if not resume:
             self.run_dir = new_run_dir(cfg, run_dir)
@@ -167,6 +175,7 @@ class EmbeddedRuntime:
         )
         self.client = algorithms.make_client(cfg.algorithm)
         self.client_states: dict[int, dict[str, Any]] = {}
+        self.attackers = attacker_ids(cfg)
         self.max_payload = int(cfg.runtime.max_payload_mb * 2**20)
         self.rows: list[dict[str, Any]] = kept
         self.cum_up = self.cum_down = 0
@@ -181,7 +190,11 @@ class EmbeddedRuntime:
             (self.run_dir / "summary.json").unlink(missing_ok=True)  # an extended run writes it again at the end
             self._drop_best_after(restored[0] if restored is not None else 0)
         self.writer = RunWriter(self.run_dir, cfg)  # events.log: logged from here on
+        self.trackers = tracking.open_trackers(cfg, self.run_dir, resume=resume, start_round=self.start_round)
+        self.observers += self.trackers
         self.writer.partition(self.exp.partition_stats)
+        if cfg.federation.attackers is not None:
+            self.writer.note(f"simulated attackers ({cfg.federation.attackers.attack}): clients {sorted(self.attackers)}")
         t = cfg.train
         self.backbone_bytes = backbone_bytes(self.exp.tuned)
         self.writer.note(f"local training: batches of {t.batch_size} x {t.gradient_accumulation_steps} accumulated = "
@@ -204,6 +217,11 @@ class EmbeddedRuntime:
     def close(self) -> None:
         """Close the run's files and give up its directory's lock (the end of :meth:`run` does; safe to call
         twice)."""
+        for tracker in self.trackers:
+            try:
+                tracker.close()
+            except Exception as exc:  # noqa: BLE001 (any backend failure: it must not hide the run's own outcome)
+                log.warning("closing the %s tracker failed: %s", tracker.name, exc)
         if self.writer is not None:
             self.writer.close()
         if self.lock is not None:
@@ -325,6 +343,8 @@ class EmbeddedRuntime:
             observer.on_configure(rnd, payloads)
         out = self.train_round(rnd, selected, payloads)
         row: dict[str, Any] = {"round": rnd, "clients": selected}
+        if self.cfg.federation.attackers is not None:
+            row["adversarial_clients"] = [c for c in selected if c in self.attackers]
         if out.failed is not None:
             row["round_failed"] = f"{out.failed}: the global model is unchanged"
             log.warning("round %d failed: %s", rnd, row["round_failed"])
@@ -515,7 +535,11 @@ class EmbeddedRuntime:
             "best_adapter": BEST_ADAPTER if (self.run_dir / BEST_ADAPTER).is_dir() else None,
             "stopped_early": self.stopped_early,
         })
+        if self.cfg.federation.attackers is not None:
+            summary["adversarial_clients"] = sorted(self.attackers)
         self.writer.summary(summary)
+        for observer in self.observers:
+            observer.on_run_end(dict(summary))
         return summary
 
 

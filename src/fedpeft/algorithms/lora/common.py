@@ -13,6 +13,7 @@ from pydantic import Field
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.factors import LoraPair, lora_pairs
+from fedpeft.algorithms.robust import robust_aggregate, round_report
 
 
 class LoraFedAvgOptions(fedpeft.AlgorithmOptions):
@@ -20,6 +21,8 @@ class LoraFedAvgOptions(fedpeft.AlgorithmOptions):
 
     supports_personalized_eval: ClassVar[bool] = True
     server_lr: float = Field(1.0, gt=0, description="Step on the clients' sample-weighted mean change.")
+    robust: fedpeft.RobustRule | None = Field(None, description="A Byzantine-robust rule in place of the weighted "
+                                              "mean of what travels (see fedpeft.config.adversarial).")
 
     def check(self, run: Any) -> None:
         require_lora(run, self.name)
@@ -47,18 +50,44 @@ def pairs_in(names: Iterable[str], algorithm: str) -> list[LoraPair]:
 
 
 def mean_step(global_state: Mapping[str, np.ndarray], updates: Mapping[int, fedpeft.Payload], keys: Iterable[str],
-              server_lr: float) -> tuple[dict[str, np.ndarray], float]:
+              server_lr: float, robust: Any = None) -> tuple[dict[str, np.ndarray], float, dict[str, Any]]:
     """The global state with ``keys`` moved by server_lr times the clients' sample-weighted mean change
-    (FedAvg on those tensors; the others unchanged), and the norm of that mean change."""
+    (FedAvg on those tensors; the others unchanged), or their aggregate under the rule ``robust``
+    (algorithm.robust); the norm of that change; what the robust rule did (metrics.jsonl entries)."""
     keys = sorted(keys)
     ids = sorted(updates)
     deltas = [{k: updates[c].arrays[k].astype(np.float32) - global_state[k] for k in keys} for c in ids]
-    mean = weighted_mean(deltas, [updates[c].meta["num_examples"] for c in ids])
+    weights = [updates[c].meta["num_examples"] for c in ids]
+    report: dict[str, Any] = {}
+    if robust is None:
+        mean = weighted_mean(deltas, weights)
+    else:
+        result = robust_aggregate(deltas, weights, robust)
+        mean, report = result.aggregate, round_report(result, ids)
     state = dict(global_state)
     for k in keys:
         state[k] = (global_state[k] + np.float32(server_lr) * mean[k]).astype(np.float32)
     norm = float(np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in mean.values())))
-    return state, norm
+    return state, norm, report
+
+
+class MeanStepServer(fedpeft.ServerAlgorithm):
+    """A server that moves some of the trainable tensors by the clients' mean change (:func:`mean_step`), robust
+    when its options say so (``algorithm.robust``), and reports what the robust rule did."""
+
+    def __init__(self, options: Any, initial_state: Any, **kwargs: Any):
+        super().__init__(options, initial_state, **kwargs)
+        self.robust_report: dict[str, Any] = {}
+
+    def step_on(self, updates: Mapping[int, fedpeft.Payload], keys: Iterable[str]) -> float:
+        """Move ``keys`` of the global state by the updates' (robust) mean change; returns its norm."""
+        self.global_state, norm, self.robust_report = mean_step(
+            self.global_state, updates, keys, self.options.server_lr, getattr(self.options, "robust", None))
+        return norm
+
+    def round_info(self) -> dict[str, Any]:
+        info, self.robust_report = self.robust_report, {}
+        return info
 
 
 def digest(arrays: Mapping[str, np.ndarray]) -> str:

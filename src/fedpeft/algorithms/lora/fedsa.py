@@ -17,7 +17,7 @@ from typing import Any, Literal
 import fedpeft
 from fedpeft.algorithms.lora.common import (
     LoraFedAvgOptions,
-    mean_step,
+    MeanStepServer,
     pairs_in,
     round_meta,
 )
@@ -39,7 +39,7 @@ class FedSaLoraOptions(LoraFedAvgOptions):
                              "clients' own models")
 
 
-class FedSaLoraServer(fedpeft.ServerAlgorithm):
+class FedSaLoraServer(MeanStepServer):
     state_attrs = ("global_state", "served")
 
     def __init__(self, options: FedSaLoraOptions, initial_state: Any, **kwargs: Any):
@@ -68,8 +68,7 @@ class FedSaLoraServer(fedpeft.ServerAlgorithm):
         if not updates:
             return {"update_norm": 0.0}
         self.served = sorted(set(self.served) | set(updates))
-        self.global_state, norm = mean_step(self.global_state, updates, self.shared, self.options.server_lr)
-        return {"update_norm": norm}
+        return {"update_norm": self.step_on(updates, self.shared)}
 
 
 class FedSaLoraClient(fedpeft.ClientAlgorithm):

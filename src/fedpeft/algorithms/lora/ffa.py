@@ -13,8 +13,8 @@ from typing import Any, Literal
 import fedpeft
 from fedpeft.algorithms.lora.common import (
     LoraFedAvgOptions,
+    MeanStepServer,
     digest,
-    mean_step,
     pairs_in,
     round_meta,
 )
@@ -29,7 +29,7 @@ class FfaLoraOptions(LoraFedAvgOptions):
     name: Literal["ffa_lora"] = "ffa_lora"
 
 
-class FfaLoraServer(fedpeft.ServerAlgorithm):
+class FfaLoraServer(MeanStepServer):
     def __init__(self, options: FfaLoraOptions, initial_state: Any, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
         self.pairs = pairs_in(self.global_state, NAME)
@@ -48,11 +48,13 @@ class FfaLoraServer(fedpeft.ServerAlgorithm):
     def aggregate(self, rnd: int, updates: dict[int, fedpeft.Payload]) -> dict[str, float]:
         if not updates:
             return {"update_norm": 0.0}
-        ids = sorted(updates)
-        states = [{**self.global_state, **updates[c].arrays} for c in ids]  # the frozen A with each client's B
-        error = aggregation_error(states, [updates[c].meta["num_examples"] for c in ids], self.pairs)
-        self.global_state, norm = mean_step(self.global_state, updates, self.travel, self.options.server_lr)
-        return {"update_norm": norm, "lora_aggregation_error": error}
+        out: dict[str, float] = {}
+        if self.options.robust is None:  # the error describes the weighted mean, which a robust rule replaces
+            ids = sorted(updates)
+            states = [{**self.global_state, **updates[c].arrays} for c in ids]  # the frozen A with each client's B
+            out["lora_aggregation_error"] = aggregation_error(
+                states, [updates[c].meta["num_examples"] for c in ids], self.pairs)
+        return {"update_norm": self.step_on(updates, self.travel), **out}
 
 
 class FfaLoraClient(fedpeft.ClientAlgorithm):

@@ -72,6 +72,7 @@ class HeteroRankOptions(fedpeft.AlgorithmOptions):
     """The resource profile shared by hetlora and flexlora."""
 
     supports_personalized_eval: ClassVar[bool] = True
+    robust_unavailable: ClassVar[str] = "its clients send factors of different ranks, which no coordinate-wise rule compares"
 
     rank_groups: list[RankGroup] = Field(
         default_factory=lambda: [RankGroup(rank=r, share=1 / 3) for r in (4, 8, 16)], min_length=1,

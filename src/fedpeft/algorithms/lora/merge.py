@@ -66,6 +66,8 @@ class MergingOptions(fedpeft.AlgorithmOptions):
     global model), and an adapter that is not the run's model (subclasses set ``adapter_incomplete``)."""
 
     supports_personalized_eval: ClassVar[bool] = True
+    robust_unavailable: ClassVar[str] = ("it combines every client's factors exactly (stacked or as a residual), "
+                                         "so nothing is averaged that a robust rule could replace")
 
     def check(self, run: Any) -> None:
         require_lora(run, self.name)

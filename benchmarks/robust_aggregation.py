@@ -1,0 +1,115 @@
+"""Byzantine-robust aggregation under simulated attacks (issue 27): every rule of algorithm.robust against every
+attack of federation.attackers, at 0%, 10% and 30% attackers, beside plain FedAvg.
+
+MiniLM-L6 with LoRA on SST-2 (configs/robust_sst2.yaml: 2,000 training sentences, 20 IID clients, 10 per round,
+10 rounds of one local epoch, accuracy on 500 validation sentences every 2 rounds). The defences are set for the
+worst case measured (30% attackers, up to 3 of a round's 10 updates): trimmed mean trims 3 at each end
+(trim_fraction 0.3), Krum and Multi-Krum assume f = 3 (and need 9 of the 10 updates), norm bounding clips
+to the median norm of the round. The attacks are fedpeft's defaults: sign_flip (the update reversed),
+scale (x10), noise (Gaussian, std 0.1 per entry in place of the update), label_flip (trained on flipped labels).
+
+    python benchmarks/robust_aggregation.py --out benchmarks/results/robust_aggregation.json
+
+Reported per run: final and best accuracy, rounds to --target (the first evaluated round at or above it), and
+for Krum / Multi-Krum the share of the attackers' updates they excluded. Finished runs in --runs are reused
+when their config is unchanged. The headline table gives each rule's final accuracy under each attack as a
+share of clean FedAvg's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from results_io import parse_seeds, print_table, reuse_or_clear, save  # benchmarks/results_io.py
+
+from fedpeft.config import load_config
+from fedpeft.rundir import read_metrics
+from fedpeft.runtime.embedded import run
+
+CONFIG = "configs/robust_sst2.yaml"
+RULES = {
+    "fedavg": [],
+    "median": ["algorithm.robust={rule: median}"],
+    "trimmed_mean": ["algorithm.robust={rule: trimmed_mean, trim_fraction: 0.3}"],
+    "krum": ["algorithm.robust={rule: krum, num_attackers: 3}", "federation.min_replies=9"],
+    "multi_krum": ["algorithm.robust={rule: multi_krum, num_attackers: 3}", "federation.min_replies=9"],
+    "norm_bound": ["algorithm.robust={rule: norm_bound}"],
+}
+ATTACKS = ("sign_flip", "scale", "noise", "label_flip")
+FRACTIONS = (0.1, 0.3)
+
+
+def conditions(attacks: list[str], fractions: list[float]) -> dict[str, list[str]]:
+    out = {"clean": []}
+    for fraction in fractions:
+        for attack in attacks:
+            out[f"{attack} {int(fraction * 100)}%"] = [f"federation.attackers={{fraction: {fraction}, attack: {attack}}}"]
+    return out
+
+
+def describe(run_dir: Path, label: dict, target: float) -> dict:
+    rows = read_metrics(run_dir)
+    evals = [r for r in rows if "eval_accuracy" in r]
+    later = [r for r in rows if r["round"] > 0]
+    reached = [r["round"] for r in evals if r["eval_accuracy"] >= target]
+    out = {**label, "final": evals[-1]["eval_accuracy"], "best": max(r["eval_accuracy"] for r in evals),
+           "initial": evals[0]["eval_accuracy"], "rounds_to_target": reached[0] if reached else None,
+           "curve": {r["round"]: r["eval_accuracy"] for r in evals}, "run_dir": str(run_dir)}
+    sent = [(r["round"], c) for r in later for c in r.get("adversarial_clients", [])]
+    out["attacker_updates"] = len(sent)
+    if any("robust_excluded" in r for r in later) and sent:
+        excluded = {(r["round"], c) for r in later for c in r.get("robust_excluded", [])}
+        out["attackers_excluded"] = sum(s in excluded for s in sent) / len(sent)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", default="runs/robust_aggregation")
+    ap.add_argument("--out", default="benchmarks/results/robust_aggregation.json")
+    ap.add_argument("--seeds", default=None, help="e.g. 0,1,2 (default: the config's seed)")
+    ap.add_argument("--rules", default=",".join(RULES))
+    ap.add_argument("--attacks", default=",".join(ATTACKS))
+    ap.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS))
+    ap.add_argument("--target", type=float, default=0.8, help="accuracy for rounds-to-target")
+    ap.add_argument("--set", action="append", default=[])
+    args = ap.parse_args()
+    seeds = parse_seeds(args.seeds) or [None]
+    conds = conditions(args.attacks.split(","), [float(f) for f in args.fractions.split(",")])
+    rows = []
+    for seed in seeds:
+        for cond, attack_sets in conds.items():
+            for rule in args.rules.split(","):
+                seed_sets = [] if seed is None else [f"seed={seed}"]
+                cfg = load_config(CONFIG, [*RULES[rule], *attack_sets, *seed_sets, "runtime.progress=false", *args.set])
+                name = f"{cond.replace(' ', '-').replace('%', 'pct')}/{rule}" + ("" if seed is None else f"-seed{seed}")
+                run_dir = Path(args.runs) / name
+                if not reuse_or_clear(run_dir, cfg, name):
+                    run(cfg, run_dir)
+                rows.append(describe(run_dir, {"condition": cond, "rule": rule, "seed": cfg.seed}, args.target))
+                print({k: v for k, v in rows[-1].items() if k not in ("run_dir", "curve")}, flush=True)
+                save(args.out, {"config": CONFIG, "rules": RULES, "conditions": conds, "target": args.target,
+                                "rows": rows})
+    print_table(["condition", "rule", "seed", "final", "best", f"rounds to {args.target:g}", "attackers excluded"],
+                [[r["condition"], r["rule"], r["seed"], f"{r['final']:.3f}", f"{r['best']:.3f}",
+                  "-" if r["rounds_to_target"] is None else r["rounds_to_target"],
+                  f"{r['attackers_excluded']:.2f}" if "attackers_excluded" in r else "-"] for r in rows])
+    clean = {(r["seed"]): r["final"] for r in rows if r["condition"] == "clean" and r["rule"] == "fedavg"}
+    if clean:
+        print("\nfinal accuracy as a share of clean FedAvg's (mean over seeds)")
+        rules = list(dict.fromkeys(r["rule"] for r in rows))
+        table = []
+        for cond in conds:
+            cells = []
+            for rule in rules:
+                shares = [r["final"] / clean[r["seed"]] for r in rows
+                          if r["condition"] == cond and r["rule"] == rule and r["seed"] in clean]
+                cells.append(f"{statistics.mean(shares):.2f}" if shares else "-")
+            table.append([cond, *cells])
+        print_table(["condition", *rules], table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Simulated Byzantine clients (``federation.attackers``), the same in every runtime.
+
+Which clients attack is a pure function of the run's seed, so the server process and every client process
+agree without talking about it (the server is never told; it only logs who attacked, for the analysis).
+An attacker trains like everyone else (label_flip: on flipped labels) and then poisons what it sends: for
+every tensor of its update that it also received, ``received + poison(update - received)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedpeft.config import RunConfig
+from fedpeft.data.batching import Encoded
+from fedpeft.wire import Payload
+
+ATTACK_SEED = 0xA77AC4
+
+
+def attacker_ids(cfg: RunConfig) -> frozenset[int]:
+    """The attacking clients: round(fraction x num_clients) of them, drawn once from the run's seed."""
+    attackers = cfg.federation.attackers
+    if attackers is None or attackers.fraction == 0:
+        return frozenset()
+    n = cfg.federation.num_clients
+    rng = np.random.default_rng([cfg.seed, ATTACK_SEED])
+    return frozenset(int(c) for c in rng.choice(n, size=attackers.count(n), replace=False))
+
+
+def flip_labels(data: Encoded, num_labels: int) -> Encoded:
+    """The examples with class label y replaced by num_labels - 1 - y (label_flip)."""
+    return Encoded(input_ids=data.input_ids, labels=[num_labels - 1 - int(y) for y in data.labels],
+                   token_type_ids=data.token_type_ids)
+
+
+def poison(update: Payload, received: Payload, cfg: RunConfig, rnd: int, cid: int) -> Payload:
+    """The update an attacking client sends in place of its honest ``update`` (sign_flip, scale, noise; a
+    label_flip attacker's update is already poisoned by its data and goes out as it is)."""
+    attackers = cfg.federation.attackers
+    if attackers is None or attackers.attack == "label_flip":
+        return update
+    rng = np.random.default_rng([cfg.seed, rnd, cid, ATTACK_SEED])
+    arrays = {}
+    for name in sorted(update.arrays):
+        sent = update.arrays[name]
+        base = received.arrays.get(name)
+        if base is None or base.shape != sent.shape:
+            raise ValueError(f"federation.attackers: algorithm {cfg.algorithm.name}'s update carries {name!r}, which "
+                             f"the client did not receive as such, so it has no change to poison; attack "
+                             f"{attackers.attack} needs updates that change the received tensors (label_flip works "
+                             "with any algorithm)")
+        honest = sent.astype(np.float64) - base.astype(np.float64)
+        if attackers.attack == "noise":
+            change = rng.normal(0.0, attackers.std, size=honest.shape)
+        else:
+            change = attackers.scale * honest
+        arrays[name] = (base.astype(np.float64) + change).astype(sent.dtype)
+    return Payload(arrays, dict(update.meta))

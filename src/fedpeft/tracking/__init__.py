@@ -1,0 +1,90 @@
+"""Experiment tracking (``runtime.loggers``): every metrics row, the resolved config and the summary of a run,
+sent to TensorBoard, MLflow and/or Weights & Biases as the run goes.
+
+A tracker is a :class:`fedpeft.RunObserver` the runtime adds to a run's observers; what it must keep to
+continue the same tracked run after ``fedpeft run --resume`` (a run id) it keeps in RUN_DIR/tracking.json.
+Each backend is an optional extra (``pip install 'fedpeft[tensorboard]'``, ``[mlflow]``, ``[wandb]``); a
+config that names a missing one is refused before the model loads, with the command that installs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from fedpeft.config import RunConfig
+from fedpeft.tracking.base import Tracker
+
+log = logging.getLogger("fedpeft")
+STATE_FILE = "tracking.json"
+# logger name -> (module of its Tracker, the package it needs, the extra that installs it)
+BACKENDS = {
+    "tensorboard": ("fedpeft.tracking.tensorboard_tracker", "tensorboard", "tensorboard"),
+    "mlflow": ("fedpeft.tracking.mlflow_tracker", "mlflow", "mlflow"),
+    "wandb": ("fedpeft.tracking.wandb_tracker", "wandb", "wandb"),
+}
+
+
+def check_available(names: list[str]) -> None:
+    """Raise ImportError (one line, with the install command) for a logger whose package is not installed."""
+    for name in names:
+        _, package, extra = BACKENDS[name]
+        if importlib.util.find_spec(package) is None:
+            raise ImportError(f"runtime.loggers: {name} needs the {package} package, which is not installed: "
+                              f"pip install 'fedpeft[{extra}]' (or remove {name} from runtime.loggers)")
+
+
+def open_trackers(cfg: RunConfig, run_dir: Path, *, resume: bool, start_round: int) -> list[Tracker]:
+    """The run's trackers, continuing the tracked runs named in RUN_DIR/tracking.json when ``resume``."""
+    names = list(cfg.runtime.loggers)
+    if not names:
+        return []
+    check_available(names)
+    path = run_dir / STATE_FILE
+    saved = json.loads(path.read_text()) if resume and path.is_file() else {}
+    trackers: list[Tracker] = []
+    try:
+        for name in names:
+            module = importlib.import_module(BACKENDS[name][0])
+            trackers.append(module.TRACKER(cfg, run_dir, saved.get(name), start_round=start_round))
+    except BaseException:
+        for tracker in trackers:
+            tracker.close()
+        raise
+    path.write_text(json.dumps({t.name: t.state() for t in trackers}, indent=2))
+    return trackers
+
+
+def scalars(row: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a metrics row (booleans as 0/1); nested per-client entries and texts are left out."""
+    out = {}
+    for key, value in row.items():
+        if key == "round" or value is None or isinstance(value, (dict, list, str)):
+            continue
+        if isinstance(value, (bool, int, float)):
+            out[key] = float(value)
+    return out
+
+
+def flat_config(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved config as dotted keys (``train.lr``), values as str / int / float / bool (lists as JSON)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif value is None or isinstance(value, (list, tuple)):
+            out[prefix] = json.dumps(value)
+        else:
+            out[prefix] = value
+
+    walk("", cfg.model_dump(mode="json"))
+    return out
+
+
+__all__ = ["BACKENDS", "Tracker", "check_available", "flat_config", "open_trackers", "scalars"]
