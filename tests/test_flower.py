@@ -123,7 +123,8 @@ def test_federated_lora_methods_run_on_flower_like_embedded(algorithm, deploymen
 
 def test_attackers_and_a_robust_rule_run_on_flower_like_embedded(deployment, tmp_path):
     # the attack happens in the ClientApps (which agree with the server on who attacks through the seed only)
-    cfg = tiny_config("federation.clients_per_round=3", "federation.rounds=3", "algorithm.robust={rule: median}",
+    cfg = tiny_config("federation.clients_per_round=3", "federation.min_replies=3", "federation.rounds=3",
+                      "algorithm.robust={rule: median}",
                       "federation.attackers={fraction: 0.25, attack: sign_flip, factor: 3}")
     EmbeddedRuntime(cfg, tmp_path / "embedded").run()
     run_flower(cfg, tmp_path / "flower", deployment=deployment, log=lambda m: None)

@@ -13,10 +13,18 @@ from fedpeft.algorithms.robust import (
     krum_scores,
     multi_krum,
     norm_bounded_mean,
+    pairwise_sq_distances,
     robust_aggregate,
     trimmed_mean,
 )
 from fedpeft.config import ConfigError
+from fedpeft.config.adversarial import (
+    KrumRule,
+    MedianRule,
+    MultiKrumRule,
+    NormBoundRule,
+    TrimmedMeanRule,
+)
 from fedpeft.data.batching import Encoded
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.attacks import attacker_ids, flip_labels, poison
@@ -49,18 +57,25 @@ def test_median_and_trimmed_mean_by_hand():
 def test_krum_and_multi_krum_by_hand():
     # points 0, 1, 2, 10, 11 with f = 1: each is scored over its n - f - 2 = 2 nearest others
     ups = [col(v) for v in (0, 1, 2, 10, 11)]
-    flat = np.array([[0.0], [1.0], [2.0], [10.0], [11.0]])
-    assert krum_scores(flat, 1).tolist() == [1 + 4, 1 + 1, 1 + 4, 1 + 64, 1 + 81]
+    distances = pairwise_sq_distances(ups)
+    assert distances[0].tolist() == [0, 1, 4, 100, 121]
+    assert krum_scores(distances, 1).tolist() == [1 + 4, 1 + 1, 1 + 4, 1 + 64, 1 + 81]
     krum = multi_krum(ups, 1, 1)
     assert krum.kept == [1] and krum.aggregate["w"].tolist() == [1]
     # Multi-Krum keeps n - f = 4 lowest scores: 0, 1, 2 and 10; its mean is unweighted
     mk = multi_krum(ups, 1, None)
     assert mk.kept == [0, 1, 2, 3] and mk.aggregate["w"].tolist() == [pytest.approx(13 / 4)]
     # in several dimensions the distances are Euclidean
-    pts = np.array([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0], [6.0, 8.0]])
-    assert krum_scores(pts, 0).tolist() == pytest.approx([1 + 25, 18 + 25, 1 + 18, 25 + 85])
+    # in several dimensions (and tensors) the distances are Euclidean over all of them
+    pts = [{"x": np.array([x], np.float32), "y": np.array([y], np.float32)} for x, y in ((0, 0), (3, 4), (0, 1), (6, 8))]
+    assert krum_scores(pairwise_sq_distances(pts), 0).tolist() == pytest.approx([1 + 25, 18 + 25, 1 + 18, 25 + 85])
+    # a large shared component does not swamp the distances (they are taken between centred updates)
+    shifted = [{"w": np.array([1e4 + v * 1e-3], np.float64)} for v in (0, 1, 2)]
+    assert pairwise_sq_distances(shifted)[0].tolist() == pytest.approx([0, 1e-6, 4e-6], rel=1e-6)
     with pytest.raises(ValueError, match="at least f \\+ 3"):
-        krum_scores(flat[:3], 1)
+        krum_scores(distances[:3, :3], 1)
+    with pytest.raises(ValueError, match="between 1 and n - f = 4"):
+        multi_krum(ups, 1, 5)
 
 
 def test_norm_bounding_by_hand():
@@ -74,14 +89,8 @@ def test_norm_bounding_by_hand():
     assert res.clipped == [] and res.aggregate["w"].tolist() == pytest.approx([1.5, 2.0])
 
 
-class Rule:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
-@pytest.mark.parametrize("rule", [Rule(rule="median"), Rule(rule="trimmed_mean", trim_fraction=0.2),
-                                  Rule(rule="krum", num_attackers=1), Rule(rule="multi_krum", num_attackers=1, keep=None),
-                                  Rule(rule="norm_bound", max_norm=None)])
+@pytest.mark.parametrize("rule", [MedianRule(), TrimmedMeanRule(trim_fraction=0.2), KrumRule(num_attackers=1),
+                                  MultiKrumRule(num_attackers=1), NormBoundRule()])
 def test_every_rule_keeps_a_scaled_update_from_owning_the_aggregate(rule):
     rng = np.random.default_rng(0)
     honest = [{"w": (np.ones(20) + 0.1 * rng.normal(size=20)).astype(np.float32)} for _ in range(5)]
@@ -92,6 +101,14 @@ def test_every_rule_keeps_a_scaled_update_from_owning_the_aggregate(rule):
     agg = robust_aggregate([*honest, attack], weights, rule).aggregate["w"]
     # norm bounding limits the attacker to the median norm (about sqrt(20)): it moves the mean by at most 2 sqrt(20)/6
     assert np.linalg.norm(agg - 1) < (1.8 if rule.rule == "norm_bound" else 0.5)
+
+
+@pytest.mark.parametrize("beta", [0.01, 0.1, 0.2, 0.25, 0.3, 1 / 3, 0.34, 0.4, 0.49])
+def test_the_fewest_updates_of_a_trimmed_mean_trim_one_at_each_end(beta):
+    need = TrimmedMeanRule(trim_fraction=beta).min_updates()
+    assert int(beta * need) == 1 and int(beta * (need - 1)) == 0
+    ups = [col(v) for v in range(need)]
+    assert trimmed_mean(ups, beta)["w"].tolist() == pytest.approx([np.mean(range(1, need - 1))])
 
 
 def fedavg_options(*sets):
@@ -142,8 +159,14 @@ def test_config_refuses_rules_where_they_do_not_apply():
             base=("federation.num_clients=5", "federation.clients_per_round=4"))
     refused("set federation.min_replies to 5 or more", "algorithm.robust={rule: multi_krum, num_attackers: 1}",
             base=("federation.num_clients=5", "federation.clients_per_round=5"))
-    refused("trims none", "algorithm.robust={rule: trimmed_mean, trim_fraction: 0.1}")
-    refused("keep 5 exceeds", "algorithm.robust={rule: multi_krum, num_attackers: 1, keep: 5}")
+    refused("trim_fraction 0.1 trims nothing below 10 updates per round", "algorithm.robust={rule: trimmed_mean, "
+            "trim_fraction: 0.1}")
+    refused("multi_krum needs at least 6 updates per round", "algorithm.robust={rule: multi_krum, num_attackers: 1, "
+            "keep: 5}")
+    refused("median needs at least 3 updates per round", "algorithm.robust={rule: median}",
+            base=("federation.num_clients=5", "federation.clients_per_round=2"))
+    refused("attack sign_flip changes the update .+ flora cannot take: its clients train fresh LoRA factors",
+            "algorithm.name=flora", "federation.attackers={fraction: 0.2, attack: sign_flip}")
     refused("trim_fraction", "algorithm.robust={rule: median, trim_fraction: 0.2}")  # options of another rule
     # what is accepted: the FedAvg family and the LoRA methods that average
     for name in ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox", "ffa_lora"):
@@ -154,6 +177,8 @@ def test_config_refuses_rules_where_they_do_not_apply():
 
 def test_config_refuses_attackers_that_cannot_be():
     refused("makes no attacker", "federation.attackers={fraction: 0.05}")
+    refused("makes every client an attacker", "federation.attackers={fraction: 0.95}")
+    refused("attackers.fraction", "federation.attackers={attack: scale}")  # no fraction: required
     refused("factor is used by attacks sign_flip and scale", "federation.attackers={fraction: 0.2, attack: noise, factor: 3}")
     refused("noise_std is used by attack noise", "federation.attackers={fraction: 0.2, attack: scale, noise_std: 1}")
     refused("label_flip flips class labels", "federation.attackers={fraction: 0.2, attack: label_flip}",
@@ -177,7 +202,10 @@ def test_attackers_are_seeded_and_attacks_do_what_they_say():
     a, b = (poison(honest, received, noise, 1, 0).arrays["w"] for _ in range(2))
     assert np.array_equal(a, b) and not np.array_equal(a, poison(honest, received, noise, 2, 0).arrays["w"])
     assert a.dtype == np.float32
-    with pytest.raises(ValueError, match="did not receive"):
+    # a tensor it did not receive goes out unchanged; an update with nothing received to change is refused
+    mixed = poison(Payload({"w": honest.arrays["w"], "v": np.ones(2, np.float32)}, {}), received, cfg, 1, 0)
+    assert mixed.arrays["v"].tolist() == [1, 1] and mixed.arrays["w"].tolist() == [0.5, 2.0]
+    with pytest.raises(ValueError, match="nothing to poison"):
         poison(Payload({"v": np.zeros(2, np.float32)}, {}), received, cfg, 1, 0)
     flipped = flip_labels(Encoded(input_ids=[np.array([1]), np.array([2]), np.array([3])], labels=[0, 1, 2]), 3)
     assert flipped.labels == [2, 1, 0] and len(flipped) == 3
@@ -207,6 +235,17 @@ def test_a_defended_run_marks_and_excludes_the_attacker(tmp_path):
 
 
 @pytest.mark.needs_data
+def test_an_attacker_poisons_the_model_update_and_leaves_other_tensors_alone(tmp_path):
+    # headprune's update carries the client's importance scores besides its head slices: they go out unchanged
+    cfg = tiny_config("algorithm.name=headprune", "algorithm.sparsity=0.5", "federation.clients_per_round=4",
+                      "federation.rounds=1", "eval.at_start=false",
+                      "federation.attackers={fraction: 0.25, attack: scale, factor: 100}")
+    EmbeddedRuntime(cfg, tmp_path / "run").run()
+    (row,) = read_metrics(tmp_path / "run")
+    assert row["adversarial_clients"] and not row["rejected"]
+
+
+@pytest.mark.needs_data
 def test_label_flipping_changes_only_the_attackers_training(tmp_path):
     base = ("federation.num_clients=4", "federation.clients_per_round=4", "federation.rounds=1", "eval.at_start=false")
     flip = tiny_config(*base, "federation.attackers={fraction: 0.25, attack: label_flip}")
@@ -221,7 +260,7 @@ def test_label_flipping_changes_only_the_attackers_training(tmp_path):
 
 @pytest.mark.needs_data
 def test_resume_of_a_robust_run_under_attack(tmp_path, monkeypatch):
-    cfg = tiny_config("federation.num_clients=4", "federation.clients_per_round=4", "federation.rounds=3",
+    cfg = tiny_config("federation.num_clients=4", "federation.clients_per_round=4", "federation.min_replies=4", "federation.rounds=3",
                       "algorithm.name=fedyogi", "algorithm.robust={rule: trimmed_mean, trim_fraction: 0.25}",
                       "federation.attackers={fraction: 0.25, attack: noise}")
     EmbeddedRuntime(cfg, tmp_path / "full").run()

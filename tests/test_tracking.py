@@ -10,6 +10,7 @@ from helpers import crash_at_round, crash_in_checkpoint, tiny_config
 
 from fedpeft import tracking
 from fedpeft.config import ConfigError
+from fedpeft.errors import UserError
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
 
@@ -157,12 +158,48 @@ def test_rounds_run_again_after_a_resume_are_hidden_or_kept_as_each_backend_does
     check_mlflow(tmp_path / "run", rows, cfg, repeated=[3])  # MLflow: both, the later last
 
 
+@pytest.mark.needs_data
+def test_a_resume_that_starts_over_from_round_one_logs_round_zero_once(tmp_path, monkeypatch):
+    cfg = tiny_config("runtime.loggers=[tensorboard]", "eval.every=1", "runtime.checkpoint_every=2")
+    crashed = EmbeddedRuntime(cfg, tmp_path / "run")
+    crash_at_round(crashed, monkeypatch, 2)  # rounds 0 and 1 logged, no checkpoint yet
+    with pytest.raises(KeyboardInterrupt):
+        crashed.run()
+    monkeypatch.undo()
+    EmbeddedRuntime.resume(tmp_path / "run").run()  # from round 0 again
+    check_tensorboard(tmp_path / "run", read_metrics(tmp_path / "run"), cfg)
+
+
+@pytest.mark.needs_data
+def test_a_failing_backend_is_logged_and_the_run_goes_on(tmp_path, monkeypatch):
+    from fedpeft.tracking.mlflow_tracker import MlflowTracker
+
+    def down(self, rnd, row):
+        raise ConnectionError("tracking server unreachable")
+
+    monkeypatch.setattr(MlflowTracker, "log_row", down)
+    summary = EmbeddedRuntime(tiny_config("runtime.loggers=[mlflow]"), tmp_path / "run").run()
+    assert summary["rounds"] == 2
+    events = (tmp_path / "run" / "events.log").read_text()
+    assert events.count("the mlflow tracker failed to log a metrics row (ConnectionError") == 1
+    client, run_id = mlflow_client(tmp_path / "run")
+    assert client.get_run(run_id).info.status == "FINISHED"  # the summary still reached it
+
+
+def test_the_tracked_config_masks_a_password():
+    cfg = tiny_config("runtime.tracking.mlflow_tracking_uri=postgresql://ann:secret@db:5432/mlflow")
+    flat = tracking.flat_config(cfg)
+    assert flat["runtime.tracking.mlflow_tracking_uri"] == "postgresql://ann:***@db:5432/mlflow"
+    assert "secret" not in json.dumps(tracking.tracked_config(cfg))
+
+
 def test_a_missing_extra_and_a_repeated_logger_are_refused(monkeypatch):
     with pytest.raises(ConfigError, match="names wandb more than once"):
         tiny_config("runtime.loggers=[wandb, wandb]")
     real = tracking.importlib.util.find_spec
     monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None if name == "mlflow" else real(name))
-    with pytest.raises(ImportError, match=r"mlflow needs the mlflow package.*pip install 'fedpeft\[mlflow\]'"):
+    with pytest.raises(tracking.TrackerUnavailable, match=r"mlflow needs the mlflow package.*pip install "
+                       r"'fedpeft\[mlflow\]'"):
         tracking.check_available(["tensorboard", "mlflow"])
-    with pytest.raises(ImportError, match="fedpeft\\[mlflow\\]"):
+    with pytest.raises(UserError, match="fedpeft\\[mlflow\\]"):
         EmbeddedRuntime(tiny_config("runtime.loggers=[mlflow]"), None)

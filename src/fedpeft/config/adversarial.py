@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -25,13 +26,18 @@ class _Rule(_Section):
         need = self.min_updates()
         fed = run.federation
         if fed.clients_per_round < need:
-            raise ValueError(f"algorithm.robust: rule {self.rule} needs at least {need} updates per round "  # type: ignore[attr-defined]
-                             f"(federation.clients_per_round is {fed.clients_per_round}): raise "
-                             "federation.clients_per_round or lower algorithm.robust.num_attackers")
+            raise ValueError(f"algorithm.robust: rule {self.rule} {self.why(need)} "  # type: ignore[attr-defined]
+                             f"(federation.clients_per_round is {fed.clients_per_round}): {self.fix(need)}")
         if fed.min_replies < need:
             raise ValueError(f"algorithm.robust: rule {self.rule} aggregates only rounds with at least {need} "  # type: ignore[attr-defined]
                              f"accepted updates: set federation.min_replies to {need} or more (it is "
                              f"{fed.min_replies}); a round with fewer then fails and leaves the global model as it was")
+
+    def why(self, need: int) -> str:
+        return f"needs at least {need} updates per round"
+
+    def fix(self, need: int) -> str:
+        return "raise federation.clients_per_round"
 
 
 class MedianRule(_Rule):
@@ -40,6 +46,9 @@ class MedianRule(_Rule):
     without attack it is noisier than the mean, most under skewed (non-IID) clients."""
 
     rule: Literal["median"] = "median"
+
+    def min_updates(self) -> int:
+        return 3  # the median of two updates is their mean
 
 
 class TrimmedMeanRule(_Rule):
@@ -51,12 +60,17 @@ class TrimmedMeanRule(_Rule):
     trim_fraction: float = Field(0.1, gt=0, lt=0.5, description="beta: the share of updates dropped at each end "
                                  "of every coordinate.")
 
-    def check(self, run: RunConfig) -> None:
-        super().check(run)
-        k = run.federation.clients_per_round
-        if int(self.trim_fraction * k) == 0:
-            raise ValueError(f"algorithm.robust.trim_fraction {self.trim_fraction:g} of {k} updates per round trims "
-                             f"none (floor({self.trim_fraction:g} x {k}) = 0): raise it to at least {1 / k:.3g}")
+    def min_updates(self) -> int:
+        n = 2
+        while int(self.trim_fraction * n) < 1:  # floor(beta n) >= 1: at least one value trimmed at each end
+            n += 1
+        return n
+
+    def why(self, need: int) -> str:
+        return f"with trim_fraction {self.trim_fraction:g} trims nothing below {need} updates per round"
+
+    def fix(self, need: int) -> str:
+        return "raise federation.clients_per_round or algorithm.robust.trim_fraction"
 
 
 class KrumRule(_Rule):
@@ -71,6 +85,9 @@ class KrumRule(_Rule):
     def min_updates(self) -> int:
         return 2 * self.num_attackers + 3
 
+    def fix(self, need: int) -> str:
+        return "raise federation.clients_per_round or lower algorithm.robust.num_attackers"
+
 
 class MultiKrumRule(KrumRule):
     """Multi-Krum (Blanchard et al., NeurIPS 2017): the unweighted mean of the m updates with the lowest Krum
@@ -79,19 +96,17 @@ class MultiKrumRule(KrumRule):
     rule: Literal["multi_krum"] = "multi_krum"  # type: ignore[assignment]
     keep: int | None = Field(None, ge=1, description="m: updates averaged; None = n - f (n: the round's updates).")
 
-    def check(self, run: RunConfig) -> None:
-        super().check(run)
-        most = run.federation.clients_per_round - self.num_attackers
-        if self.keep is not None and self.keep > most:
-            raise ValueError(f"algorithm.robust.keep {self.keep} exceeds clients_per_round - num_attackers ({most}): "
-                             f"lower it to {most} or less")
+    def min_updates(self) -> int:
+        # Krum's 2f + 3, and m + f so that m updates can be kept while f are left out
+        return max(super().min_updates(), (self.keep or 0) + self.num_attackers)
 
 
 class NormBoundRule(_Rule):
     """Norm bounding (Sun et al., 2019, "Can you really backdoor federated learning?"): every update is scaled
     down to L2 norm at most max_norm (over all its tensors), then the sample-weighted mean is taken as in
     FedAvg. Limits what one update can move, not what many can; without attack it equals FedAvg whenever no
-    honest update exceeds the bound."""
+    honest update exceeds the bound. It keeps FedAvg's weighting by the clients' claimed sample counts, so a client
+    that overstates its count weighs more (within the bound)."""
 
     rule: Literal["norm_bound"] = "norm_bound"
     max_norm: float | None = Field(None, gt=0, description="The bound; None = the median norm of the round's "
@@ -109,14 +124,14 @@ DEFAULT_FACTOR = {"sign_flip": 1.0, "scale": 10.0}
 
 
 class AttackersConfig(_Section):
-    """Simulated Byzantine clients: round(fraction x num_clients) clients, drawn once from the run's seed, send
+    """Simulated Byzantine clients: fraction x num_clients clients (rounded half up), drawn once from the run's seed, send
     a harmful update whenever they are selected. sign_flip: the honest update reversed and times factor
     (default 1); scale: the honest update times factor (default 10); noise: an update of Gaussian noise
     with standard deviation noise_std per entry in place of the honest one; label_flip: the update of
     honest training on flipped labels (label y of C becomes C - 1 - y; classification only). Attackers are
     listed per round in metrics.jsonl (adversarial_clients); the server is not told."""
 
-    fraction: float = Field(0.0, ge=0, lt=1, description="Share of the clients that attack.")
+    fraction: float = Field(gt=0, lt=1, description="Share of the clients that attack (required).")
     attack: Literal["sign_flip", "scale", "noise", "label_flip"] = "sign_flip"
     factor: float | None = Field(None, description="sign_flip: the update sent is -factor x the honest one "
                                  "(default 1); scale: factor x the honest one (default 10).")
@@ -150,10 +165,17 @@ class AttackersConfig(_Section):
 
     def check(self, run: RunConfig) -> None:
         n = run.federation.num_clients
-        if self.fraction > 0 and self.count(n) == 0:
+        if self.count(n) == 0:
             raise ValueError(f"federation.attackers.fraction {self.fraction:g} of {n} clients makes no attacker "
-                             f"(rounded): raise it to at least {1 / n:.3g}, or remove "
+                             f"(rounded): raise it to at least {math.ceil(1000 / n) / 1000:g}, or remove "
                              "federation.attackers")
+        if self.count(n) == n:
+            raise ValueError(f"federation.attackers.fraction {self.fraction:g} of {n} clients makes every client an "
+                             "attacker (rounded): lower it")
+        reason = type(run.algorithm).update_poisoning_unavailable
+        if self.attack in MODEL_POISONING and reason is not None:
+            raise ValueError(f"federation.attackers.attack {self.attack} changes the update a client sends, which "
+                             f"algorithm {run.algorithm.name} cannot take: {reason}; use attack label_flip")
         if self.attack == "label_flip" and run.task.type != "classification":
             raise ValueError(f"federation.attackers.attack label_flip flips class labels; task.type is "
                              f"{run.task.type}: choose sign_flip, scale or noise")

@@ -50,6 +50,9 @@ class AlgorithmOptions(Section):
     # why algorithm.robust does not apply, for an algorithm without a ``robust`` option (one that has the option,
     # e.g. ``robust: fedpeft.RobustRule | None = None``, aggregates with fedpeft.algorithms.robust itself)
     robust_unavailable: ClassVar[str] = "its server does not aggregate one plain update per client by a weighted mean"
+    # why a simulated attacker cannot poison this algorithm's updates (federation.attackers sign_flip, scale, noise
+    # change what a client sends relative to what it received), or None
+    update_poisoning_unavailable: ClassVar[str | None] = None
 
     def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this algorithm cannot

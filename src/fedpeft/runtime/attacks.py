@@ -2,8 +2,9 @@
 
 Which clients attack is a pure function of the run's seed, so the server process and every client process
 agree without talking about it (the server is never told; it only logs who attacked, for the analysis).
-An attacker trains like everyone else (label_flip: on flipped labels) and then poisons what it sends: for
-every tensor of its update that it also received, ``received + poison(update - received)``.
+An attacker trains like everyone else (label_flip: on flipped labels) and then poisons what it sends: every
+float tensor of its update that it also received (same name and shape) becomes
+``received + poison(update - received)``; other tensors (e.g. headprune's importance scores) go out as they are.
 """
 
 from __future__ import annotations
@@ -40,19 +41,22 @@ def poison(update: Payload, received: Payload, cfg: RunConfig, rnd: int, cid: in
     if attackers is None or attackers.attack == "label_flip":
         return update
     rng = np.random.default_rng([cfg.seed, rnd, cid, ATTACK_SEED])
-    arrays = {}
+    arrays = dict(update.arrays)
+    poisoned = 0
     for name in sorted(update.arrays):
         sent = update.arrays[name]
         base = received.arrays.get(name)
-        if base is None or base.shape != sent.shape:
-            raise ValueError(f"federation.attackers: algorithm {cfg.algorithm.name}'s update carries {name!r}, which "
-                             f"the client did not receive as such, so it has no change to poison; attack "
-                             f"{attackers.attack} needs updates that change the received tensors (label_flip works "
-                             "with any algorithm)")
+        if base is None or base.shape != sent.shape or not np.issubdtype(sent.dtype, np.floating):
+            continue  # not a change of something received (e.g. headprune's importance scores): sent as it is
         honest = sent.astype(np.float64) - base.astype(np.float64)
         if attackers.attack == "noise":
             change = rng.normal(0.0, attackers.std, size=honest.shape)
         else:
             change = attackers.scale * honest
         arrays[name] = (base.astype(np.float64) + change).astype(sent.dtype)
+        poisoned += 1
+    if update.arrays and not poisoned:
+        raise ValueError(f"federation.attackers: nothing in algorithm {cfg.algorithm.name}'s update changes a tensor "
+                         f"the client received, so attack {attackers.attack} has nothing to poison; the algorithm "
+                         "should declare why in its options' update_poisoning_unavailable (label_flip works with any)")
     return Payload(arrays, dict(update.meta))

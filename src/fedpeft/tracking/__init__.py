@@ -15,8 +15,10 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from fedpeft.config import RunConfig
+from fedpeft.errors import UserError
 from fedpeft.tracking.base import Tracker
 
 log = logging.getLogger("fedpeft")
@@ -29,12 +31,16 @@ BACKENDS = {
 }
 
 
+class TrackerUnavailable(UserError, ImportError):
+    """A logger of runtime.loggers whose package is not installed."""
+
+
 def check_available(names: list[str]) -> None:
-    """Raise ImportError (one line, with the install command) for a logger whose package is not installed."""
+    """Raise TrackerUnavailable (one line, with the install command) for a logger whose package is missing."""
     for name in names:
         _, package, extra = BACKENDS[name]
         if importlib.util.find_spec(package) is None:
-            raise ImportError(f"runtime.loggers: {name} needs the {package} package, which is not installed: "
+            raise TrackerUnavailable(f"runtime.loggers: {name} needs the {package} package, which is not installed: "
                               f"pip install 'fedpeft[{extra}]' (or remove {name} from runtime.loggers)")
 
 
@@ -70,8 +76,26 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def redacted(uri: str) -> str:
+    """``uri`` without the password of its user info (``scheme://user:***@host``)."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def tracked_config(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved config as the trackers record it: a password in the MLflow tracking URI is masked."""
+    data = cfg.model_dump(mode="json")
+    uri = data["runtime"]["tracking"]["mlflow_tracking_uri"]
+    if uri is not None:
+        data["runtime"]["tracking"]["mlflow_tracking_uri"] = redacted(uri)
+    return data
+
+
 def flat_config(cfg: RunConfig) -> dict[str, Any]:
-    """The resolved config as dotted keys (``train.lr``), values as str / int / float / bool (lists as JSON)."""
+    """The tracked config as dotted keys (``train.lr``), values as str / int / float / bool (lists as JSON)."""
     out: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -83,8 +107,9 @@ def flat_config(cfg: RunConfig) -> dict[str, Any]:
         else:
             out[prefix] = value
 
-    walk("", cfg.model_dump(mode="json"))
+    walk("", tracked_config(cfg))
     return out
 
 
-__all__ = ["BACKENDS", "Tracker", "check_available", "flat_config", "open_trackers", "scalars"]
+__all__ = ["BACKENDS", "Tracker", "TrackerUnavailable", "check_available", "flat_config", "open_trackers",
+           "scalars", "tracked_config"]

@@ -51,7 +51,7 @@ class MlflowTracker(Tracker):
     def state(self) -> dict[str, Any]:
         return {"tracking_uri": self.uri, "experiment_id": self.experiment_id, "run_id": self.run_id}
 
-    def on_round_end(self, rnd: int, row: dict[str, Any]) -> None:
+    def log_row(self, rnd: int, row: dict[str, Any]) -> None:
         from mlflow.entities import Metric
 
         from fedpeft.tracking import scalars
@@ -61,8 +61,7 @@ class MlflowTracker(Tracker):
         for i in range(0, len(metrics), 1000):  # MLflow's limit of metrics per call
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 
-    def on_run_end(self, summary: dict[str, Any]) -> None:
-        super().on_run_end(summary)
+    def log_summary(self, summary: dict[str, Any]) -> None:
         self.client.log_dict(self.run_id, summary, "summary.json")
 
     def close(self) -> None:

@@ -9,7 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedpeft.config import RunConfig, dump_config
+import yaml
+
+from fedpeft.config import RunConfig
 from fedpeft.tracking.base import Tracker
 
 LOG_DIR = "tensorboard"
@@ -23,25 +25,27 @@ class TensorBoardTracker(Tracker):
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams
 
-        from fedpeft.tracking import flat_config
+        from fedpeft.tracking import flat_config, tracked_config
 
-        resumed = saved is not None
-        self.writer = SummaryWriter(log_dir=str(run_dir / LOG_DIR), purge_step=start_round if resumed else None)
-        if not resumed:
-            self.writer.add_text("config", f"```yaml\n{dump_config(cfg)}```", 0)
+        # a resumed run hides what the interrupted session logged from its first round on (from step 0, the
+        # config included, when it starts over from round 1: round 0 is evaluated again)
+        fresh = saved is None or start_round == 1
+        purge = None if saved is None else (0 if start_round == 1 else start_round)
+        self.writer = SummaryWriter(log_dir=str(run_dir / LOG_DIR), purge_step=purge)
+        if fresh:
+            self.writer.add_text("config", f"```yaml\n{yaml.safe_dump(tracked_config(cfg), sort_keys=False)}```", 0)
             experiment, start, end = hparams(flat_config(cfg), {})
             for summary in (experiment, start, end):
                 self.writer.file_writer.add_summary(summary)
 
-    def on_round_end(self, rnd: int, row: dict[str, Any]) -> None:
+    def log_row(self, rnd: int, row: dict[str, Any]) -> None:
         from fedpeft.tracking import scalars
 
         for key, value in scalars(row).items():
             self.writer.add_scalar(key, value, rnd)
         self.writer.flush()
 
-    def on_run_end(self, summary: dict[str, Any]) -> None:
-        super().on_run_end(summary)
+    def log_summary(self, summary: dict[str, Any]) -> None:
         self.writer.add_text("summary", f"```json\n{json.dumps(summary, indent=2, default=str)}\n```",
                              int(summary.get("rounds") or 0))
         self.writer.flush()

@@ -22,12 +22,14 @@ class WandbTracker(Tracker):
         super().__init__(cfg, run_dir, saved, start_round=start_round)
         import wandb
 
+        from fedpeft.tracking import tracked_config
+
         self.run_id = saved["run_id"] if saved else uuid.uuid4().hex[:12]  # W&B run ids: [a-z0-9]
         mode = cfg.runtime.tracking.wandb_mode
         self.run = wandb.init(
             project=cfg.runtime.tracking.project or cfg.name, name=run_dir.name, id=self.run_id,
             resume="allow" if mode == "online" else None,
-            dir=str(run_dir), mode=mode, config=cfg.model_dump(mode="json"),
+            dir=str(run_dir), mode=mode, config=tracked_config(cfg),
             reinit="create_new", settings=wandb.Settings(silent=True, console="off", save_code=False))
         self.run.define_metric("round")
         self.run.define_metric("*", step_metric="round")
@@ -35,13 +37,12 @@ class WandbTracker(Tracker):
     def state(self) -> dict[str, Any]:
         return {"run_id": self.run_id}
 
-    def on_round_end(self, rnd: int, row: dict[str, Any]) -> None:
+    def log_row(self, rnd: int, row: dict[str, Any]) -> None:
         from fedpeft.tracking import scalars
 
         self.run.log({"round": rnd, **scalars(row)})
 
-    def on_run_end(self, summary: dict[str, Any]) -> None:
-        super().on_run_end(summary)
+    def log_summary(self, summary: dict[str, Any]) -> None:
         self.run.summary.update({k: v for k, v in summary.items() if v is not None})
 
     def close(self) -> None:

@@ -37,6 +37,8 @@ class FLoraOptions(MergingOptions):
 
     name: Literal["flora"] = "flora"
     adapter_incomplete: ClassVar[str | None] = MERGED_ADAPTER.format(name="flora")
+    update_poisoning_unavailable: ClassVar[str | None] = (
+        "its clients train fresh LoRA factors the server never sends, so there is no received tensor to change")
 
 
 class FLoraServer(MergingServer):

@@ -307,6 +307,9 @@ def run_flower(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: boo
                deployment: LocalDeployment | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run (or resume, or extend to ``cfg.federation.rounds``) ``cfg`` on Flower; returns the run's summary.json.
     This process holds the run directory's lock (fedpeft.runlock) until the run ends."""
+    from fedpeft import tracking
+
+    tracking.check_available(cfg.runtime.loggers)  # here, before any SuperNode starts, not inside the ServerApp
     if resume:
         run_dir = Path(run_dir)  # type: ignore[arg-type]
         lock = RunLock.acquire(run_dir)
