@@ -32,8 +32,8 @@ from fedpeft.runtime.embedded import run
 CONFIG = "configs/robust_sst2.yaml"
 RULES = {
     "fedavg": [],
-    "median": ["algorithm.robust={rule: median}"],
-    "trimmed_mean": ["algorithm.robust={rule: trimmed_mean, trim_fraction: 0.3}"],
+    "median": ["algorithm.robust={rule: median}", "federation.min_replies=3"],
+    "trimmed_mean": ["algorithm.robust={rule: trimmed_mean, trim_fraction: 0.3}", "federation.min_replies=4"],
     "krum": ["algorithm.robust={rule: krum, num_attackers: 3}", "federation.min_replies=9"],
     "multi_krum": ["algorithm.robust={rule: multi_krum, num_attackers: 3}", "federation.min_replies=9"],
     "norm_bound": ["algorithm.robust={rule: norm_bound}"],
