@@ -74,6 +74,15 @@ def describe(run_dir: Path, label: dict, metric: str) -> dict:
     return out
 
 
+def spread(values: list[float]) -> str:
+    """'mean ± sample standard deviation' (the mean alone for one value, '-' for none)."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--suites", default=",".join(SUITES))
@@ -100,7 +109,10 @@ def main() -> None:
             seed_sets = [] if seed is None else [f"seed={seed}"]
             cfg = load_config(SUITES[suite]["config"], [*SUITES[suite]["sets"], *sets, *seed_sets,
                                                         "runtime.progress=false", *args.set])
-            run_dir = Path(args.runs) / suite / (name if seed is None else f"{name}-seed{seed}")
+            base_seed = load_config(SUITES[suite]["config"], SUITES[suite]["sets"]).seed
+            # the config's own seed keeps the directory without a suffix, so --seeds 0,1,2 reuses the runs of a first
+            # invocation without --seeds
+            run_dir = Path(args.runs) / suite / (name if seed in (None, base_seed) else f"{name}-seed{seed}")
             if not reuse_or_clear(run_dir, cfg, f"{suite}/{name}"):
                 run(cfg, run_dir)
             rows.append(describe(run_dir, {**label, "seed": cfg.seed}, cfg.primary_metric()))
@@ -113,6 +125,15 @@ def main() -> None:
                   f"{r['bytes_up_per_client_round'] / 1024:.1f}", f"{r['bytes_down_per_client_round'] / 1024:.1f}",
                   "-" if r["aggregation_error_mean"] is None else f"{r['aggregation_error_mean']:.4f}"]
                  for r in rows])
+    if len(seeds) > 1:
+        print(f"\nmean and sample standard deviation over seeds {args.seeds}")
+        cells_seen = list(dict.fromkeys((r["suite"], r["partition"], r["method"]) for r in rows))
+        table = []
+        for key in cells_seen:
+            mine = [r for r in rows if (r["suite"], r["partition"], r["method"]) == key]
+            table.append([*key, len(mine), spread([r["final"] for r in mine]),
+                          spread([r["personal"] for r in mine if r["personal"] is not None])])
+        print_table(["suite", "partition", "method", "seeds", "global", "personalized"], table)
     for r in rows:
         if "bytes_by_rank" in r:
             print(r["method"], {k: {d: round(v / 1024, 1) for d, v in x.items()} for k, x in r["bytes_by_rank"].items()})
