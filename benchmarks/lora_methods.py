@@ -24,7 +24,15 @@ import argparse
 import statistics
 from pathlib import Path
 
-from results_io import parse_seeds, print_table, reuse_or_clear, save  # benchmarks/results_io.py
+from results_io import (  # benchmarks/results_io.py
+    config_digest,
+    earlier_rows,
+    kept_row,
+    parse_seeds,
+    print_table,
+    reuse_or_clear,
+    save,
+)
 
 from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics
@@ -103,6 +111,7 @@ def main() -> None:
         if "hetero" in args.parts and suite == "minilm-20news":
             cells += [(suite, f"iid/{m}", {"suite": suite, "partition": "iid", "method": m},
                        [*spec["partitions"]["iid"], *HETERO[m]]) for m in HETERO]
+    earlier = earlier_rows(args.out)
     rows = []
     for seed in seeds:
         for suite, name, label, sets in cells:
@@ -113,10 +122,14 @@ def main() -> None:
             # the config's own seed keeps the directory without a suffix, so --seeds 0,1,2 reuses the runs of a first
             # invocation without --seeds
             run_dir = Path(args.runs) / suite / (name if seed in (None, base_seed) else f"{name}-seed{seed}")
-            if not reuse_or_clear(run_dir, cfg, f"{suite}/{name}"):
-                run(cfg, run_dir)
-            rows.append(describe(run_dir, {**label, "seed": cfg.seed}, cfg.primary_metric()))
-            print({k: v for k, v in rows[-1].items() if k != "run_dir"}, flush=True)
+            digest, label = config_digest(cfg), {**label, "seed": cfg.seed}
+            row = None if run_dir.exists() else kept_row(earlier, label, digest, f"{suite}/{name}")
+            if row is None:
+                if not reuse_or_clear(run_dir, cfg, f"{suite}/{name}"):
+                    run(cfg, run_dir)
+                row = {**describe(run_dir, label, cfg.primary_metric()), "config_digest": digest}
+            rows.append(row)
+            print({k: v for k, v in rows[-1].items() if k not in ("run_dir", "config_digest")}, flush=True)
             save(args.out, {"suites": SUITES, "methods": METHODS, "hetero": HETERO, "rows": rows})
     print_table(["suite", "partition", "method", "seed", "metric", "global", "personalized", "KiB up / client / round",
                  "KiB down / client / round", "aggregation error (mean)"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -50,6 +51,30 @@ def reuse_or_clear(run_dir: Path, cfg: Any, label: str) -> bool:
         print(f"[{label}] replacing the unfinished run in {run_dir}", flush=True)
         shutil.rmtree(run_dir)
     return False
+
+
+def config_digest(cfg: Any) -> str:
+    """SHA-256 of the resolved config as fedpeft writes it to a run's config.yaml."""
+    from fedpeft.config import dump_config
+
+    return hashlib.sha256(dump_config(cfg).encode()).hexdigest()
+
+
+def earlier_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of an earlier results file (none when there is no file)."""
+    path = Path(path)
+    return json.loads(path.read_text()).get("rows", []) if path.exists() else []
+
+
+def kept_row(earlier: list[dict[str, Any]], label: dict[str, Any], digest: str, name: str) -> dict[str, Any] | None:
+    """The row of an earlier results file measured for ``label`` with the config of SHA-256 ``digest``, if any.
+    Lets a script go on after its run directories were lost (another machine, a stopped session) without
+    training again what it has measured: a row is kept only when every label field and the config digest match."""
+    for row in earlier:
+        if row.get("config_digest") == digest and all(row.get(k) == v for k, v in label.items()):
+            print(f"[{name}] keeping the row measured earlier (same config digest {digest[:12]})", flush=True)
+            return row
+    return None
 
 
 def parse_seeds(text: str | None) -> list[int] | None:

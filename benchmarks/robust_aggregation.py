@@ -13,8 +13,9 @@ scale (x10), noise (Gaussian, std 0.1 per entry in place of the update), label_f
 
 Reported per run: final and best accuracy, rounds to --target (the first evaluated round at or above it), and
 for Krum / Multi-Krum the share of the attackers' updates they excluded. Finished runs in --runs are reused
-when their config is unchanged. The headline table gives each rule's final accuracy under each attack as a
-share of clean FedAvg's.
+when their config is unchanged, and so are the rows of an earlier --out file measured with the same config (its
+SHA-256 is kept in each row) when --runs has no directory for them. The headline table gives each rule's final
+accuracy under each attack as a share of clean FedAvg's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,15 @@ import argparse
 import statistics
 from pathlib import Path
 
-from results_io import parse_seeds, print_table, reuse_or_clear, save  # benchmarks/results_io.py
+from results_io import (  # benchmarks/results_io.py
+    config_digest,
+    earlier_rows,
+    kept_row,
+    parse_seeds,
+    print_table,
+    reuse_or_clear,
+    save,
+)
 
 from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics
@@ -80,6 +89,7 @@ def main() -> None:
     args = ap.parse_args()
     seeds = parse_seeds(args.seeds) or [None]
     conds = conditions(args.attacks.split(","), [float(f) for f in args.fractions.split(",")])
+    earlier = earlier_rows(args.out)
     rows = []
     for seed in seeds:
         for cond, attack_sets in conds.items():
@@ -88,10 +98,14 @@ def main() -> None:
                 cfg = load_config(CONFIG, [*RULES[rule], *attack_sets, *seed_sets, "runtime.progress=false", *args.set])
                 name = f"{cond.replace(' ', '-').replace('%', 'pct')}/{rule}" + ("" if seed is None else f"-seed{seed}")
                 run_dir = Path(args.runs) / name
-                if not reuse_or_clear(run_dir, cfg, name):
-                    run(cfg, run_dir)
-                rows.append(describe(run_dir, {"condition": cond, "rule": rule, "seed": cfg.seed}, args.target))
-                print({k: v for k, v in rows[-1].items() if k not in ("run_dir", "curve")}, flush=True)
+                digest, label = config_digest(cfg), {"condition": cond, "rule": rule, "seed": cfg.seed}
+                row = None if run_dir.exists() else kept_row(earlier, label, digest, name)
+                if row is None:
+                    if not reuse_or_clear(run_dir, cfg, name):
+                        run(cfg, run_dir)
+                    row = {**describe(run_dir, label, args.target), "config_digest": digest}
+                rows.append(row)
+                print({k: v for k, v in rows[-1].items() if k not in ("run_dir", "curve", "config_digest")}, flush=True)
                 save(args.out, {"config": CONFIG, "rules": RULES, "conditions": conds, "target": args.target,
                                 "rows": rows})
     print_table(["condition", "rule", "seed", "final", "best", f"rounds to {args.target:g}", "attackers excluded"],
