@@ -6,16 +6,18 @@ MiniLM-L6 with LoRA on SST-2 (configs/robust_sst2.yaml: 2,000 training sentences
 30% attackers, 3 of a round's 10 updates on average: trimmed mean trims 3 at each end (trim_fraction 0.3), Krum
 and Multi-Krum assume f = 3 (and need 9 of the 10 updates), norm bounding clips to the median norm of the
 round. With 6 attackers among 20 clients and 10 drawn per round, a round holds 4 or more attackers with
-probability 0.31 (hypergeometric), beyond what trimming 3 or f = 3 covers. The attacks are fedpeft's defaults: sign_flip (the update reversed),
-scale (x10), noise (Gaussian, std 0.1 per entry in place of the update), label_flip (trained on flipped labels).
+probability 0.31 (hypergeometric), beyond what trimming 3 or f = 3 covers. The attacks are fedpeft's defaults:
+sign_flip (the update reversed), scale (x10), noise (Gaussian, std 0.1 per entry in place of the update), label_flip (trained on flipped labels).
 
     python benchmarks/robust_aggregation.py --out benchmarks/results/robust_aggregation.json
 
 Reported per run: final and best accuracy, rounds to --target (the first evaluated round at or above it), and
 for Krum / Multi-Krum the share of the attackers' updates they excluded. Finished runs in --runs are reused
 when their config is unchanged, and so are the rows of an earlier --out file measured with the same config (its
-SHA-256 is kept in each row) when --runs has no directory for them. The headline table gives each rule's final
-accuracy under each attack as a share of clean FedAvg's.
+SHA-256 is kept in each row) when --runs has no directory for them. The headline tables give each rule's final
+accuracy under each condition (mean ± sample standard deviation over --seeds) and as a share of clean FedAvg's
+at the same seed; both are saved under "headline". Accuracy is evaluated every 2 rounds, so rounds-to-target is
+even.
 """
 
 from __future__ import annotations
@@ -112,20 +114,46 @@ def main() -> None:
                 [[r["condition"], r["rule"], r["seed"], f"{r['final']:.3f}", f"{r['best']:.3f}",
                   "-" if r["rounds_to_target"] is None else r["rounds_to_target"],
                   f"{r['attackers_excluded']:.2f}" if "attackers_excluded" in r else "-"] for r in rows])
-    clean = {(r["seed"]): r["final"] for r in rows if r["condition"] == "clean" and r["rule"] == "fedavg"}
-    if clean:
-        print("\nfinal accuracy as a share of clean FedAvg's (mean over seeds)")
-        rules = list(dict.fromkeys(r["rule"] for r in rows))
-        table = []
-        for cond in conds:
-            cells = []
-            for rule in rules:
-                shares = [r["final"] / clean[r["seed"]] for r in rows
-                          if r["condition"] == cond and r["rule"] == rule and r["seed"] in clean]
-                cells.append(f"{statistics.mean(shares):.2f}" if shares else "-")
-            table.append([cond, *cells])
-        print_table(["condition", *rules], table)
+    summary = headline(rows, list(conds))
+    save(args.out, {"config": CONFIG, "rules": RULES, "conditions": conds, "target": args.target, "rows": rows,
+                    "headline": summary})
+    rules = list(dict.fromkeys(r["rule"] for r in rows))
+    n_seeds = len(seeds)
+    print(f"\nfinal accuracy ({'mean ± sample std over ' + str(n_seeds) + ' seeds' if n_seeds > 1 else 'one seed'})")
+    print_table(["condition", *rules], [[cond, *(spread(summary[cond].get(rule), "final") for rule in rules)]
+                                        for cond in conds if cond in summary])
+    print("\nfinal accuracy as a share of clean FedAvg's at the same seed")
+    print_table(["condition", *rules], [[cond, *(spread(summary[cond].get(rule), "share") for rule in rules)]
+                                        for cond in conds if cond in summary])
 
+
+def headline(rows: list[dict], conds: list[str]) -> dict:
+    """Per condition and rule: the final accuracies over seeds, and each as a share of clean FedAvg's final
+    accuracy at the same seed (mean, sample standard deviation and per-seed values)."""
+    clean = {r["seed"]: r["final"] for r in rows if r["condition"] == "clean" and r["rule"] == "fedavg"}
+    out: dict = {}
+    for cond in conds:
+        for rule in dict.fromkeys(r["rule"] for r in rows):
+            mine = [r for r in rows if r["condition"] == cond and r["rule"] == rule]
+            if not mine:
+                continue
+            cell = {"seeds": [r["seed"] for r in mine], "final": [r["final"] for r in mine],
+                    "share": [r["final"] / clean[r["seed"]] for r in mine if r["seed"] in clean],
+                    "rounds_to_target": [r["rounds_to_target"] for r in mine]}
+            for key in ("final", "share"):
+                values = cell[key]
+                cell[f"{key}_mean"] = statistics.mean(values) if values else None
+                cell[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else None
+            out.setdefault(cond, {})[rule] = cell
+    return out
+
+
+def spread(cell: dict | None, key: str) -> str:
+    """'mean ± std' of a headline cell's values (the value alone for one seed, '-' for none)."""
+    if cell is None or cell.get(f"{key}_mean") is None:
+        return "-"
+    std = cell[f"{key}_std"]
+    return f"{cell[f'{key}_mean']:.3f}" + ("" if std is None else f" ± {std:.3f}")
 
 if __name__ == "__main__":
     main()
