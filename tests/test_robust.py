@@ -24,6 +24,7 @@ from fedpeft.config.adversarial import (
     MultiKrumRule,
     NormBoundRule,
     TrimmedMeanRule,
+    trim_count,
 )
 from fedpeft.data.batching import Encoded
 from fedpeft.rundir import read_metrics
@@ -106,9 +107,18 @@ def test_every_rule_keeps_a_scaled_update_from_owning_the_aggregate(rule):
 @pytest.mark.parametrize("beta", [0.01, 0.1, 0.2, 0.25, 0.3, 1 / 3, 0.34, 0.4, 0.49])
 def test_the_fewest_updates_of_a_trimmed_mean_trim_one_at_each_end(beta):
     need = TrimmedMeanRule(trim_fraction=beta).min_updates()
-    assert int(beta * need) == 1 and int(beta * (need - 1)) == 0
+    assert trim_count(need, beta) == 1 and trim_count(need - 1, beta) == 0
     ups = [col(v) for v in range(need)]
     assert trimmed_mean(ups, beta)["w"].tolist() == pytest.approx([np.mean(range(1, need - 1))])
+
+
+def test_the_trimmed_count_is_the_floor_of_the_written_fraction_times_n():
+    # in floats 0.29 * 100 = 28.999999999999996 and 0.57 * 100 = 56.99999999999999: int() would trim one too few
+    assert [trim_count(100, 0.29), trim_count(100, 0.57), trim_count(3, 1 / 3), trim_count(3, 0.333)] == [29, 57, 1, 0]
+    assert [trim_count(n, 0.3) for n in (3, 4, 9, 10, 20)] == [0, 1, 2, 3, 6]
+    ups = [col(v) for v in range(100)]  # 29 values dropped at each end leave 29..70, whose mean is 49.5
+    assert trimmed_mean(ups, 0.29)["w"].tolist() == pytest.approx([49.5])
+    assert robust_aggregate(ups, [1] * 100, TrimmedMeanRule(trim_fraction=0.29)).trimmed == 29
 
 
 def fedavg_options(*sets):

@@ -30,6 +30,15 @@ def tensorboard_scalars(run_dir):
     return acc, out
 
 
+def tensorboard_hparams(acc):
+    """The hyperparameters of the run's HParams session (tensorboard's own protobuf), name -> protobuf Value."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    meta = acc.SummaryMetadata("_hparams_/session_start_info")
+    assert meta.plugin_data.plugin_name == "hparams"
+    return dict(plugin_data_pb2.HParamsPluginData.FromString(meta.plugin_data.content).session_start_info.hparams)
+
+
 def wandb_records(run_dir):
     """Every record of the run's offline W&B files, in order, by kind (wandb's datastore reader)."""
     from wandb.proto import wandb_internal_pb2
@@ -72,6 +81,9 @@ def check_tensorboard(run_dir, rows, cfg):
         assert got[key] == pytest.approx(by_round, rel=1e-6), key  # TensorBoard keeps float32
     config_text = acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert f"lr: {cfg.train.lr}" in config_text and "tiny-bert" in config_text
+    hparams = tensorboard_hparams(acc)  # the HParams dashboard's copy of the config
+    assert hparams["train.lr"].number_value == pytest.approx(cfg.train.lr)
+    assert hparams["model.name"].string_value == "tiny-bert" and set(hparams) == set(tracking.flat_config(cfg))
     summary_text = acc.Tensors("summary/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert json.loads(summary_text.strip("`\njson"))["total_bytes"] == read_summary(run_dir)["total_bytes"]
 
@@ -115,10 +127,13 @@ def check_wandb(run_dir, rows, cfg, *, sessions=1):
 
 @pytest.mark.needs_data
 def test_every_logger_receives_the_rows_the_config_and_the_summary(tmp_path):
-    cfg = tiny_config(LOGGERS, "eval.every=1")
+    # under DP, so that the privacy spent (dp_epsilon) is among what each backend must receive
+    cfg = tiny_config(LOGGERS, "eval.every=1", "algorithm.dp={noise_multiplier: 1.0, clipping_norm: 0.5}")
     EmbeddedRuntime(cfg, tmp_path / "run").run()
     rows = read_metrics(tmp_path / "run")
     assert [r["round"] for r in rows] == [0, 1, 2]
+    want = expected_scalars(rows)
+    assert {"dp_epsilon", "eval_accuracy", "train_loss", "time_client_s"} <= set(want), sorted(want)
     check_tensorboard(tmp_path / "run", rows, cfg)
     check_mlflow(tmp_path / "run", rows, cfg)
     check_wandb(tmp_path / "run", rows, cfg)
@@ -184,6 +199,14 @@ def test_a_failing_backend_is_logged_and_the_run_goes_on(tmp_path, monkeypatch):
     assert events.count("the mlflow tracker failed to log a metrics row (ConnectionError") == 1
     client, run_id = mlflow_client(tmp_path / "run")
     assert client.get_run(run_id).info.status == "FINISHED"  # the summary still reached it
+
+
+def test_every_number_of_a_row_is_tracked_numpy_scalars_included():
+    import numpy as np
+
+    row = {"round": 3, "loss": np.float32(0.5), "steps": np.int64(7), "stopped": np.bool_(True), "n": 2, "ok": False,
+           "per_client": {"0": 1.0}, "clients": [0, 1], "note": "text", "missing": None}
+    assert tracking.scalars(row) == {"loss": 0.5, "steps": 7.0, "stopped": 1.0, "n": 2.0, "ok": 0.0}
 
 
 def test_the_tracked_config_masks_a_password():

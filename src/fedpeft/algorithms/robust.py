@@ -3,7 +3,8 @@
 Each rule takes the round's updates ``delta_c = x_c - x`` (one ``dict[str, np.ndarray]`` per client, same names
 and shapes) and returns one aggregate of the same form, which the server optimizer then steps on in place of
 the weighted mean. The rules see an update as one vector (all its tensors); they work one tensor at a time, in
-float64, so memory grows with the largest tensor rather than with the whole update. What each rule assumes and costs is in :mod:`fedpeft.config.adversarial`.
+float64, so their working memory beyond the updates grows with the largest tensor (n copies of it), not with the
+whole update. What each rule assumes and costs is in :mod:`fedpeft.config.adversarial`.
 
 * median: coordinate-wise median (Yin et al. 2018);
 * trimmed mean: per coordinate, drop the floor(beta n) largest and smallest values, average the rest (same paper);
@@ -15,13 +16,14 @@ float64, so memory grows with the largest tensor rather than with the whole upda
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from fedpeft.algorithms.aggregate import weighted_mean
+from fedpeft.config.adversarial import trim_count
 
 Arrays = dict[str, np.ndarray]
 
@@ -67,11 +69,6 @@ def coordinate_median(updates: Sequence[Mapping[str, np.ndarray]]) -> Arrays:
     names = check_same_layout(updates)
     return {k: np.median(stacked(updates, k), axis=0).reshape(np.shape(updates[0][k])).astype(np.float32)
             for k in names}
-
-
-def trim_count(n: int, trim_fraction: float) -> int:
-    """floor(trim_fraction n): the values dropped at each end of a coordinate."""
-    return int(trim_fraction * n)
 
 
 def trimmed_mean(updates: Sequence[Mapping[str, np.ndarray]], trim_fraction: float) -> Arrays:
@@ -127,6 +124,22 @@ def multi_krum(updates: Sequence[Mapping[str, np.ndarray]], num_attackers: int, 
     return RobustResult(aggregate, kept=kept, scores=[float(s) for s in scores], norms=[float(x) for x in norms(updates)])
 
 
+class Scaled(Mapping[str, np.ndarray]):
+    """An update times a factor, each tensor scaled (in float64) only when it is read."""
+
+    def __init__(self, update: Mapping[str, np.ndarray], factor: float):
+        self.update, self.factor = update, factor
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return np.asarray(self.update[name], dtype=np.float64) * self.factor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.update)
+
+    def __len__(self) -> int:
+        return len(self.update)
+
+
 def norm_bounded_mean(updates: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float],
                       max_norm: float | None) -> RobustResult:
     """Every update scaled to L2 norm <= bound (max_norm, or the median of the updates' norms when None), then
@@ -136,7 +149,7 @@ def norm_bounded_mean(updates: Sequence[Mapping[str, np.ndarray]], weights: Sequ
     bound = float(np.median(size)) if max_norm is None else float(max_norm)
     over = size > bound
     scale = np.where(over, bound / np.where(over, size, 1.0), 1.0)
-    clipped = [{k: np.asarray(u[k], dtype=np.float64) * s for k in u} for u, s in zip(updates, scale)]
+    clipped = [Scaled(u, float(s)) for u, s in zip(updates, scale)]
     return RobustResult(weighted_mean(clipped, weights), bound=bound, clipped=[int(i) for i in np.flatnonzero(over)],
                         norms=[float(x) for x in size])
 

@@ -51,6 +51,12 @@ class MedianRule(_Rule):
         return 3  # the median of two updates is their mean
 
 
+def trim_count(n: int, trim_fraction: float) -> int:
+    """floor(beta n), the values the trimmed mean drops at each end of a coordinate, with a tolerance for binary
+    rounding: 0.29 x 100 is 28.999999999999996 in floats, and trims 29."""
+    return math.floor(trim_fraction * n + 1e-9)
+
+
 class TrimmedMeanRule(_Rule):
     """Coordinate-wise trimmed mean (Yin et al., ICML 2018): in every coordinate the floor(beta n) largest and
     floor(beta n) smallest of the n updates are dropped and the rest averaged, unweighted. Tolerates up to
@@ -62,7 +68,7 @@ class TrimmedMeanRule(_Rule):
 
     def min_updates(self) -> int:
         n = 2
-        while int(self.trim_fraction * n) < 1:  # floor(beta n) >= 1: at least one value trimmed at each end
+        while trim_count(n, self.trim_fraction) < 1:  # at least one value trimmed at each end
             n += 1
         return n
 

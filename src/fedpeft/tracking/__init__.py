@@ -13,9 +13,12 @@ import importlib
 import importlib.util
 import json
 import logging
+import numbers
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
 
 from fedpeft.config import RunConfig
 from fedpeft.errors import UserError
@@ -66,12 +69,13 @@ def open_trackers(cfg: RunConfig, run_dir: Path, *, resume: bool, start_round: i
 
 
 def scalars(row: dict[str, Any]) -> dict[str, float]:
-    """The numbers of a metrics row (booleans as 0/1); nested per-client entries and texts are left out."""
+    """The numbers of a metrics row (booleans as 0/1, NumPy scalars included); nested per-client entries and
+    texts are left out."""
     out = {}
     for key, value in row.items():
         if key == "round" or value is None or isinstance(value, (dict, list, str)):
             continue
-        if isinstance(value, (bool, int, float)):
+        if isinstance(value, (numbers.Real, np.bool_)):
             out[key] = float(value)
     return out
 
