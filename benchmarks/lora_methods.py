@@ -13,9 +13,12 @@ Every client keeps a fifth of its examples out of training to score its personal
     python benchmarks/lora_methods.py --out benchmarks/results/lora_methods.json
 
 Reported per run: the global model's final score (accuracy / ROUGE-L) on the test subset, the personalized
-score of the last round's clients on their own held-out examples (mean weighted by their sizes), bytes up
+score of the last round's clients on their own held-out examples (mean weighted by their sizes; each client is
+scored on receipt, before it trains, and the share of them with no earlier accepted update is reported), bytes up
 and down per client and round (by rank for heterogeneous clients) and the LoRA aggregation error (mean over
-rounds). Finished runs in --runs are reused when their config is unchanged.
+rounds). Finished runs in --runs are reused when their config is unchanged, and so are the rows of an earlier
+--out file measured with the same config (its SHA-256 is kept in each row) when --runs has no directory for
+them; with --seeds, a table of mean ± sample standard deviation over the seeds follows the runs' table.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def describe(run_dir: Path, label: dict, metric: str) -> dict:
            "personal": personal[-1][f"personal_{metric}"] if personal else None,
            "bytes_up_per_client_round": statistics.mean(up), "bytes_down_per_client_round": statistics.mean(down),
            "run_dir": str(run_dir)}
+    out["personal_untrained_share"] = untrained_share(later)
     errors = [r["agg_lora_aggregation_error"] for r in later if "agg_lora_aggregation_error" in r]
     out["aggregation_error_mean"] = statistics.mean(errors) if errors else None
     ranks = {}
@@ -80,6 +84,20 @@ def describe(run_dir: Path, label: dict, metric: str) -> dict:
         out["bytes_by_rank"] = {str(k): {"up": statistics.mean(v["up"]), "down": statistics.mean(v["down"])}
                                 for k, v in sorted(ranks.items())}
     return out
+
+
+def untrained_share(rows: list[dict]) -> float | None:
+    """Of the clients scored in the last personalized evaluation, the share that had no accepted update before
+    that round. A client is scored on receipt, before it trains, so such a client's personalized model holds
+    nothing of its own yet (FedSA-LoRA: the initial B)."""
+    trained: set[str] = set()
+    share = None
+    for r in rows:
+        scored = r.get("client_personal", {})
+        if scored:
+            share = sum(c not in trained for c in scored) / len(scored)
+        trained |= {c for c in r["bytes_up"] if c not in r.get("rejected", {})}
+    return share
 
 
 def spread(values: list[float]) -> str:
@@ -131,10 +149,12 @@ def main() -> None:
             rows.append(row)
             print({k: v for k, v in rows[-1].items() if k not in ("run_dir", "config_digest")}, flush=True)
             save(args.out, {"suites": SUITES, "methods": METHODS, "hetero": HETERO, "rows": rows})
-    print_table(["suite", "partition", "method", "seed", "metric", "global", "personalized", "KiB up / client / round",
-                 "KiB down / client / round", "aggregation error (mean)"],
+    print_table(["suite", "partition", "method", "seed", "metric", "global", "personalized",
+                 "scored before their first update", "KiB up / client / round", "KiB down / client / round",
+                 "aggregation error (mean)"],
                 [[r["suite"], r["partition"], r["method"], r["seed"], r["metric"], f"{r['final']:.4f}",
                   "-" if r["personal"] is None else f"{r['personal']:.4f}",
+                  "-" if r.get("personal_untrained_share") is None else f"{r['personal_untrained_share']:.2f}",
                   f"{r['bytes_up_per_client_round'] / 1024:.1f}", f"{r['bytes_down_per_client_round'] / 1024:.1f}",
                   "-" if r["aggregation_error_mean"] is None else f"{r['aggregation_error_mean']:.4f}"]
                  for r in rows])
