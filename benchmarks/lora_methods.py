@@ -164,9 +164,14 @@ def main() -> None:
         table = []
         for key in cells_seen:
             mine = [r for r in rows if (r["suite"], r["partition"], r["method"]) == key]
+            errors = [r["aggregation_error_mean"] for r in mine if r["aggregation_error_mean"] is not None]
             table.append([*key, len(mine), spread([r["final"] for r in mine]),
-                          spread([r["personal"] for r in mine if r["personal"] is not None])])
-        print_table(["suite", "partition", "method", "seeds", "global", "personalized"], table)
+                          spread([r["personal"] for r in mine if r["personal"] is not None]),
+                          f"{statistics.mean(r['bytes_up_per_client_round'] for r in mine) / 1024:.1f}",
+                          f"{statistics.mean(r['bytes_down_per_client_round'] for r in mine) / 1024:.1f}",
+                          spread(errors)])
+        print_table(["suite", "partition", "method", "seeds", "global", "personalized", "KiB up / client / round",
+                     "KiB down / client / round", "aggregation error (mean over rounds)"], table)
     for r in rows:
         if "bytes_by_rank" in r:
             print(r["method"], {k: {d: round(v / 1024, 1) for d, v in x.items()} for k, x in r["bytes_by_rank"].items()})
