@@ -77,6 +77,14 @@ def kept_row(earlier: list[dict[str, Any]], label: dict[str, Any], digest: str, 
     return None
 
 
+def with_earlier(rows: list[dict[str, Any]], earlier: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """``rows`` followed by the rows of an earlier results file for cells this invocation did not run (told apart
+    by ``keys``), so that a script run on a subset (more seeds for some cells) adds to its results file instead of
+    replacing it; a cell run again keeps only its new row."""
+    mine = {tuple(r[k] for k in keys) for r in rows}
+    return [*rows, *(r for r in earlier if tuple(r.get(k) for k in keys) not in mine)]
+
+
 def parse_seeds(text: str | None) -> list[int] | None:
     """``--seeds 0,1,2`` -> [0, 1, 2]; None (the option not given) keeps the config's own seed."""
     if not text:

@@ -14,7 +14,9 @@ sign_flip (the update reversed), scale (x10), noise (Gaussian, std 0.1 per entry
 Reported per run: final and best accuracy, rounds to --target (the first evaluated round at or above it), and
 for Krum / Multi-Krum the share of the attackers' updates they excluded. Finished runs in --runs are reused
 when their config is unchanged, and so are the rows of an earlier --out file measured with the same config (its
-SHA-256 is kept in each row) when --runs has no directory for them. The headline tables give each rule's final
+SHA-256 is kept in each row) when --runs has no directory for them; the rows of cells an invocation does not run
+(other seeds, rules, attacks or fractions) stay in the file, so e.g. `--seeds 1,2 --attacks scale --fractions 0.3`
+adds seeds to those cells. The headline tables give each rule's final
 accuracy under each condition (mean ± sample standard deviation over --seeds) and as a share of clean FedAvg's
 at the same seed; both are saved under "headline". Accuracy is evaluated every 2 rounds, so rounds-to-target is
 even.
@@ -34,6 +36,7 @@ from results_io import (  # benchmarks/results_io.py
     print_table,
     reuse_or_clear,
     save,
+    with_earlier,
 )
 
 from fedpeft.config import load_config
@@ -51,6 +54,7 @@ RULES = {
 }
 ATTACKS = ("sign_flip", "scale", "noise", "label_flip")
 FRACTIONS = (0.1, 0.3)
+LABEL = ("condition", "rule", "seed")  # what tells the rows of the results file apart
 
 
 def conditions(attacks: list[str], fractions: list[float]) -> dict[str, list[str]]:
@@ -91,6 +95,7 @@ def main() -> None:
     args = ap.parse_args()
     seeds = parse_seeds(args.seeds) or [None]
     conds = conditions(args.attacks.split(","), [float(f) for f in args.fractions.split(",")])
+    every_condition = conditions(list(ATTACKS), list(FRACTIONS))
     earlier = earlier_rows(args.out)
     rows = []
     for seed in seeds:
@@ -108,18 +113,20 @@ def main() -> None:
                     row = {**describe(run_dir, label, args.target), "config_digest": digest}
                 rows.append(row)
                 print({k: v for k, v in rows[-1].items() if k not in ("run_dir", "curve", "config_digest")}, flush=True)
-                save(args.out, {"config": CONFIG, "rules": RULES, "conditions": conds, "target": args.target,
-                                "rows": rows})
+                save(args.out, {"config": CONFIG, "rules": RULES, "conditions": every_condition, "target": args.target,
+                                "rows": with_earlier(rows, earlier, LABEL)})
+    rows = with_earlier(rows, earlier, LABEL)
+    conds = list(dict.fromkeys([*(c for c in every_condition if any(r["condition"] == c for r in rows)),
+                                *(r["condition"] for r in rows)]))
     print_table(["condition", "rule", "seed", "final", "best", f"rounds to {args.target:g}", "attackers excluded"],
                 [[r["condition"], r["rule"], r["seed"], f"{r['final']:.3f}", f"{r['best']:.3f}",
                   "-" if r["rounds_to_target"] is None else r["rounds_to_target"],
                   f"{r['attackers_excluded']:.2f}" if "attackers_excluded" in r else "-"] for r in rows])
-    summary = headline(rows, list(conds))
-    save(args.out, {"config": CONFIG, "rules": RULES, "conditions": conds, "target": args.target, "rows": rows,
-                    "headline": summary})
+    summary = headline(rows, conds)
+    save(args.out, {"config": CONFIG, "rules": RULES, "conditions": every_condition, "target": args.target,
+                    "rows": rows, "headline": summary})
     rules = list(dict.fromkeys(r["rule"] for r in rows))
-    n_seeds = len(seeds)
-    print(f"\nfinal accuracy ({'mean ± sample std over ' + str(n_seeds) + ' seeds' if n_seeds > 1 else 'one seed'})")
+    print("\nfinal accuracy (mean ± sample std where a cell has several seeds)")
     print_table(["condition", *rules], [[cond, *(spread(summary[cond].get(rule), "final") for rule in rules)]
                                         for cond in conds if cond in summary])
     print("\nfinal accuracy as a share of clean FedAvg's at the same seed")
