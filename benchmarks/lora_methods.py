@@ -18,7 +18,8 @@ scored on receipt, before it trains, and the share of them with no earlier accep
 and down per client and round (by rank for heterogeneous clients) and the LoRA aggregation error (mean over
 rounds). Finished runs in --runs are reused when their config is unchanged, and so are the rows of an earlier
 --out file measured with the same config (its SHA-256 is kept in each row) when --runs has no directory for
-them; with --seeds, a table of mean ± sample standard deviation over the seeds follows the runs' table.
+them; with --seeds, a table of mean ± sample standard deviation over the seeds, with Welch's t of each method
+against FedAvg-LoRA (the heterogeneous ranks: against everyone at rank 4), follows the runs' table.
 """
 
 from __future__ import annotations
@@ -100,6 +101,15 @@ def untrained_share(rows: list[dict]) -> float | None:
     return share
 
 
+def welch_t(a: list[float | None], b: list[float | None]) -> str:
+    """Welch's t of mean(a) - mean(b) ('-' when either has fewer than two values or both have no spread)."""
+    a, b = [x for x in a if x is not None], [x for x in b if x is not None]
+    if len(a) < 2 or len(b) < 2:
+        return "-"
+    se = (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
+    return "-" if se == 0 else f"{(statistics.mean(a) - statistics.mean(b)) / se:+.1f}"
+
+
 def spread(values: list[float]) -> str:
     """'mean ± sample standard deviation' (the mean alone for one value, '-' for none)."""
     if not values:
@@ -165,12 +175,17 @@ def main() -> None:
         for key in cells_seen:
             mine = [r for r in rows if (r["suite"], r["partition"], r["method"]) == key]
             errors = [r["aggregation_error_mean"] for r in mine if r["aggregation_error_mean"] is not None]
+            base_method = "rank4_all" if key[2] in HETERO else "fedavg"
+            base = [r for r in rows if (r["suite"], r["partition"], r["method"]) == (key[0], key[1], base_method)]
             table.append([*key, len(mine), spread([r["final"] for r in mine]),
                           spread([r["personal"] for r in mine if r["personal"] is not None]),
+                          f"{base_method}: " + " / ".join(welch_t([r[k] for r in mine], [r[k] for r in base])
+                                                          for k in ("final", "personal")),
                           f"{statistics.mean(r['bytes_up_per_client_round'] for r in mine) / 1024:.1f}",
                           f"{statistics.mean(r['bytes_down_per_client_round'] for r in mine) / 1024:.1f}",
                           spread(errors)])
-        print_table(["suite", "partition", "method", "seeds", "global", "personalized", "KiB up / client / round",
+        print_table(["suite", "partition", "method", "seeds", "global", "personalized",
+                     "Welch's t against (global / personalized)", "KiB up / client / round",
                      "KiB down / client / round", "aggregation error (mean over rounds)"], table)
     for r in rows:
         if "bytes_by_rank" in r:
