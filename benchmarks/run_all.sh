@@ -17,3 +17,6 @@ done
 echo "== paper000 selection (100 rounds)"
 $PY benchmarks/paper000.py selection --rounds 100 --eval-every 10 --runs runs/paper000_r100 2>&1 \
   | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/paper000_selection.log
+echo "== federated LoRA methods (3 seeds)"
+$PY benchmarks/lora_methods.py --seeds 0,1,2 2>&1 | grep -v -i -E "warn|Loading weights" \
+  | tee benchmarks/results/lora_methods.log
