@@ -29,6 +29,7 @@ import statistics
 from pathlib import Path
 
 from results_io import (  # benchmarks/results_io.py
+    carried_over,
     config_digest,
     earlier_rows,
     kept_row,
@@ -36,6 +37,7 @@ from results_io import (  # benchmarks/results_io.py
     print_table,
     reuse_or_clear,
     save,
+    with_earlier,
 )
 
 from fedpeft.config import load_config
@@ -59,6 +61,33 @@ THIRDS = "algorithm.rank_groups=[{rank: 4, share: 0.34}, {rank: 8, share: 0.33},
 HETERO = {"rank4_all": ["algorithm.name=fedavg", "peft.r=4", "peft.alpha=8"],
           "hetlora": ["algorithm.name=hetlora", "peft.r=16", "peft.alpha=32", THIRDS],
           "flexlora": ["algorithm.name=flexlora", "peft.r=16", "peft.alpha=32", THIRDS]}
+
+
+LABEL = ("suite", "partition", "method", "seed")  # what tells the rows of the results file apart
+
+
+def cell_sets(suite: str, partition: str, method: str) -> list[str] | None:
+    """The overrides of one cell (None: no such cell)."""
+    spec = SUITES.get(suite)
+    if spec is None or partition not in spec["partitions"]:
+        return None
+    if method in METHODS:
+        return [*spec["partitions"][partition], *METHODS[method]]
+    if method in HETERO and partition == "iid" and suite == "minilm-20news":
+        return [*spec["partitions"]["iid"], *HETERO[method]]
+    return None
+
+
+def cell_config(suite: str, sets: list[str], seed: int | None, extra: list[str]):
+    seed_sets = [] if seed is None else [f"seed={seed}"]
+    return load_config(SUITES[suite]["config"], [*SUITES[suite]["sets"], *sets, *seed_sets, "runtime.progress=false",
+                                                 *extra])
+
+
+def cell_digest(row: dict, extra: list[str]) -> str | None:
+    """The config digest a results row's cell has now (None when the script no longer has the cell)."""
+    sets = cell_sets(row.get("suite"), row.get("partition"), row.get("method"))
+    return None if sets is None else config_digest(cell_config(row["suite"], sets, row.get("seed"), extra))
 
 
 def describe(run_dir: Path, label: dict, metric: str) -> dict:
@@ -140,12 +169,11 @@ def main() -> None:
             cells += [(suite, f"iid/{m}", {"suite": suite, "partition": "iid", "method": m},
                        [*spec["partitions"]["iid"], *HETERO[m]]) for m in HETERO]
     earlier = earlier_rows(args.out)
+    carried = carried_over(earlier, lambda r: cell_digest(r, args.set))
     rows = []
     for seed in seeds:
         for suite, name, label, sets in cells:
-            seed_sets = [] if seed is None else [f"seed={seed}"]
-            cfg = load_config(SUITES[suite]["config"], [*SUITES[suite]["sets"], *sets, *seed_sets,
-                                                        "runtime.progress=false", *args.set])
+            cfg = cell_config(suite, sets, seed, args.set)
             base_seed = load_config(SUITES[suite]["config"], SUITES[suite]["sets"]).seed
             # the config's own seed keeps the directory without a suffix, so --seeds 0,1,2 reuses the runs of a first
             # invocation without --seeds
@@ -158,7 +186,9 @@ def main() -> None:
                 row = {**describe(run_dir, label, cfg.primary_metric()), "config_digest": digest}
             rows.append(row)
             print({k: v for k, v in rows[-1].items() if k not in ("run_dir", "config_digest")}, flush=True)
-            save(args.out, {"suites": SUITES, "methods": METHODS, "hetero": HETERO, "rows": rows})
+            save(args.out, {"suites": SUITES, "methods": METHODS, "hetero": HETERO,
+                            "rows": with_earlier(rows, carried, LABEL)})
+    rows = with_earlier(rows, carried, LABEL)
     print_table(["suite", "partition", "method", "seed", "metric", "global", "personalized",
                  "scored before their first update", "KiB up / client / round", "KiB down / client / round",
                  "aggregation error (mean)"],

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +78,28 @@ def kept_row(earlier: list[dict[str, Any]], label: dict[str, Any], digest: str, 
     return None
 
 
-def with_earlier(rows: list[dict[str, Any]], earlier: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    """``rows`` followed by the rows of an earlier results file for cells this invocation did not run (told apart
-    by ``keys``), so that a script run on a subset (more seeds for some cells) adds to its results file instead of
-    replacing it; a cell run again keeps only its new row."""
+def carried_over(earlier: list[dict[str, Any]], digest_of: Callable[[dict[str, Any]], str | None]
+                 ) -> list[dict[str, Any]]:
+    """The rows of an earlier results file whose config digest is ``digest_of(row)``, the digest their cell's
+    config has now (None: the cell cannot be rebuilt from the script's tables); the others are dropped, with a
+    message, rather than mixed with rows of another config."""
+    out = []
+    for r in earlier:
+        if r.get("config_digest") is not None and r.get("config_digest") == digest_of(r):
+            out.append(r)
+        else:
+            print(f"dropping an earlier row measured with another config than its cell has now: "
+                  f"{ {k: v for k, v in r.items() if isinstance(v, (str, int)) and k != 'config_digest'} }", flush=True)
+    return out
+
+
+def with_earlier(rows: list[dict[str, Any]], carried: list[dict[str, Any]], keys: tuple[str, ...]
+                 ) -> list[dict[str, Any]]:
+    """``rows`` followed by the carried-over rows (:func:`carried_over`) of cells this invocation did not run
+    (told apart by ``keys``), so that a script run on a subset (more seeds for some cells) adds to its results
+    file instead of replacing it; a cell run again keeps only its new row."""
     mine = {tuple(r[k] for k in keys) for r in rows}
-    return [*rows, *(r for r in earlier if tuple(r.get(k) for k in keys) not in mine)]
+    return [*rows, *(r for r in carried if tuple(r.get(k) for k in keys) not in mine)]
 
 
 def parse_seeds(text: str | None) -> list[int] | None:

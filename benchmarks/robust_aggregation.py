@@ -29,6 +29,7 @@ import statistics
 from pathlib import Path
 
 from results_io import (  # benchmarks/results_io.py
+    carried_over,
     config_digest,
     earlier_rows,
     kept_row,
@@ -65,6 +66,18 @@ def conditions(attacks: list[str], fractions: list[float]) -> dict[str, list[str
     return out
 
 
+def cell_config(rule: str, attack_sets: list[str], seed: int | None, extra: list[str]):
+    seed_sets = [] if seed is None else [f"seed={seed}"]
+    return load_config(CONFIG, [*RULES[rule], *attack_sets, *seed_sets, "runtime.progress=false", *extra])
+
+
+def cell_digest(row: dict, every_condition: dict[str, list[str]], extra: list[str]) -> str | None:
+    """The config digest a results row's cell has now (None when the script no longer has the cell)."""
+    if row.get("rule") not in RULES or row.get("condition") not in every_condition:
+        return None
+    return config_digest(cell_config(row["rule"], every_condition[row["condition"]], row.get("seed"), extra))
+
+
 def describe(run_dir: Path, label: dict, target: float) -> dict:
     rows = read_metrics(run_dir)
     evals = [r for r in rows if "eval_accuracy" in r]
@@ -97,12 +110,12 @@ def main() -> None:
     conds = conditions(args.attacks.split(","), [float(f) for f in args.fractions.split(",")])
     every_condition = conditions(list(ATTACKS), list(FRACTIONS))
     earlier = earlier_rows(args.out)
+    carried = carried_over(earlier, lambda r: cell_digest(r, every_condition, args.set))
     rows = []
     for seed in seeds:
         for cond, attack_sets in conds.items():
             for rule in args.rules.split(","):
-                seed_sets = [] if seed is None else [f"seed={seed}"]
-                cfg = load_config(CONFIG, [*RULES[rule], *attack_sets, *seed_sets, "runtime.progress=false", *args.set])
+                cfg = cell_config(rule, attack_sets, seed, args.set)
                 name = f"{cond.replace(' ', '-').replace('%', 'pct')}/{rule}" + ("" if seed is None else f"-seed{seed}")
                 run_dir = Path(args.runs) / name
                 digest, label = config_digest(cfg), {"condition": cond, "rule": rule, "seed": cfg.seed}
@@ -114,8 +127,8 @@ def main() -> None:
                 rows.append(row)
                 print({k: v for k, v in rows[-1].items() if k not in ("run_dir", "curve", "config_digest")}, flush=True)
                 save(args.out, {"config": CONFIG, "rules": RULES, "conditions": every_condition, "target": args.target,
-                                "rows": with_earlier(rows, earlier, LABEL)})
-    rows = with_earlier(rows, earlier, LABEL)
+                                "rows": with_earlier(rows, carried, LABEL)})
+    rows = with_earlier(rows, carried, LABEL)
     conds = list(dict.fromkeys([*(c for c in every_condition if any(r["condition"] == c for r in rows)),
                                 *(r["condition"] for r in rows)]))
     print_table(["condition", "rule", "seed", "final", "best", f"rounds to {args.target:g}", "attackers excluded"],
