@@ -20,3 +20,11 @@ $PY benchmarks/paper000.py selection --rounds 100 --eval-every 10 --runs runs/pa
 echo "== federated LoRA methods (3 seeds)"
 $PY benchmarks/lora_methods.py --seeds 0,1,2 2>&1 | grep -v -i -E "warn|Loading weights" \
   | tee benchmarks/results/lora_methods.log
+echo "== Byzantine-robust aggregation under simulated attacks"
+$PY benchmarks/robust_aggregation.py --out benchmarks/results/robust_aggregation.json 2>&1 \
+  | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/robust_aggregation.log
+# seeds 1 and 2 for the clean runs and the 30% attacks (each invocation adds to the results file)
+for attack in scale sign_flip label_flip; do
+  $PY benchmarks/robust_aggregation.py --seeds 1,2 --fractions 0.3 --attacks $attack 2>&1 \
+    | grep -v -i -E "warn|Loading weights" | tee -a benchmarks/results/robust_aggregation_seeds.log
+done
