@@ -18,7 +18,7 @@ SHA-256 is kept in each row) when --runs has no directory for them; the rows of 
 (other seeds, rules, attacks or fractions) stay in the file, so e.g. `--seeds 1,2 --attacks scale --fractions 0.3`
 adds seeds to those cells. The headline tables give each rule's final
 accuracy under each condition (mean ± sample standard deviation over --seeds) and as a share of clean FedAvg's
-at the same seed; both are saved under "headline". Accuracy is evaluated every 2 rounds, so rounds-to-target is
+at the same seed; both are saved under "headline", with rounds-to-target and Krum's exclusion share per seed. Accuracy is evaluated every 2 rounds, so rounds-to-target is
 even.
 """
 
@@ -145,6 +145,13 @@ def main() -> None:
     print("\nfinal accuracy as a share of clean FedAvg's at the same seed")
     print_table(["condition", *rules], [[cond, *(spread(summary[cond].get(rule), "share") for rule in rules)]
                                         for cond in conds if cond in summary])
+    print(f"\nrounds to {args.target:g} (per seed, '-' where never reached; evaluated every 2 rounds)")
+    print_table(["condition", *rules], [[cond, *(per_seed(summary[cond].get(rule), "rounds_to_target") for rule in rules)]
+                                        for cond in conds if cond in summary])
+    print("\nshare of the attackers' updates that Krum / Multi-Krum excluded (per seed)")
+    print_table(["condition", "krum", "multi_krum"],
+                [[cond, *(per_seed(summary[cond].get(rule), "attackers_excluded") for rule in ("krum", "multi_krum"))]
+                 for cond in conds if cond in summary and cond != "clean"])
 
 
 def headline(rows: list[dict], conds: list[str]) -> dict:
@@ -160,6 +167,9 @@ def headline(rows: list[dict], conds: list[str]) -> dict:
             cell = {"seeds": [r["seed"] for r in mine], "final": [r["final"] for r in mine],
                     "share": [r["final"] / clean[r["seed"]] for r in mine if r["seed"] in clean],
                     "rounds_to_target": [r["rounds_to_target"] for r in mine]}
+            excluded = [r["attackers_excluded"] for r in mine if "attackers_excluded" in r]
+            if excluded:
+                cell["attackers_excluded"] = excluded
             for key in ("final", "share"):
                 values = cell[key]
                 cell[f"{key}_mean"] = statistics.mean(values) if values else None
@@ -174,6 +184,13 @@ def spread(cell: dict | None, key: str) -> str:
         return "-"
     std = cell[f"{key}_std"]
     return f"{cell[f'{key}_mean']:.3f}" + ("" if std is None else f" ± {std:.3f}")
+
+def per_seed(cell: dict | None, key: str) -> str:
+    """A headline cell's per-seed values of key, comma-separated ('-' for a missing value or cell)."""
+    if cell is None or key not in cell:
+        return "-"
+    return ", ".join("-" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v)) for v in cell[key])
+
 
 if __name__ == "__main__":
     main()
