@@ -145,10 +145,10 @@ def main() -> None:
     print("\nfinal accuracy as a share of clean FedAvg's at the same seed")
     print_table(["condition", *rules], [[cond, *(spread(summary[cond].get(rule), "share") for rule in rules)]
                                         for cond in conds if cond in summary])
-    print(f"\nrounds to {args.target:g} (per seed, '-' where never reached; evaluated every 2 rounds)")
+    print(f"\nrounds to {args.target:g} (per seed in seed order, '-' where never reached; evaluated every 2 rounds)")
     print_table(["condition", *rules], [[cond, *(per_seed(summary[cond].get(rule), "rounds_to_target") for rule in rules)]
                                         for cond in conds if cond in summary])
-    print("\nshare of the attackers' updates that Krum / Multi-Krum excluded (per seed)")
+    print("\nshare of the attackers' updates that Krum / Multi-Krum excluded (per seed in seed order)")
     print_table(["condition", "krum", "multi_krum"],
                 [[cond, *(per_seed(summary[cond].get(rule), "attackers_excluded") for rule in ("krum", "multi_krum"))]
                  for cond in conds if cond in summary and cond != "clean"])
@@ -161,7 +161,7 @@ def headline(rows: list[dict], conds: list[str]) -> dict:
     out: dict = {}
     for cond in conds:
         for rule in dict.fromkeys(r["rule"] for r in rows):
-            mine = [r for r in rows if r["condition"] == cond and r["rule"] == rule]
+            mine = sorted((r for r in rows if r["condition"] == cond and r["rule"] == rule), key=lambda r: r["seed"])
             if not mine:
                 continue
             cell = {"seeds": [r["seed"] for r in mine], "final": [r["final"] for r in mine],
