@@ -23,8 +23,6 @@ $PY benchmarks/lora_methods.py --seeds 0,1,2 2>&1 | grep -v -i -E "warn|Loading 
 echo "== Byzantine-robust aggregation under simulated attacks"
 $PY benchmarks/robust_aggregation.py --out benchmarks/results/robust_aggregation.json 2>&1 \
   | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/robust_aggregation.log
-# seeds 1 and 2 for the clean runs and the 30% attacks (each invocation adds to the results file)
-for attack in scale sign_flip label_flip; do
-  $PY benchmarks/robust_aggregation.py --seeds 1,2 --fractions 0.3 --attacks $attack 2>&1 \
-    | grep -v -i -E "warn|Loading weights" | tee -a benchmarks/results/robust_aggregation_seeds.log
-done
+# seeds 1 and 2 for the clean runs and three of the 30% attacks (the invocation adds to the results file)
+$PY benchmarks/robust_aggregation.py --seeds 1,2 --fractions 0.3 --attacks scale,sign_flip,label_flip 2>&1 \
+  | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/robust_aggregation_seeds.log
