@@ -122,10 +122,14 @@ def test_federated_lora_methods_run_on_flower_like_embedded(algorithm, deploymen
 
 
 def test_attackers_and_a_robust_rule_run_on_flower_like_embedded(deployment, tmp_path):
-    # the attack happens in the ClientApps (which agree with the server on who attacks through the seed only)
+    from test_tracking import check_tensorboard
+
+    # the attack happens in the ClientApps (which agree with the server on who attacks through the seed only);
+    # the tracker runs in the ServerApp's process and receives every row, as in the embedded runtime
     cfg = tiny_config("federation.clients_per_round=3", "federation.min_replies=3", "federation.rounds=3",
                       "algorithm.robust={rule: median}",
-                      "federation.attackers={fraction: 0.25, attack: sign_flip, factor: 3}")
+                      "federation.attackers={fraction: 0.25, attack: sign_flip, factor: 3}",
+                      "runtime.loggers=[tensorboard]")
     EmbeddedRuntime(cfg, tmp_path / "embedded").run()
     run_flower(cfg, tmp_path / "flower", deployment=deployment, log=lambda m: None)
     rows = read_metrics(tmp_path / "flower")
@@ -133,6 +137,7 @@ def test_attackers_and_a_robust_rule_run_on_flower_like_embedded(deployment, tmp
     assert_same_globals(tmp_path / "embedded", tmp_path / "flower")
     assert any(r.get("adversarial_clients") for r in rows[1:])
     assert all("client_update_norm" in r for r in rows[1:])
+    check_tensorboard(tmp_path / "flower", rows, cfg)
 
 
 def run_killing_a_supernode(cfg, tmp_path, *, supernodes: int, victim: int, restart_after_s: float = 0.0):
