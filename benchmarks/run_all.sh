@@ -26,3 +26,4 @@ $PY benchmarks/robust_aggregation.py --out benchmarks/results/robust_aggregation
 # seeds 1 and 2 for the clean runs and three of the 30% attacks (the invocation adds to the results file)
 $PY benchmarks/robust_aggregation.py --seeds 1,2 --fractions 0.3 --attacks scale,sign_flip,label_flip 2>&1 \
   | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/robust_aggregation_seeds.log
+$PY benchmarks/robust_diagnostics.py 2>&1 | grep -v -i -E "warn|Loading weights|Failed to load" > benchmarks/results/robust_diagnostics.log
