@@ -18,8 +18,8 @@ SHA-256 is kept in each row) when --runs has no directory for them; the rows of 
 (other seeds, rules, attacks or fractions) stay in the file, so e.g. `--seeds 1,2 --attacks scale --fractions 0.3`
 adds seeds to those cells. The headline tables give each rule's final
 accuracy under each condition (mean ± sample standard deviation over --seeds) and as a share of clean FedAvg's
-at the same seed; both are saved under "headline", with rounds-to-target and Krum's exclusion share per seed. Accuracy is evaluated every 2 rounds, so rounds-to-target is
-even.
+at the same seed; both are saved under "headline", with rounds-to-target and Krum's exclusion share per seed.
+Accuracy is evaluated every 2 rounds, so rounds-to-target is even.
 """
 
 from __future__ import annotations
@@ -139,19 +139,17 @@ def main() -> None:
     save(args.out, {"config": CONFIG, "rules": RULES, "conditions": every_condition, "target": args.target,
                     "rows": rows, "headline": summary})
     rules = list(dict.fromkeys(r["rule"] for r in rows))
-    print("\nfinal accuracy (mean ± sample std where a cell has several seeds)")
-    print_table(["condition", *rules], [[cond, *(spread(summary[cond].get(rule), "final") for rule in rules)]
-                                        for cond in conds if cond in summary])
-    print("\nfinal accuracy as a share of clean FedAvg's at the same seed")
-    print_table(["condition", *rules], [[cond, *(spread(summary[cond].get(rule), "share") for rule in rules)]
-                                        for cond in conds if cond in summary])
-    print(f"\nrounds to {args.target:g} (per seed in seed order, '-' where never reached; evaluated every 2 rounds)")
-    print_table(["condition", *rules], [[cond, *(per_seed(summary[cond].get(rule), "rounds_to_target") for rule in rules)]
-                                        for cond in conds if cond in summary])
-    print("\nshare of the attackers' updates that Krum / Multi-Krum excluded (per seed in seed order)")
-    print_table(["condition", "krum", "multi_krum"],
-                [[cond, *(per_seed(summary[cond].get(rule), "attackers_excluded") for rule in ("krum", "multi_krum"))]
-                 for cond in conds if cond in summary and cond != "clean"])
+    def table(title: str, cell_text, key: str, columns: list[str], skip: tuple[str, ...] = ()) -> None:
+        print(f"\n{title}")
+        print_table(["condition", *columns], [[cond, *(cell_text(summary[cond].get(rule), key) for rule in columns)]
+                                              for cond in conds if cond in summary and cond not in skip])
+
+    table("final accuracy (mean ± sample std where a cell has several seeds)", spread, "final", rules)
+    table("final accuracy as a share of clean FedAvg's at the same seed", spread, "share", rules)
+    table(f"rounds to {args.target:g} (per seed in seed order, '-' where never reached; evaluated every 2 rounds)",
+          per_seed, "rounds_to_target", rules)
+    table("share of the attackers' updates that Krum / Multi-Krum excluded (per seed in seed order)",
+          per_seed, "attackers_excluded", ["krum", "multi_krum"], skip=("clean",))
 
 
 def headline(rows: list[dict], conds: list[str]) -> dict:
@@ -184,6 +182,7 @@ def spread(cell: dict | None, key: str) -> str:
         return "-"
     std = cell[f"{key}_std"]
     return f"{cell[f'{key}_mean']:.3f}" + ("" if std is None else f" ± {std:.3f}")
+
 
 def per_seed(cell: dict | None, key: str) -> str:
     """A headline cell's per-seed values of key, comma-separated ('-' for a missing value or cell)."""

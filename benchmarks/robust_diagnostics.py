@@ -26,9 +26,10 @@ def rounds(row: dict) -> list[dict]:
     return [r for r in read_metrics(Path(row["run_dir"])) if r["round"] > 0]
 
 
-def split(values: dict, attackers: set[str]) -> tuple[list[float], list[float]]:
-    honest = [v for c, v in values.items() if c not in attackers]
-    return honest, [v for c, v in values.items() if c in attackers]
+def split(rs: list[dict], attackers: list[set[str]], key: str) -> tuple[list[float], list[float]]:
+    """Every round's per-client values of key, the honest clients' and the attackers'."""
+    pairs = [(c in a, v) for r, a in zip(rs, attackers, strict=True) for c, v in r.get(key, {}).items()]
+    return [v for bad, v in pairs if not bad], [v for bad, v in pairs if bad]
 
 
 def main() -> None:
@@ -49,16 +50,14 @@ def main() -> None:
         if any(attackers):
             over = sum(len(a) > ASSUMED_ATTACKERS for a in attackers)
             out.append(f"rounds with more than {ASSUMED_ATTACKERS} attackers {over}/{len(rs)}")
-            honest, bad = split({f"{i}:{c}": v for i, r in enumerate(rs) for c, v in r.get("client_update_norm", {}).items()},
-                                {f"{i}:{c}" for i, a in enumerate(attackers) for c in a})
+            honest, bad = split(rs, attackers, "client_update_norm")
             if honest and bad:  # the norms are reported under a robust rule
                 out.append(f"median update norm honest {statistics.median(honest):.2f} "
                            f"attacker {statistics.median(bad):.2f}")
         if any("robust_krum_score" in r for r in rs):
             kept = sum(len(a & {str(c) for c in r["robust_kept"]}) for r, a in zip(rs, attackers, strict=True))
             forced = sum(max(0, len(a) - ASSUMED_ATTACKERS) for a in attackers) if row["rule"] == "multi_krum" else 0
-            honest, bad = split({f"{i}:{c}": v for i, r in enumerate(rs) for c, v in r["robust_krum_score"].items()},
-                                {f"{i}:{c}" for i, a in enumerate(attackers) for c in a})
+            honest, bad = split(rs, attackers, "robust_krum_score")
             out.append(f"Krum score median honest {statistics.median(honest):.1f}"
                        + (f" attacker {statistics.median(bad):.1f}" if bad else ""))
             if any(attackers):
