@@ -129,3 +129,21 @@ def test_footprint_run_bytes_match_a_real_upload(tmp_path, algorithm, pruned):
                   sparsity=0.5 if pruned else None)
     predicted = f.run_bytes_pruned if pruned else f.run_bytes
     assert sent and all(abs(b - predicted) <= 64 for b in sent), (sent, predicted)
+
+
+@pytest.mark.needs_data
+def test_a_run_in_which_every_round_failed_exits_non_zero(tmp_path, capsys, monkeypatch):
+    from fedpeft.runtime import embedded
+    from fedpeft.training.local import NonFiniteLoss
+
+    def diverge(*args, **kwargs):
+        raise NonFiniteLoss("training loss is nan at step 1")
+
+    monkeypatch.setattr(embedded, "train_client", diverge)
+    args = ["run", str(REPO / "configs" / "quickstart.yaml"), "--run-dir", str(tmp_path / "r"), "--no-progress",
+            "--set", "model.name=tiny-bert", "--set", "task.max_train_examples=40", "--set", "eval.max_examples=16",
+            "--set", "federation.rounds=2", "--set", "federation.num_clients=4"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "error: all 2 rounds failed, so the global model is the initial one" in err
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["failed_rounds"] == 2

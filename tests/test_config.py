@@ -112,3 +112,64 @@ def test_yaml_merge_keys_still_work_and_a_list_as_key_is_refused(tmp_path):
     listed.write_text("train:\n  [lr, batch_size]: 1\n")
     with pytest.raises(ConfigError, match=rf"{listed}:2:3: a list cannot be a key"):
         load_config(listed)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("train.lr=true", "train.lr: got the boolean true, which this option does not take"),
+        ("federation.num_clients=yes", "federation.num_clients: got the boolean true"),
+        ("peft.r=on", "peft.r: got the boolean true"),
+        ("seed=false", "seed: got the boolean false"),
+        ("algorithm={name: fedprox, mu: true}", "algorithm.mu: got the boolean true"),
+        ("algorithm.robust={rule: trimmed_mean, trim_fraction: true}", "algorithm.robust.trim_fraction: got the boolean"),
+        ("peft.target_modules=[query, true]", "peft.target_modules: got the boolean ['query', True]"),
+        ("train.lr=.inf", "train.lr: Input should be a finite number (got inf)"),
+        ("train.lr=nan", "train.lr: Input should be a finite number (got 'nan')"),
+        ("algorithm={name: fedadam, server_lr: -.inf}", "algorithm.fedadam.server_lr: Input should be a finite number"),
+        ("seed=-1", "seed: Input should be greater than or equal to 0 (got -1)"),
+        ("seed=9223372036854775808", "seed: Input should be less than 9223372036854775808"),
+    ],
+)
+def test_booleans_non_finite_numbers_and_out_of_range_seeds_are_refused(override, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_boolean_options_still_take_booleans_and_the_largest_seed_is_taken():
+    cfg = load_config(None, ["eval.save_best=false", "runtime.progress=no", f"seed={2**63 - 1}"])
+    assert cfg.eval.save_best is False and cfg.runtime.progress is False and cfg.seed == 2**63 - 1
+
+
+def _numeric_fields(model):
+    """(name, annotation) of the options that take a number and no boolean."""
+    from fedpeft.config.section import admits_bool
+
+    numeric = {int, float, int | None, float | None}
+    return [(n, f.annotation) for n, f in model.model_fields.items()
+            if f.annotation in numeric and not admits_bool(f.annotation)]
+
+
+def test_every_registered_methods_numeric_options_refuse_a_boolean():
+    """Through the registries: every algorithm's and PEFT method's number options (built-in or a plugin's,
+    which subclass the same base) refuse true instead of reading it as 1."""
+    import fedpeft.algorithms  # noqa: F401 (registers the built-in algorithms)
+    from fedpeft.config.schema import ALGORITHM_OPTIONS, PEFT_OPTIONS
+
+    checked = 0
+    for table, tag in ((ALGORITHM_OPTIONS, "name"), (PEFT_OPTIONS, "method")):
+        for name, model in table.items():
+            for field, _ in _numeric_fields(model):
+                with pytest.raises(ValueError, match="got the boolean true"):
+                    model.model_validate({tag: name, field: True})
+                checked += 1
+    assert checked > 20
+
+
+def test_an_empty_config_file_is_refused(tmp_path):
+    for text in ("", "# only a comment\n"):
+        path = tmp_path / "empty.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=r"empty\.yaml: the config file is empty; write the sections"):
+            load_config(path)

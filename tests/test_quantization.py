@@ -120,3 +120,39 @@ def test_held_bytes_count_the_quantization_constants_and_match_the_estimate(bits
     assert backbone_bytes_estimate(meta, precision) == held
     plain = registry.load_model("tiny-llama", "causal", tokenizer=tok)
     assert backbone_bytes_estimate(build_on_meta(plain.config, "causal"), "float32") == held_bytes(plain)
+
+
+def test_a_run_that_does_not_quantize_never_imports_bitsandbytes_and_a_later_quantized_one_can():
+    """peft imports bitsandbytes whenever it is installed, and bitsandbytes logs a kernel warning on a CPU that a
+    new user reads as an error: a run without model.quantization hides it; a quantized model in the same process
+    still loads and trains. In a fresh interpreter (this one imported bitsandbytes above)."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+import torch
+from fedpeft.config.schema import QuantizationOptions
+from fedpeft.models import registry
+from fedpeft.tuners import apply_tuner, method_options
+tok = registry.load_tokenizer("tiny-bert")
+batch = tok(["a fine film", "dull"], padding=True, return_tensors="pt")
+plain = apply_tuner(registry.load_model("tiny-bert", "classification", num_labels=2, tokenizer=tok),
+                    method_options("lora"), "classification")
+plain.module(**batch, labels=torch.tensor([0, 1])).loss.backward()
+assert sys.modules.get("bitsandbytes", "absent") is None, "bitsandbytes was imported by a run without quantization"
+print("--- now quantized ---", file=sys.stderr, flush=True)
+model = registry.load_model("tiny-bert", "classification", num_labels=2, tokenizer=tok,
+                            quantization=QuantizationOptions(bits=4))
+assert any(type(m).__name__ == "Linear4bit" for m in model.modules())
+tuned = apply_tuner(model, method_options("lora"), "classification")
+tuned.module.eval()
+with torch.no_grad():
+    tuned.module(**batch)
+print("quantized ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "quantized ok" in out.stdout
+    unquantized_part = out.stderr.split("--- now quantized ---")[0]
+    assert "bitsandbytes" not in unquantized_part and "kernels" not in unquantized_part

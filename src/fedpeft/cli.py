@@ -94,7 +94,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     plotted(summary)
     print(end_of_run_line(cfg.name, summary))
     print(f"results: {run_dir}")
-    return 0
+    return 1 if _every_round_failed(summary, run_dir) else 0
+
+
+def _every_round_failed(summary: dict, run_dir: str | Path) -> bool:
+    """Whether no round of the run aggregated anything (printed as an error: the model never changed)."""
+    rounds, failed = summary.get("rounds") or 0, summary.get("failed_rounds") or 0
+    if rounds == 0 or failed < rounds:
+        return False
+    print(f"error: all {rounds} rounds failed, so the global model is the initial one: see why in "
+          f"{Path(run_dir) / 'events.log'} (the rejected updates of each round are in metrics.jsonl)", file=sys.stderr)
+    return True
 
 
 def _resume_hint(run_dir: Path) -> str:

@@ -6,14 +6,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from fedpeft.config.section import Section
 
 if TYPE_CHECKING:
     from fedpeft.config.schema import RunConfig
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+_Section = Section
 
 
 class _Rule(_Section):

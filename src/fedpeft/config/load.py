@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from fedpeft.config.schema import RunConfig
+from fedpeft.config.section import OptionValueError
 from fedpeft.errors import UserError
 
 
@@ -107,16 +108,26 @@ def _section_model(annotation: Any, raw_value: Any) -> type[BaseModel] | None:
     if origin is typing.Annotated:
         return _section_model(typing.get_args(annotation)[0], raw_value)
     if origin is typing.Union or origin is getattr(__import__("types"), "UnionType", None):
-        candidates = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
-        for cand in candidates:
-            for tag_field in ("method", "name"):
-                field = cand.model_fields.get(tag_field)
-                if field is not None and isinstance(raw_value, dict) and raw_value.get(tag_field) == field.default:
+        candidates = _models_in(annotation)
+        for cand in candidates:  # the one whose tag (a Literal field: method, name, rule, ...) has the raw value
+            for tag_field, field in cand.model_fields.items():
+                if (typing.get_origin(field.annotation) is typing.Literal and isinstance(raw_value, dict)
+                        and tag_field in raw_value and raw_value[tag_field] == field.default):
                     return cand
         return candidates[0] if candidates else None
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a (possibly nested, Annotated or Optional) union annotation allows."""
+    if isinstance(annotation, type):
+        return [annotation] if issubclass(annotation, BaseModel) else []
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Annotated:
+        args = args[:1]
+    return [m for a in args for m in _models_in(a)]
 
 
 def _valid_keys(raw: dict[str, Any], loc: tuple) -> list[str]:
@@ -161,6 +172,10 @@ def _format(err: dict[str, Any], raw: dict[str, Any]) -> str:
     if err["type"] == "union_tag_not_found":
         return f"{key}: missing {err.get('ctx', {}).get('discriminator', 'tag')}"
     msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+    cause = err.get("ctx", {}).get("error")
+    if isinstance(cause, OptionValueError):  # raised by a section about one of its keys
+        section = _override_key(raw, tuple(err.get("loc", ())))
+        return f"{section}.{cause.key}: {cause.message}" if section else f"{cause.key}: {cause.message}"
     got = err.get("input")
     if isinstance(got, dict) and err["type"].endswith("_type") and len(got) == 1:
         # `--set peft.init_text=Review sentiment:` -> YAML reads 'text:' as a one-key mapping
@@ -211,7 +226,10 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = (), plugins:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} not found; pass a YAML file such as configs/quickstart.yaml")
-        raw = read_yaml(p) or {}
+        raw = read_yaml(p)
+        if raw is None:  # an empty file (or comments only) would silently run every default
+            raise ConfigError(f"{p}: the config file is empty; write the sections to set (task:, model:, peft:, ...), "
+                              "e.g. start from configs/quickstart.yaml")
         base_dir = p.parent
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (task:, model:, ...)")

@@ -12,13 +12,10 @@ import importlib
 import operator
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from fedpeft.config.adversarial import ROBUST_DESCRIPTION, AttackersConfig, RobustRule
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from fedpeft.config.section import Section
 
 
 class PeftOptions(Section):
@@ -776,7 +773,7 @@ class RunConfig(Section):
         default_factory=list, description="Plugins loaded before the rest is validated: modules or .py files "
         "that register algorithms or PEFT methods (fedpeft.register_algorithm, fedpeft.register_peft_method).")
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$")
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**63, description="Seeds everything random in the run (0 <= seed < 2**63).")
     output_dir: str = "runs"
     task: TaskConfig = Field(default_factory=TaskConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)

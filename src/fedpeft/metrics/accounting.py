@@ -65,5 +65,6 @@ def summarize(rows: Sequence[dict[str, Any]], *, metric: str, target: float | No
             "time_overhead_s": sum(r["time_overhead_s"] for r in train_rows),
             "wall_s": rows[-1]["wall_s"],
             "rejected_updates": sum(len(r.get("rejected", {})) for r in train_rows),
+            "failed_rounds": sum(1 for r in train_rows if "round_failed" in r),
         })
     return out

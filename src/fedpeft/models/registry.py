@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from fedpeft.errors import UserError
+from fedpeft.models.bnb_gate import use_bitsandbytes
 from fedpeft.models.layout import TASK_HEADS
 
 if TYPE_CHECKING:
@@ -262,6 +263,7 @@ def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dty
     schema.QuantizationOptions) loads the linear layers in 4 or 8 bits with bitsandbytes, on ``device``
     (a quantized model is placed when it loads), the task head and the LM head unquantized in ``dtype`` (k-bit
     training preparation then makes every unquantized parameter float32)."""
+    use_bitsandbytes(quantization is not None)  # before peft or transformers' quantizers import it
     import torch
     import transformers
     from transformers import (
