@@ -35,6 +35,43 @@ def good_update(scale: float = 1.0) -> wire.Payload:
 
 
 finite = st.floats(-1e3, 1e3, width=32)
+# JSON values of the wrong type for a metadata key (NaN / Infinity are valid JSON to Python's reader)
+NOT_A_NUMBER = ["abc", "", None, [1], {"a": 1}, True, "NaN", float("nan"), float("inf"), -float("inf")]
+META_BREAKS = {
+    "train_loss": st.one_of(st.just("missing"), st.sampled_from(NOT_A_NUMBER)),
+    "train_flops": st.one_of(st.sampled_from(["abc", "1e999", "-1.0e+00", [1], {"x": 1}, True, float("nan")]),
+                             st.integers(max_value=-1)),
+    "train_seconds": st.sampled_from(["", "nan", "inf", [2.0], False, -0.5]),
+    "train_ops_analytic": st.sampled_from([[1.0], "12", -1.0, float("inf"), {"ops": 1}, True]),
+    "num_examples": st.one_of(st.integers(min_value=2**53 + 1), st.just(10**400), st.just(-(10**30))),
+    "train_steps": st.one_of(st.sampled_from([1.5, "3", [3], True]), st.integers(max_value=-1)),
+    "client": st.one_of(st.integers(2, 10**6), st.sampled_from(["1", 1.0, [1]])),
+    "round": st.sampled_from(["5", 5.0, [5], None, True]),
+}
+
+
+def raw_payload(p: wire.Payload, meta_text: str) -> bytes:
+    """Wire bytes whose metadata is the given JSON text (a client may write what wire.encode would refuse)."""
+    from safetensors.numpy import save
+
+    return save({k: np.ascontiguousarray(v) for k, v in p.arrays.items()}, metadata={wire.META_KEY: meta_text})
+
+
+@st.composite
+def bad_metadata(draw, p: wire.Payload | None = None) -> tuple[str, bytes]:
+    """Wire bytes of an update whose arrays are good and one metadata key is of the wrong type, non-finite, huge
+    or missing."""
+    import json
+
+    p = p or good_update(draw(finite))
+    key = draw(st.sampled_from(sorted(META_BREAKS)))
+    value = draw(META_BREAKS[key])
+    p.meta.update(train_seconds="1.000000e+00", train_flops="2.500000e+09", train_ops_analytic=1.0, client=1)
+    if value == "missing":
+        del p.meta[key]
+    else:
+        p.meta[key] = value
+    return f"meta-{key}", raw_payload(p, json.dumps(p.meta, allow_nan=True))
 
 
 @st.composite
@@ -42,7 +79,7 @@ def bad_updates(draw) -> tuple[str, bytes]:
     """Wire bytes of an update that must be refused (each draw breaks one or more rules)."""
     p = good_update(draw(finite))
     kind = draw(st.sampled_from(["unknown", "missing", "shape", "dtype", "nonfinite", "stale", "examples",
-                                 "oversized", "garbage", "truncated"]))
+                                 "oversized", "garbage", "truncated", "meta"]))
     name = draw(st.sampled_from(sorted(SHAPES)))
     if kind == "unknown":
         p.arrays[draw(st.text(min_size=1, max_size=12).filter(lambda n: n not in SHAPES))] = np.zeros(2, np.float32)
@@ -68,6 +105,8 @@ def bad_updates(draw) -> tuple[str, bytes]:
     elif kind == "oversized":
         p.arrays[name] = np.zeros(SHAPES[name], np.float32)
         p.meta["padding"] = "x" * draw(st.integers(LIMIT, 2 * LIMIT))
+    if kind == "meta":
+        return draw(bad_metadata(p))
     if kind == "garbage":
         return kind, draw(st.binary(max_size=600))
     data = wire.encode(p)
@@ -91,9 +130,18 @@ def test_no_bad_update_reaches_aggregation(case):
     accepted, rejected = srv.accept(RND, updates)
     refused.update(rejected)
     assert list(accepted) == [0] and refused[1]  # refused, with a reason
+    assert "\n" not in refused[1] and len(refused[1]) < 300  # one line
     srv.aggregate(RND, accepted)
     for k, s in SHAPES.items():  # the server kept serving: FedAvg of the one good update
         np.testing.assert_array_equal(srv.global_state[k], np.full(s, 2.0, np.float32))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bad_metadata())
+def test_no_update_with_bad_metadata_reaches_aggregation(case):
+    """Every metadata key the runtime or the server reads, broken one at a time: the update is refused with a
+    one-line reason naming the key, the good update beside it is aggregated, nothing raises."""
+    test_no_bad_update_reaches_aggregation.hypothesis.inner_test(case)
 
 
 @settings(max_examples=300, deadline=None)
@@ -131,3 +179,26 @@ def test_a_good_flower_reply_decodes():
 
 if __name__ == "__main__":
     pytest.main([__file__, "--hypothesis-show-statistics"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["partition-id", "num-partitions", "other"]),
+                       st.one_of(st.integers(-(10**20), 10**20), st.text(max_size=5), st.floats(), st.booleans(),
+                                 st.lists(st.integers(0, 3), max_size=2)), max_size=3),
+       st.booleans())
+def test_a_malformed_describe_reply_is_refused_with_a_reason(info, with_record):
+    """A SuperNode's answer to "which partition do you serve" is checked before use: integers with
+    0 <= id < n <= the run's partitions, or a one-line refusal (the ServerApp logs it and ignores the node)."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    from fedpeft.runtime.flower.server_app import describe_reply
+
+    content = RecordDict({"fedpeft": ConfigRecord(info)} if with_record else {})
+    pid, n = info.get("partition-id"), info.get("num-partitions")
+    valid = (with_record and all(type(v) is int for v in (pid, n)) and 0 < n <= 4 and 0 <= pid < n)
+    if valid:
+        assert describe_reply(content, 4) == (pid, n)
+    else:
+        with pytest.raises(ValueError) as err:
+            describe_reply(content, 4)
+        assert str(err.value) and "\n" not in str(err.value)

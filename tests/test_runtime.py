@@ -122,6 +122,69 @@ def test_bad_updates_are_rejected_logged_and_not_aggregated(tmp_path, monkeypatc
 
 
 @pytest.mark.needs_data
+@pytest.mark.parametrize("algorithm", ["fedavg", "headprune", "ffa_lora"])
+def test_bad_update_metadata_rejects_that_update_and_the_round_goes_on(algorithm, tmp_path, monkeypatch):
+    """The shapes that crashed the server: train_loss missing or a string, train_flops a string,
+    train_ops_analytic a list, num_examples 10**400. Each rejects its update with the key in the reason."""
+    breaks = [("train_loss", None), ("train_loss", "0.5"), ("train_flops", "fast"), ("train_ops_analytic", [1.0]),
+              ("num_examples", 10**400)]
+    cfg = tiny_config("federation.rounds=1", f"federation.clients_per_round={len(breaks) + 1}",
+                      "federation.num_clients=8", f"algorithm.name={algorithm}")
+    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    selected = rt.server.select(1)
+    broken = dict(zip(selected, breaks))
+    original = rt.client.fit
+
+    def fit(payload, ctx):
+        update = original(payload, ctx)
+        if ctx.client_id in broken:
+            key, value = broken[ctx.client_id]
+            if value is None:
+                del update.meta[key]
+            else:
+                update.meta[key] = value
+        return update
+
+    monkeypatch.setattr(rt.client, "fit", fit)
+    summary = rt.run()
+    row = read_metrics(tmp_path / "run")[1]
+    assert "round_failed" not in row and summary["rounds"] == 1
+    assert sorted(row["client_train_loss"]) == [str(c) for c in selected if c not in broken]
+    for cid, (key, _) in broken.items():
+        assert f"update metadata {key}:" in row["rejected"][str(cid)]
+    log = (tmp_path / "run" / "events.log").read_text()
+    assert all(f"client {cid} rejected: update metadata" in log for cid in broken)
+
+
+@pytest.mark.needs_data
+def test_the_default_update_limit_follows_the_trainable_size(tmp_path, monkeypatch):
+    """runtime.max_payload_mb unset: an update may be twice the trainable state's encoded size plus 1 MiB; one
+    above that is refused before it is decoded, with the option to raise named."""
+    from fedpeft import wire
+
+    rt = EmbeddedRuntime(tiny_config("federation.rounds=1"), tmp_path / "run")
+    spec = {k: (v.shape, "float32") for k, v in rt.server.global_state.items()}
+    assert rt.max_payload == 2 * wire.encoded_size(spec, {}) + 2**20
+    assert rt.max_payload < 4 * 2**20  # tiny-bert's LoRA: far below the 4 GiB of old
+    explicit = EmbeddedRuntime(tiny_config("federation.rounds=1", "runtime.max_payload_mb=8"), tmp_path / "run2")
+    assert explicit.max_payload == 8 * 2**20
+    explicit.close()
+    original = rt.client.fit
+    victim = rt.server.select(1)[0]
+
+    def fit(payload, ctx):
+        update = original(payload, ctx)
+        if ctx.client_id == victim:
+            update.meta["padding"] = "x" * rt.max_payload
+        return update
+
+    monkeypatch.setattr(rt.client, "fit", fit)
+    rt.run()
+    reason = read_metrics(tmp_path / "run")[1]["rejected"][str(victim)]
+    assert f"exceeds the limit of {rt.max_payload} bytes (runtime.max_payload_mb)" in reason
+
+
+@pytest.mark.needs_data
 def test_clients_keep_no_state_under_fedavg(tmp_path):
     rt = EmbeddedRuntime(tiny_config("federation.num_clients=20", "federation.clients_per_round=4"), tmp_path / "run")
     rt.run()

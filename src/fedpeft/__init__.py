@@ -6,7 +6,8 @@ The public API (see README, "Python API"); names load on first use, so ``import 
 * runs: :func:`run`, :func:`resume`, :class:`RunObserver` (watching a run in this process), and reading a run directory back: :func:`read_metrics`,
   :func:`read_summary`, :func:`read_partition`, :func:`load_adapter`;
 * your own algorithms: :class:`AlgorithmOptions`, :class:`ServerAlgorithm`, :class:`ClientAlgorithm`,
-  :class:`ClientContext`, :class:`Payload`, :func:`check_update`, :func:`register_algorithm`, and Byzantine-robust
+  :class:`ClientContext`, :class:`Payload`, :func:`check_update`, :class:`UpdateMeta` (the metadata every
+  update must carry, checked with :func:`check_update_meta`), :func:`register_algorithm`, and Byzantine-robust
   aggregation for them: :data:`RobustRule` (the ``robust`` option), :func:`robust_aggregate`;
 * your own PEFT methods: :class:`PeftOptions`, :class:`TunerContext`, :func:`register_peft_method`;
 * plugins: :func:`load_plugin`;
@@ -43,6 +44,8 @@ _EXPORTS = {
     "RunObserver": "fedpeft.algorithms.base",
     "UpdateRejected": "fedpeft.algorithms.base",
     "check_update": "fedpeft.algorithms.base",
+    "UpdateMeta": "fedpeft.algorithms.base",
+    "check_update_meta": "fedpeft.algorithms.base",
     "Payload": "fedpeft.wire",
     "register_algorithm": "fedpeft.algorithms.registry",
     "register_peft_method": "fedpeft.tuners.registry",

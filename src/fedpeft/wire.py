@@ -57,9 +57,8 @@ def decode(data: bytes, *, max_bytes: int | None = None) -> Payload:
     """Parse bytes from the wire; raises PayloadError (one line) on anything malformed."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise PayloadError(f"payload must be bytes, got {type(data).__name__}")
-    data = bytes(data)
-    if max_bytes is not None and len(data) > max_bytes:
-        raise PayloadError(f"payload of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    check_size(memoryview(data).nbytes, max_bytes)  # before any copy
+    data = bytes(data)  # no copy when it is bytes already
     header = _header(data)
     raw_meta = (header.get("__metadata__") or {}).get(META_KEY, "{}")
     try:
@@ -73,6 +72,12 @@ def decode(data: bytes, *, max_bytes: int | None = None) -> Payload:
     except Exception as exc:  # safetensors raises its own error type for every malformed input  # noqa: BLE001 (any decoding failure is a PayloadError)
         raise PayloadError(f"payload tensors are malformed: {str(exc).splitlines()[0][:160]}") from None
     return Payload(arrays=dict(arrays), meta=meta)
+
+
+def check_size(size: int, max_bytes: int | None) -> None:
+    """PayloadError unless a payload of ``size`` bytes is within ``max_bytes`` (None: no limit)."""
+    if max_bytes is not None and size > max_bytes:
+        raise PayloadError(f"payload of {size} bytes exceeds the limit of {max_bytes} bytes (runtime.max_payload_mb)")
 
 
 def clock_text(seconds: float) -> str:

@@ -14,8 +14,10 @@ from fedpeft.algorithms.base import (
     ClientContext,
     RuntimeNeeds,
     ServerAlgorithm,
+    UpdateMeta,
     UpdateRejected,
     check_update,
+    check_update_meta,
     random_selection,
 )
 from fedpeft.algorithms.fedavg import (
@@ -71,8 +73,10 @@ __all__ = [
     "ClientContext",
     "RuntimeNeeds",
     "ServerAlgorithm",
+    "UpdateMeta",
     "UpdateRejected",
     "check_update",
+    "check_update_meta",
     "make_client",
     "make_server",
     "random_selection",

@@ -10,12 +10,14 @@ Neither half knows about sockets, processes or Flower: the same objects run in e
 from __future__ import annotations
 
 import logging
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from fedpeft.wire import Payload
 
@@ -33,6 +35,72 @@ class UpdateRejected(ValueError):
     """An update that must not be aggregated; the message is the logged reason."""
 
 
+# The most examples one update may claim: every integer up to it is exact in float64, which the weights are
+# computed in; a larger (or a huge JSON) integer would overflow or lose the sum.
+MAX_EXAMPLES = 2**53
+
+
+def _clock_value(value: Any) -> Any:
+    """A measured quantity as :func:`fedpeft.wire.clock_text` writes it (or a plain number): a finite,
+    non-negative number."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError("not a number") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a number or its text, got a {type(value).__name__}")  # noqa: TRY004 (pydantic wants ValueError)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be a finite number >= 0")
+    return value
+
+
+ClockValue = Annotated[str | float | int, BeforeValidator(_clock_value)]
+
+
+class UpdateMeta(BaseModel):
+    """The metadata keys of an update that the runtime and the server read, with their types and ranges: every
+    update's metadata is checked against it (or an algorithm's subclass, :attr:`ServerAlgorithm.update_meta`)
+    before anything reads it, so a client cannot crash the server with a wrong type, a non-finite number or a
+    huge integer. Keys not declared here travel unchecked; a subclass declares an algorithm's own."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    round: int
+    num_examples: int = Field(gt=0, le=MAX_EXAMPLES)
+    train_loss: float  # finite: the round's train_loss is their sample-weighted mean
+    client: int | None = None  # when given, the sender's client id
+    train_steps: int | None = Field(None, ge=0)
+    train_examples: int | None = Field(None, ge=0)
+    train_tokens: int | None = Field(None, ge=0)
+    train_flops_sampled_steps: int | None = Field(None, ge=0)
+    train_seconds: ClockValue | None = None
+    train_flops: ClockValue | None = None
+    train_ops_analytic: float | None = Field(None, ge=0)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def check_update_meta(meta: Any, model: type[UpdateMeta] = UpdateMeta, *, client: int | None = None) -> None:
+    """Raise UpdateRejected (one line: the key, what is wrong, what was sent) unless ``meta`` fits ``model``;
+    with ``client``, a ``client`` key must name the sender."""
+    if not isinstance(meta, dict):
+        raise UpdateRejected(f"update metadata is a {type(meta).__name__}, not a mapping")
+    try:
+        model.model_validate(meta)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "(metadata)"
+        got = "" if err["type"] == "missing" else f" (got {_shown(err.get('input'))})"
+        more = f"; {exc.error_count() - 1} more problems" if exc.error_count() > 1 else ""
+        raise UpdateRejected(f"update metadata {key}: {err['msg'].removeprefix('Value error, ')}{got}{more}") from None
+    if client is not None and meta.get("client") is not None and meta["client"] != client:
+        raise UpdateRejected(f"update metadata client: names client {meta['client']}, but client {client} sent it")
+
+
 def check_update(
     payload: Payload, expected: Mapping[str, tuple[tuple[int, ...], str]], rnd: int, *, partial: bool = False
 ) -> None:
@@ -42,8 +110,8 @@ def check_update(
     if not isinstance(r, int) or isinstance(r, bool) or r != rnd:
         raise UpdateRejected(f"stale or missing round number {meta.get('round')!r} (current round {rnd})")
     n = meta.get("num_examples")
-    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-        raise UpdateRejected(f"num_examples must be a positive integer, got {n!r}")
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_EXAMPLES:
+        raise UpdateRejected(f"num_examples must be a positive integer up to 2**53, got {_shown(n)}")
     check_arrays(payload.arrays, expected, partial=partial)
 
 
@@ -165,11 +233,16 @@ class ServerAlgorithm(ABC):
         may send depends on the client (e.g. heterogeneous LoRA ranks)."""
         self.validate(rnd, payload)
 
+    # The metadata every update of this algorithm must carry (types, ranges); checked before validate_from.
+    update_meta: type[UpdateMeta] = UpdateMeta
+
     def accept(self, rnd: int, updates: dict[int, Payload]) -> tuple[dict[int, Payload], dict[int, str]]:
-        """Split updates into accepted and rejected (client -> reason); rejections are logged."""
+        """Split updates into accepted and rejected (client -> reason); rejections are logged. The metadata is
+        checked first (:attr:`update_meta`), then the update (:meth:`validate_from`)."""
         ok, rejected = {}, {}
         for cid, p in updates.items():
             try:
+                check_update_meta(p.meta, self.update_meta, client=cid)
                 self.validate_from(rnd, cid, p)
                 ok[cid] = p
             except UpdateRejected as exc:

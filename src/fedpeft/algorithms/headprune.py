@@ -42,13 +42,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from fedpeft.algorithms import aggregate as A
 from fedpeft.algorithms.base import (
     ClientAlgorithm,
     ClientContext,
+    ClockValue,
     RuntimeNeeds,
     ServerAlgorithm,
+    UpdateMeta,
     UpdateRejected,
     check_update,
 )
@@ -84,7 +87,16 @@ def loss_difference_selection(last_loss: dict[int, float], global_loss: float | 
     return chosen, {c: float(scores[c]) for c in chosen}
 
 
+class HeadPruneMeta(UpdateMeta):
+    """A head-pruning update's own metadata: how long the importance scores took, on how many examples."""
+
+    importance_seconds: ClockValue | None = None
+    importance_examples: int | None = Field(None, ge=0)
+
+
 class HeadPruneServer(ServerAlgorithm):
+    update_meta = HeadPruneMeta
+
     @classmethod
     def runtime_needs(cls, options: Any) -> RuntimeNeeds:
         return RuntimeNeeds(head_layout=True)

@@ -722,7 +722,11 @@ class RuntimeConfig(Section):
         8, ge=0, description="Measure FLOPs with torch's FlopCounterMode on this many local steps of the "
         "run (one per client training, until used up) and scale every step by its tokens (0 = off)."
     )
-    max_payload_mb: float = Field(4096.0, gt=0, description="Updates larger than this are rejected.")
+    max_payload_mb: float | None = Field(
+        None, gt=0, description="Updates (and, on a ClientApp, server payloads) larger than this many MiB are "
+        "refused before they are decoded. None: updates up to twice the encoded size of the model's trainable "
+        "state plus 1 MiB (an algorithm may send a second state, e.g. SCAFFOLD's control variate), server "
+        "payloads up to 4096 MiB (FLoRA and FedEx-LoRA send stacks of past rounds).")
     progress: bool = Field(True, description="Show a progress bar with live round metrics.")
     loggers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
         default_factory=list, description="Experiment trackers that receive every metrics row, the config and the "

@@ -30,6 +30,7 @@ from fedpeft.metrics.accounting import better_or_equal, summarize
 from fedpeft.rundir import RunWriter, check_run_dir_free, new_run_dir, rewrite_metrics
 from fedpeft.runlock import RunLock
 from fedpeft.runtime.attacks import attacker_ids, flip_labels, poison
+from fedpeft.runtime.payload_limits import upload_limit
 from fedpeft.runtime.personal import PERSONAL, check_personal, personal_due, personal_row, score
 from fedpeft.runtime.resume import resume_config, resume_point
 from fedpeft.runtime.setup import Experiment, build_experiment
@@ -176,7 +177,7 @@ class EmbeddedRuntime:
         self.client = algorithms.make_client(cfg.algorithm)
         self.client_states: dict[int, dict[str, Any]] = {}
         self.attackers = attacker_ids(cfg)
-        self.max_payload = int(cfg.runtime.max_payload_mb * 2**20)
+        self.max_payload = upload_limit(cfg, self.server.global_state)
         self.rows: list[dict[str, Any]] = kept
         self.cum_up = self.cum_down = 0
         self.metric = cfg.primary_metric()

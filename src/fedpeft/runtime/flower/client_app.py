@@ -40,6 +40,7 @@ from fedpeft.runtime.flower.records import (
     pack,
     unpack,
 )
+from fedpeft.runtime.payload_limits import download_limit
 
 log = logging.getLogger("fedpeft")
 _cache: dict[str, object] = {}
@@ -101,7 +102,7 @@ def fit(context: Context, data: bytes, rnd: int, cid: int) -> tuple[wire.Payload
     if cid >= exp.cfg.federation.num_clients:
         raise ValueError(f"client {cid} does not exist (federation.num_clients={exp.cfg.federation.num_clients})")
     t_setup = time.time() - born  # interpreter start, imports, model and data
-    received = wire.decode(data, max_bytes=int(exp.cfg.runtime.max_payload_mb * 2**20))
+    received = wire.decode(data, max_bytes=download_limit(exp.cfg))
     key = f"fedpeft.client.{cid}"
     stored = context.state.config_records.get(key)
     state = checkpoint.decode_tree(stored["state"]) if stored is not None else {}

@@ -13,7 +13,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedpeft.config import RunConfig
 from fedpeft.config.load import validate_config
-from fedpeft.wire import PayloadError
+from fedpeft.wire import PayloadError, check_size
 
 WIRE_STYPE = "fedpeft.wire"
 PAYLOAD_KEY = "payload"
@@ -30,8 +30,9 @@ def pack(data: bytes, **info: float | str | bool) -> RecordDict:
     return RecordDict({PAYLOAD_KEY: ArrayRecord({PAYLOAD_KEY: array}), INFO_KEY: ConfigRecord(dict(info))})
 
 
-def unpack(content: RecordDict) -> tuple[bytes, dict]:
-    """(payload bytes, info); PayloadError if the message does not hold one fedpeft payload."""
+def unpack(content: RecordDict, max_bytes: int | None = None) -> tuple[bytes, dict]:
+    """(payload bytes, info); PayloadError if the message does not hold one fedpeft payload, or one of more than
+    ``max_bytes`` bytes (checked on the array's declared shape, before its data is touched)."""
     try:
         record = content.array_records[PAYLOAD_KEY]
         info = dict(content.config_records.get(INFO_KEY, ConfigRecord()))
@@ -43,7 +44,15 @@ def unpack(content: RecordDict) -> tuple[bytes, dict]:
     if array.stype != WIRE_STYPE or array.dtype != "uint8":
         raise PayloadError(f"payload array has stype {array.stype!r} / dtype {array.dtype!r}, "
                            f"expected {WIRE_STYPE!r} / 'uint8'")
-    return bytes(array.data), info
+    shape = tuple(array.shape)
+    if len(shape) != 1 or not isinstance(shape[0], int):
+        raise PayloadError(f"payload array has shape {shape}, expected one dimension of bytes")
+    check_size(shape[0], max_bytes)
+    data = array.data
+    if not isinstance(data, bytes) or len(data) != shape[0]:
+        raise PayloadError(f"payload array holds {len(data) if isinstance(data, bytes) else '?'} bytes, its shape "
+                           f"says {shape[0]}")
+    return data, info
 
 
 def config_from_run_config(run_config: dict) -> RunConfig:

@@ -23,7 +23,7 @@ from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedpeft import wire
-from fedpeft.algorithms.base import UpdateRejected
+from fedpeft.algorithms.base import UpdateRejected, check_update_meta
 from fedpeft.runtime.embedded import ClientResult, EmbeddedRuntime, RoundOutcome
 from fedpeft.runtime.flower.internals import ErrorCode
 from fedpeft.runtime.flower.records import config_from_run_config, pack, unpack
@@ -82,8 +82,12 @@ class FlowerServerRuntime(EmbeddedRuntime):
             if rep.has_error():
                 log.warning("SuperNode %d cannot serve fedpeft clients: %s", node, rep.error.reason)
                 continue
-            info = rep.content.config_records["fedpeft"]
-            pid, n = int(info["partition-id"]), int(info["num-partitions"])
+            try:
+                pid, n = describe_reply(rep.content, max(self.cfg.federation.num_clients,
+                                                         self.cfg.runtime.flower.num_supernodes))
+            except ValueError as exc:
+                log.warning("SuperNode %d's describe reply is refused: %s", node, exc)
+                continue
             if self.num_partitions is None:
                 self.num_partitions = n
             if n != self.num_partitions:
@@ -208,10 +212,14 @@ class FlowerServerRuntime(EmbeddedRuntime):
             if cid in out.rejected:
                 log.warning("round %d: update of client %d rejected: %s", rnd, cid, out.rejected[cid])
         ta = time.perf_counter()
-        out.metas = {cid: {**meta, "num_examples": n} for cid, (n, meta) in replies.items() if meta}
-        for cid in sorted(set(replies) - set(out.metas)):
-            log.warning("round %d: client %d's training metrics were unreadable (its masked update is in the sum)",
-                        rnd, cid)
+        for cid, (n, meta) in sorted(replies.items()):
+            try:  # the clear-text metadata faces the same checks as any update's
+                check_update_meta({**meta, "num_examples": n}, self.server.update_meta, client=cid)
+            except UpdateRejected as exc:
+                log.warning("round %d: client %d's training metrics were unreadable (%s); its masked update is in "
+                            "the sum", rnd, cid, exc)
+                continue
+            out.metas[cid] = {**meta, "num_examples": n}
         if mean is not None and len(replies) >= self.cfg.federation.min_replies:
             try:
                 out.agg = self.server.aggregate_mean(rnd, mean)
@@ -225,13 +233,36 @@ class FlowerServerRuntime(EmbeddedRuntime):
 
     def _decode_reply(self, rep: Message, n_down: int) -> ClientResult:
         try:
-            data, _ = unpack(rep.content)
+            data, _ = unpack(rep.content, self.max_payload)
         except wire.PayloadError as exc:
             return None, n_down, 0, str(exc)
         try:
             return wire.decode(data, max_bytes=self.max_payload), n_down, len(data), None
         except wire.PayloadError as exc:
             return None, n_down, len(data), str(exc)
+
+
+def describe_reply(content: RecordDict, max_partitions: int) -> tuple[int, int]:
+    """(partition id, number of partitions) of a SuperNode's describe reply; ValueError (one line) unless both
+    are integers with 0 <= id < n <= max_partitions (the larger of federation.num_clients and
+    runtime.flower.num_supernodes)."""
+    try:
+        info = content.config_records["fedpeft"]
+    except (KeyError, AttributeError):
+        raise ValueError("it holds no 'fedpeft' config record") from None
+    values = []
+    for key in ("partition-id", "num-partitions"):
+        value = info.get(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{key} must be an integer, got {str(value)[:40]!r}")  # noqa: TRY004 (one error type per refusal)
+        values.append(value)
+    pid, n = values
+    if not 0 < n <= max_partitions:
+        raise ValueError(f"num-partitions {n} is not in [1, {max_partitions}] (federation.num_clients, "
+                         "runtime.flower.num_supernodes)")
+    if not 0 <= pid < n:
+        raise ValueError(f"partition-id {pid} is not in [0, num-partitions={n})")
+    return pid, n
 
 
 def run_dir_from(run_config: dict[str, Any]) -> Path:
