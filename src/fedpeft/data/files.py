@@ -317,19 +317,29 @@ def _read_table(path: Path, label_column: str) -> list[Row]:
 # --- parquet ---------------------------------------------------------------------------------------
 
 
+def _damaged_parquet(path: Path, exc: Exception) -> DataError:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    return DataError(f"{path}: not a readable parquet file ({first}); the file is damaged or not parquet: write it "
+                     "again (e.g. pandas DataFrame.to_parquet), or convert it to .jsonl")
+
+
 def _read_parquet(path: Path) -> list[Row]:
     import pandas as pd  # heavy imports, only when needed
     import pyarrow
+    import pyarrow.parquet as pq
 
+    failures = (pyarrow.ArrowException, OSError, ValueError)
+    try:
+        names = pq.read_schema(path).names
+    except failures as exc:
+        raise _damaged_parquet(path, exc) from None
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise DataError(f"{path}: column {twice!r} appears twice; rename or drop one")
     try:
         frame = pd.read_parquet(path)
-    except (pyarrow.ArrowException, OSError, ValueError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise DataError(f"{path}: not a readable parquet file ({first}); the file is damaged or not parquet: write "
-                        "it again (e.g. pandas DataFrame.to_parquet), or convert it to .jsonl") from None
-    twice = frame.columns[frame.columns.duplicated()]
-    if len(twice):
-        raise DataError(f"{path}: column {twice[0]!r} appears twice; rename or drop one")
+    except failures as exc:
+        raise _damaged_parquet(path, exc) from None
     rows = frame.to_dict(orient="records")
     for row in rows:  # parquet lists come back as numpy arrays
         for k, v in row.items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +147,25 @@ def _load_hub_split(dataset: str, config: str | None, split: str, data_dir: str 
             "folder holding <dataset>/<split>.jsonl"
         ) from None
     rows = [dict(r) for r in ds]
-    return [convert(r) for r in rows] if convert is not None else rows
+    return _convert_hub_rows(dataset, hub_id, split, rows, convert) if convert is not None else rows
+
+
+def _convert_hub_rows(dataset: str, hub_id: str, split: str, rows: list[Row], convert: Callable[[Row], Row],
+                      ) -> list[Row]:
+    """Hub rows in fedpeft's schema, by the catalog entry's ``convert``; a row it cannot convert (the Hub copy's
+    fields changed) is refused with its number, not a traceback."""
+    out = []
+    for number, row in enumerate(rows, 1):
+        try:
+            out.append(convert(row))
+        except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+            raise DataError(
+                f"hub:{hub_id} split {split!r} row {number}: catalog dataset {dataset!r} cannot convert it to "
+                f"fedpeft's schema ({type(exc).__name__}: {str(exc)[:100]}; fields: {', '.join(sorted(map(str, row)))}); "
+                "the Hub copy differs from what the catalog expects: use a local copy in fedpeft's schema "
+                "(task.data_dir), or give the Hub id itself with task.columns"
+            ) from None
+    return out
 
 
 _SLICE = re.compile(r"^(?P<name>[^\[\]]+?)\s*(?:\[\s*(?P<start>-?\d+%?)?\s*:\s*(?P<end>-?\d+%?)?\s*\])?$")

@@ -424,7 +424,7 @@ def _key(value: Any) -> tuple[Any, str]:
 
 def _order(key: tuple[Any, str]) -> tuple[int, int | float, str]:
     value = key[0]  # an int is compared as it is: float() of 10**400 overflows
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
+    if (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and not math.isnan(value)):
         return 0, value, key[1]
     return (1 if isinstance(value, str) else 2), 0, str(value)
 
