@@ -35,7 +35,7 @@ from fedpeft.errors import UserError
 
 FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".csv", ".tsv", ".parquet")
 _CSV_FIELD_LIMIT = 2**31 - 1  # csv's default (128 KiB) is below a long document's length; pandas had no limit
-_UTF8_FIX = ("save the file as UTF-8 (e.g. iconv -f <its encoding> -t utf-8), or correct that byte")
+_UTF8_FIX = "save the file as UTF-8 (e.g. iconv -f <its encoding> -t utf-8), or correct that byte"
 _RECOPY_FIX = "copy or download it again (gzip -t FILE checks a gzip file)"
 
 
@@ -135,8 +135,8 @@ class _JsonObjects:
 
 
 def _key_twice(value: Any, where: str = "") -> str | None:
-    """"key 'label' is given twice in the row (0, then 1)": the first object inside ``value`` (a row) that gives
-    a key twice, or None. ``where``: the path to ``value`` inside the row ('' for the row itself)."""
+    """The first object inside ``value`` (a row) that gives a key twice, described ("key 'label' is given twice
+    in the row (0, then 1)"), or None. ``where``: the path to ``value`` inside the row ('' for the row itself)."""
     if isinstance(value, _KeyTwice):
         values = ", then ".join(show(v) for v in value.values)
         return f"key {value.key!r} is given twice in {where or 'the row'} ({values})"

@@ -10,7 +10,9 @@ file and the fix. The rules ("Data checks" in the README):
 * Classification labels are either all integers (class ids 0..K-1, -1 marks an unlabeled row) or all
   strings (class names, numbered by sorted name). A mix is refused, also ``"3"`` among integers. Booleans,
   null, other negative numbers and fractional floats are refused; whole-number floats (``1.0``) are read as
-  integers, with a warning.
+  integers, with a warning. Class names are taken as written: two that differ only by surrounding whitespace
+  (``"positive"``, ``"positive "``) are refused; a padded name without such a twin is kept, with a warning.
+  A train split must hold at least 2 classes (:func:`fedpeft.data.features.class_labels`).
 * Multiple-choice labels are integer indexes into the row's ``choices`` (at least 2); -1 marks an
   unlabeled row.
 * Instruction rows are a conversation, ``messages``: a list of ``{role, content}`` objects (roles system, user,
