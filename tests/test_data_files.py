@@ -208,9 +208,9 @@ def test_a_quoted_csv_cell_with_a_line_break_is_refused_with_the_one_line_rule(t
 
 def test_quoted_csv_cells_on_one_line_are_read_as_before_and_malformed_quoting_is_refused(tmp_path):
     path = tmp_path / "rows.csv"
-    path.write_text('text,label\n"a, ""quoted"" word",1\nplain,0\n\n"",0\n')
+    path.write_text('text,label\n"a, ""quoted"" word",1\nplain,0\n\n"",0\n  \n')
     assert load_rows(str(path), "train") == [{"text": 'a, "quoted" word', "label": 1}, {"text": "plain", "label": 0},
-                                             {"text": "", "label": 0}]  # the blank line skipped, as pandas did
+                                             {"text": "", "label": 0}]  # blank lines skipped, as pandas did
     path.write_text('text,label\n"a"b,1\n')
     assert _refusal(path).startswith(f"{path}: row 1 (line 2): malformed CSV quoting (")
 

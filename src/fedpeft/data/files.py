@@ -289,7 +289,7 @@ def _read_table(path: Path, label_column: str) -> list[Row]:
     try:
         for cells in reader:
             first, last = last + 1, reader.line_num
-            if not cells:  # a blank line
+            if not cells or (len(cells) == 1 and not cells[0].strip()):  # a blank line (as pandas skipped)
                 continue
             if last > first:
                 raise _quote_problem(path, None if header is None else len(rows) + 1, first, last, None)
