@@ -371,7 +371,7 @@ def test_labels_that_differ_only_by_surrounding_whitespace_are_refused(tmp_path,
     message = _refusal(tok, d)  # old code: a third class 'positive '
     assert message == (f"{d / 'train.jsonl'}: split 'train' row 4: label 'positive ' differs from label 'positive' "
                        "(row 1) only by surrounding whitespace: they would be two classes; write each class name "
-                       "one way (strip the spaces around the labels)")
+                       "one way (strip the whitespace around the labels)")
     code, out, _ = _cli(capsys, str(d))
     assert code == 2 and "problem: " in out and "row 4: label 'positive ' differs from label 'positive'" in out
 

@@ -307,13 +307,13 @@ def _whitespace_twins(rows: list[Row], origins: list[Origin]) -> str | None:
             j = first_row[twin]
             return (f"{at(origins[i])}: label {show(label)} differs from label {show(twin)} "
                     f"({_row_of(origins[j], origins[i])}) only by surrounding whitespace: they would be two classes; "
-                    "write each class name one way (strip the spaces around the labels)")
+                    "write each class name one way (strip the whitespace around the labels)")
     return None
 
 
 def whitespace_hint(label: Any, classes: Iterable[str]) -> str:
-    """' (the classes have 'positive': strip the spaces)' when ``label`` is a class name only after stripping
-    surrounding whitespace (on either side), else ''."""
+    """The words to add to a refusal when ``label`` matches a class name only once surrounding whitespace is
+    stripped (from either of them): " (the classes have 'positive': write the label the same way)"; else ''."""
     if not isinstance(label, str):
         return ""
     twin = next((c for c in classes if isinstance(c, str) and c != label and c.strip() == label.strip()), None)
