@@ -360,3 +360,89 @@ def test_an_unreachable_hub_loads_a_cached_model_from_the_cache(hub_unreachable,
     (tmp_path / "models--some-org--cached-model").mkdir()
     source = registry.resolve("some-org/cached-model")
     assert registry._hub_options(source) == {"local_files_only": True}
+
+
+# 11. issue 35: labels that differ only by whitespace, one class, a huge class id ------------------------
+
+
+def test_labels_that_differ_only_by_surrounding_whitespace_are_refused(tmp_path, tok, capsys):
+    d = _dataset(tmp_path, _texts(["positive", "negative", "negative", "positive ", "positive"]),
+                 _texts(["positive"]))
+    message = _refusal(tok, d)  # old code: a third class 'positive '
+    assert message == (f"{d / 'train.jsonl'}: split 'train' row 4: label 'positive ' differs from label 'positive' "
+                       "(row 1) only by surrounding whitespace: they would be two classes; write each class name "
+                       "one way (strip the whitespace around the labels)")
+    code, out, _ = _cli(capsys, str(d))
+    assert code == 2 and "problem: " in out and "row 4: label 'positive ' differs from label 'positive'" in out
+
+
+def test_whitespace_twins_in_two_files_of_a_join_name_both_files(tmp_path, tok):
+    d = tmp_path / "joined"
+    _jsonl(d / "a.jsonl", _texts(["pos", "neg"]))
+    _jsonl(d / "b.jsonl", _texts(["neg", "\tpos"]))
+    _jsonl(d / "validation.jsonl", _texts(["pos"]))
+    message = _refusal(tok, d, train_split="a+b", eval_split="validation")
+    assert message.startswith(f"{d / 'b.jsonl'}: split 'b' row 2: label '\\tpos' differs from label 'pos' "
+                              f"({d / 'a.jsonl'}: split 'a' row 1) only by surrounding whitespace")
+
+
+def test_a_padded_label_without_a_twin_is_kept_as_written_and_logged(tmp_path, tok, caplog, capsys):
+    d = _dataset(tmp_path, _texts(["yes ", "no", "yes ", "no"]), _texts(["no", "yes "]))
+    with caplog.at_level(logging.WARNING, logger="fedpeft"):
+        data = _prepare(tok, d)
+    assert data.label_names == ["no", "yes "] and data.eval.labels == [0, 1]  # not reinterpreted
+    assert ("train.jsonl: split 'train' row 1: label 'yes ' has surrounding whitespace, kept as part of the class "
+            "name (2 rows, 1 class name)") in caplog.text
+    code, out, _ = _cli(capsys, str(d), "--split", "train")
+    assert code == 0 and "note: " in out and "label 'yes ' has surrounding whitespace" in out
+
+
+def test_an_eval_label_that_matches_a_class_only_after_stripping_names_it(tmp_path, tok):
+    d = _dataset(tmp_path, _texts(["yes", "no"]), _texts(["no", "yes  "]))
+    message = _refusal(tok, d)
+    assert "validation.jsonl: split 'validation' row 2: eval split has label 'yes  ' that the train split 'train' " \
+           "never uses (the classes have 'yes': write the label the same way)" in message
+
+
+def test_a_one_class_train_split_is_refused(tmp_path, tok, capsys):
+    d = _dataset(tmp_path, _texts(["positive"] * 4), _texts(["positive"]))
+    message = _refusal(tok, d)  # old code: a 1-label model, accuracy 1.0
+    assert message == (f"{d / 'train.jsonl'}: train split 'train' has one class ('positive', all 4 labeled rows); a "
+                       "classifier needs at least 2 classes to learn (a 1-class model scores accuracy 1.0 on anything): "
+                       "train on a split with every class")
+    ints = _dataset(tmp_path, _texts([0, 0, 0]), _texts([0]), "ints")
+    assert "train split 'train' has one class (0, all 3 labeled rows)" in _refusal(tok, ints)
+    code, out, _ = _cli(capsys, str(d), "--split", "train")  # fine to show, noted
+    assert code == 0 and "split 'train' has one class ('positive', all 4 labeled rows) (refused as a train split)" in out
+
+
+def test_one_class_is_judged_on_the_train_split_as_written_not_the_subset_nor_the_eval_split(tmp_path, tok):
+    d = _dataset(tmp_path, _texts([0, 0, 0, 1]), _texts([0, 0]))
+    data = prepare_task(TaskConfig(dataset=str(d), max_train_examples=1), tok, encoder_decoder=False, seed=0,
+                        eval_max_examples=None)  # one example, one class: fine, the split has two
+    assert data.num_labels == 2 and data.eval.labels == [0, 0]  # an eval split of one class is fine
+    message = _refusal(tok, d, train_split="train[:3]", eval_split="validation")  # the slice has one class
+    assert "train split 'train[:3]' has one class (0, all 3 labeled rows)" in message
+
+
+def test_a_huge_class_id_is_refused_fast_and_in_little_memory(tmp_path, tok, capsys):
+    import tracemalloc
+
+    d = _dataset(tmp_path, _texts([0, 1, 10**30, 1]), _texts([0]))
+    tracemalloc.start()
+    start = time.perf_counter()
+    message = _refusal(tok, d)  # old code: set(range(10**30 + 1)), until memory ran out
+    seconds = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert seconds < FAST_S and peak < 20 * 2**20
+    assert (f"{d / 'train.jsonl'}: train split 'train' never uses class ids 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and "
+            f"{10**30 - 12} more (labels 0..{10**30}); renumber the classes 0..K-1") in message
+    code, out, _ = _cli(capsys, str(d), "--split", "train")
+    assert code == 0 and "never uses class ids 2, 3" in out and f"{10**30}: 1" in out
+
+
+def test_fedpeft_data_shows_a_label_beyond_float_range(tmp_path, capsys):
+    d = _dataset(tmp_path, _texts([0, 10**400]), _texts([0]))
+    code, out, _ = _cli(capsys, str(d), "--split", "train")  # old code: OverflowError sorting the histogram
+    assert code == 0 and f"labels: 0: 1, {10**400}: 1" in out

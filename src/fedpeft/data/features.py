@@ -64,8 +64,8 @@ def class_labels(
     """Integer labels for both splits (all their rows, before any subsetting) and the label names.
 
     The rows are already checked (:mod:`fedpeft.data.validate`). String labels are class names, numbered by
-    sorted name; integer labels are class ids, and the train split must use every id in 0..max. Eval labels
-    must be classes of the train split."""
+    sorted name; integer labels are class ids, and the train split must use every id in 0..max. The train
+    split must have at least 2 classes. Eval labels must be classes of the train split."""
     raw_train = [V.class_id(r["label"]) for r in train_rows]
     raw_eval = [V.class_id(r["label"]) for r in eval_rows]
     train_kind = type(raw_train[0])
@@ -74,20 +74,24 @@ def class_labels(
             kinds = "strings (class names)" if train_kind is str else "integers (class ids)"
             raise DataError(f"{V.at(origin)}: eval split has label {V.show(row['label'])} but the train split "
                             f"{train_split!r} has labels that are {kinds}; use one kind of label in both splits")
+    files = ", ".join(sorted({o[0] for o in train_origins}))
+    single = V.one_class(train_rows)
+    if single is not None:
+        raise DataError(f"{files}: train split {train_split!r} {single}; a classifier needs at least 2 classes to "
+                        "learn (a 1-class model scores accuracy 1.0 on anything): train on a split with every class")
     if train_kind is str:
         names = sorted(set(map(str, raw_train)))
         index = {n: i for i, n in enumerate(names)}
         for value, origin in zip(raw_eval, eval_origins):
             if value not in index:
                 raise DataError(f"{V.at(origin)}: eval split has label {value!r} that the train split {train_split!r} "
-                                f"never uses; train labels: {V.show(names, 200)}")
+                                f"never uses{V.whitespace_hint(value, names)}; train labels: {V.show(names, 200)}")
         return [index[str(v)] for v in raw_train], [index[str(v)] for v in raw_eval], names
     train = [int(v) for v in raw_train]
     evals = [int(v) for v in raw_eval]
-    missing = V.missing_class_ids(train)
-    if missing:
-        files = ", ".join(sorted({o[0] for o in train_origins}))
-        raise DataError(f"{files}: train split {train_split!r} {V.describe_missing(missing, train)}")
+    first, count = V.missing_class_ids(train)
+    if count:
+        raise DataError(f"{files}: train split {train_split!r} {V.describe_missing(first, count, train)}")
     num_labels = max(train) + 1
     for value, origin in zip(evals, eval_origins):
         if value >= num_labels:

@@ -74,6 +74,9 @@ def _check_split(task_type: str, rows: list, origins: list[V.Origin], template: 
     floats = V.float_labels(rows, origins) if task_type != "generation" else None
     if floats is not None:
         log.warning(floats)
+    padded = V.padded_labels(rows, origins) if task_type == "classification" else None
+    if padded is not None:
+        log.warning(padded)
 
 
 def prepare_task(
@@ -212,7 +215,8 @@ def eval_class_ids(rows: list, origins: list[V.Origin], label_names: list[str], 
         if isinstance(value, str):
             if value not in index:
                 raise DataError(f"{V.at(origin)}: label {value!r} is not a class of the trained model "
-                                f"({V.show(label_names, 200)}); evaluate on a split with the same classes")
+                                f"({V.show(label_names, 200)}){V.whitespace_hint(value, label_names)}; evaluate on a "
+                                "split with the same classes")
             out.append(index[value])
         elif value is not None and 0 <= value < len(label_names):
             out.append(int(value))

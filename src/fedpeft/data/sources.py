@@ -1,33 +1,22 @@
 """Reading raw rows of one split, from local files or the Hugging Face Hub, in fedpeft's schema.
 
-Files: ``<split>.jsonl`` / ``.jsonl.gz`` / ``.json`` (a list of objects) / ``.csv`` / ``.tsv`` / ``.parquet``.
-CSV and TSV cells are read as text (a column of digits stays text); only the label column is read per cell:
-an integer (``3``) or a decimal number (``1.5``) becomes a number, an empty cell is null, any other text is a
-class name. TSV has a header row and no quoting. Rows are numbered from 1 in the file as read: the n-th
-object of a JSON / JSON-lines file (blank lines skipped), the n-th data row of a CSV / TSV (after the
-header) or parquet file.
+Files: ``<split>.jsonl`` / ``.jsonl.gz`` / ``.json`` (a list of objects) / ``.csv`` / ``.tsv`` / ``.parquet``,
+read strictly by :mod:`fedpeft.data.files`. Rows are numbered from 1 in the file as read: the n-th object of a
+JSON / JSON-lines file (blank lines skipped), the n-th data row of a CSV / TSV (after the header, blank lines
+skipped) or parquet file.
 """
 
 from __future__ import annotations
 
-import csv
-import gzip
-import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from fedpeft.data.catalog import CATALOG, Row
+from fedpeft.data.files import FILE_SUFFIXES, DataError, read_file
 from fedpeft.data.validate import Origin
-from fedpeft.errors import UserError
-
-FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".csv", ".tsv", ".parquet")
-
-
-class DataError(UserError, ValueError):
-    """A problem with the data: missing file, column or label. One line, naming the fix."""
 
 
 def data_dirs(explicit: str | None = None) -> list[Path]:
@@ -39,78 +28,6 @@ def data_dirs(explicit: str | None = None) -> list[Path]:
         out.append(Path(os.environ["FEDPEFT_DATA_DIR"]))
     out += [Path("data"), Path("..") / "shared" / "data"]
     return out
-
-
-def read_file(path: Path, label_column: str = "label") -> list[Row]:
-    """Rows of a jsonl / jsonl.gz / json / csv / tsv / parquet file."""
-    name = path.name.lower()
-    if name.endswith((".jsonl", ".jsonl.gz")):
-        opener = gzip.open if name.endswith(".gz") else open
-        rows = []
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-                if not isinstance(rows[-1], dict):
-                    raise DataError(f"{path}:{lineno}: a row must be a JSON object {{\"field\": value, ...}}, "
-                                    f"not a {type(rows[-1]).__name__}")
-        return rows
-    if name.endswith(".json"):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, list):
-            raise DataError(f"{path}: expected a JSON list of rows")
-        bad = next((i for i, r in enumerate(data, 1) if not isinstance(r, dict)), None)
-        if bad is not None:
-            raise DataError(f"{path}: row {bad} must be a JSON object {{\"field\": value, ...}}, not a "
-                            f"{type(data[bad - 1]).__name__}")
-        return data
-    if name.endswith((".csv", ".tsv")):
-        return _read_table(path, label_column)
-    if name.endswith(".parquet"):
-        import pandas as pd  # heavy import, only when needed
-
-        rows = pd.read_parquet(path).to_dict(orient="records")
-        for row in rows:  # parquet lists come back as numpy arrays
-            for k, v in row.items():
-                if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
-                    row[k] = v.tolist()
-        return rows
-    raise DataError(f"{path}: unsupported file type; use one of {', '.join(FILE_SUFFIXES)}")
-
-
-_INTEGER = re.compile(r"^[+-]?\d+$")
-_DECIMAL = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
-
-
-def _cell_label(cell: str) -> int | float | str | None:
-    """A CSV / TSV label cell: an integer, a decimal number, null (empty) or a class name."""
-    text = cell.strip()
-    if not text:
-        return None
-    if _INTEGER.match(text):
-        return int(text)
-    return float(text) if _DECIMAL.match(text) else cell
-
-
-def _read_table(path: Path, label_column: str) -> list[Row]:
-    import pandas as pd  # heavy import, only when needed
-
-    tsv = path.name.lower().endswith(".tsv")
-    try:
-        frame = pd.read_csv(path, sep="\t" if tsv else ",", dtype=str, keep_default_na=False,
-                            quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:200]
-        raise DataError(f"{path}: not a readable {'TSV' if tsv else 'CSV'} file with a header row ({first})") from None
-    rows = frame.to_dict(orient="records")
-    if label_column in frame.columns:
-        for row in rows:
-            row[label_column] = _cell_label(row[label_column])
-    return rows
 
 
 def _split_file(directory: Path, split: str) -> Path | None:
@@ -230,7 +147,25 @@ def _load_hub_split(dataset: str, config: str | None, split: str, data_dir: str 
             "folder holding <dataset>/<split>.jsonl"
         ) from None
     rows = [dict(r) for r in ds]
-    return [convert(r) for r in rows] if convert is not None else rows
+    return _convert_hub_rows(dataset, hub_id, split, rows, convert) if convert is not None else rows
+
+
+def _convert_hub_rows(dataset: str, hub_id: str, split: str, rows: list[Row], convert: Callable[[Row], Row],
+                      ) -> list[Row]:
+    """Hub rows in fedpeft's schema, by the catalog entry's ``convert``; a row it cannot convert (the Hub copy's
+    fields changed) is refused with its number, not a traceback."""
+    out = []
+    for number, row in enumerate(rows, 1):
+        try:
+            out.append(convert(row))
+        except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+            raise DataError(
+                f"hub:{hub_id} split {split!r} row {number}: catalog dataset {dataset!r} cannot convert it to "
+                f"fedpeft's schema ({type(exc).__name__}: {str(exc)[:100]}; fields: {', '.join(sorted(map(str, row)))}); "
+                "the Hub copy differs from what the catalog expects: use a local copy in fedpeft's schema "
+                "(task.data_dir), or give the Hub id itself with task.columns"
+            ) from None
+    return out
 
 
 _SLICE = re.compile(r"^(?P<name>[^\[\]]+?)\s*(?:\[\s*(?P<start>-?\d+%?)?\s*:\s*(?P<end>-?\d+%?)?\s*\])?$")

@@ -10,7 +10,9 @@ file and the fix. The rules ("Data checks" in the README):
 * Classification labels are either all integers (class ids 0..K-1, -1 marks an unlabeled row) or all
   strings (class names, numbered by sorted name). A mix is refused, also ``"3"`` among integers. Booleans,
   null, other negative numbers and fractional floats are refused; whole-number floats (``1.0``) are read as
-  integers, with a warning.
+  integers, with a warning. Class names are taken as written: two that differ only by surrounding whitespace
+  (``"positive"``, ``"positive "``) are refused; a padded name without such a twin is kept, with a warning.
+  A train split must hold at least 2 classes (:func:`fedpeft.data.features.class_labels`).
 * Multiple-choice labels are integer indexes into the row's ``choices`` (at least 2); -1 marks an
   unlabeled row.
 * Instruction rows are a conversation, ``messages``: a list of ``{role, content}`` objects (roles system, user,
@@ -285,10 +287,55 @@ def _mixed_labels(rows: list[Row], origins: list[Origin]) -> str | None:
             f"{'integers' if rare is str else 'strings'} (e.g. row {origins[j][2]}: {show(rows[j]['label'])}); {fix}")
 
 
+def _row_of(origin: Origin, other: Origin) -> str:
+    """'row 7' when ``origin`` is in the file of ``other``, else its whole place."""
+    return f"row {origin[2]}" if origin[0] == other[0] and origin[1] == other[1] else at(origin)
+
+
+def _whitespace_twins(rows: list[Row], origins: list[Origin]) -> str | None:
+    """Two class names of a split that differ only by surrounding whitespace ('positive' and 'positive '),
+    which would be two classes: the first such pair, with the first row of each."""
+    first_row: dict[str, int] = {}  # each class name -> its first row
+    by_stripped: dict[str, str] = {}  # a stripped name -> the first class name that strips to it
+    for i, row in enumerate(rows):
+        label = row.get("label")
+        if not isinstance(label, str) or label in first_row:
+            continue
+        first_row[label] = i
+        twin = by_stripped.setdefault(label.strip(), label)
+        if twin != label:
+            j = first_row[twin]
+            return (f"{at(origins[i])}: label {show(label)} differs from label {show(twin)} "
+                    f"({_row_of(origins[j], origins[i])}) only by surrounding whitespace: they would be two classes; "
+                    "write each class name one way (strip the whitespace around the labels)")
+    return None
+
+
+def whitespace_hint(label: Any, classes: Iterable[str]) -> str:
+    """The words to add to a refusal when ``label`` matches a class name only once surrounding whitespace is
+    stripped (from either of them): " (the classes have 'positive': write the label the same way)"; else ''."""
+    if not isinstance(label, str):
+        return ""
+    twin = next((c for c in classes if isinstance(c, str) and c != label and c.strip() == label.strip()), None)
+    return "" if twin is None else f" (the classes have {show(twin)}: write the label the same way)"
+
+
+def padded_labels(rows: list[Row], origins: list[Origin]) -> str | None:
+    """Where class names have surrounding whitespace but no twin without it (accepted as written, logged)."""
+    marks = [i for i, r in enumerate(rows) if isinstance(r.get("label"), str) and r["label"] != r["label"].strip()]
+    if not marks:
+        return None
+    names = {rows[i]["label"] for i in marks}
+    return (f"{at(origins[marks[0]])}: label {show(rows[marks[0]]['label'])} has surrounding whitespace, kept as part "
+            f"of the class name ({len(marks)} rows, {len(names)} class name{'s' * (len(names) != 1)}); an eval split "
+            "must write them the same way")
+
+
 def problems(task_type: str, rows: list[Row], origins: list[Origin], template: str | None = None, *,
              instruction: str | None = None) -> Iterator[str]:
     """Every problem of a split that a run refuses whatever role the split plays: one per bad row, then a
-    mix of integer and string class labels. ``instruction``: task.instruction (instruction rows)."""
+    mix of integer and string class labels, then two class names that differ only by surrounding whitespace.
+    ``instruction``: task.instruction (instruction rows)."""
     absent = next((f for f in TASK_FIELDS[task_type] if rows and not any(f in r for r in rows)), None)
     if task_type == "instruction":
         absent = None if any(f in r for r in rows for f in ("messages", "output", "target")) else "messages"
@@ -307,9 +354,7 @@ def problems(task_type: str, rows: list[Row], origins: list[Origin], template: s
         if problem:
             yield f"{at(origin)}: {problem}"
     if task_type == "classification":
-        mixed = _mixed_labels(rows, origins)
-        if mixed:
-            yield mixed
+        yield from (p for p in (_mixed_labels(rows, origins), _whitespace_twins(rows, origins)) if p)
 
 
 def unlabeled(task_type: str, rows: list[Row], origins: list[Origin]) -> str | None:
@@ -332,20 +377,42 @@ def float_labels(rows: list[Row], origins: list[Origin]) -> str | None:
             "float labels are read as integer class ids")
 
 
-def missing_class_ids(ids: Iterable[int]) -> list[int]:
-    """Class ids in 0..max that no row uses (-1, unlabeled, left out)."""
+def missing_class_ids(ids: Iterable[int], shown: int = 10) -> tuple[list[int], int]:
+    """The smallest ``shown`` class ids in 0..max that no row uses (-1, unlabeled, left out) and how many are
+    missing in all. Memory and time follow the number of distinct ids, not their values (a label 10**30 is
+    one id, not 10**30)."""
     used = {i for i in ids if i >= 0}
-    return sorted(set(range(max(used) + 1)) - used) if used else []
+    if not used:
+        return [], 0
+    count = max(used) + 1 - len(used)
+    first: list[int] = []
+    candidate = 0
+    while len(first) < min(shown, count):  # the first gaps lie below len(used) + shown
+        if candidate not in used:
+            first.append(candidate)
+        candidate += 1
+    return first, count
 
 
-def describe_missing(missing: list[int], ids: Iterable[int]) -> str:
-    """'never uses class id 0 (labels 1..6); subtract 1 from every label ...': the missing ids and the fix."""
-    used = sorted({i for i in ids if i >= 0})
-    shown = ", ".join(map(str, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-    fix = "subtract 1 from every label (class ids start at 0)" if missing[0] == 0 and used[0] == 1 else \
+def describe_missing(first: list[int], count: int, ids: Iterable[int]) -> str:
+    """'never uses class id 0 (labels 1..6); subtract 1 from every label ...': the missing ids (``first`` of
+    ``count``, from :func:`missing_class_ids`) and the fix."""
+    used = [i for i in ids if i >= 0]
+    low, high = min(used), max(used)
+    shown = ", ".join(map(str, first)) + (f" and {count - len(first)} more" if count > len(first) else "")
+    fix = "subtract 1 from every label (class ids start at 0)" if count == 1 and first == [0] else \
         "renumber the classes 0..K-1"
-    ids_word = "class id" if len(missing) == 1 else "class ids"
-    return f"never uses {ids_word} {shown} (labels {used[0]}..{used[-1]}); {fix}, or give class names instead"
+    ids_word = "class id" if count == 1 else "class ids"
+    return f"never uses {ids_word} {shown} (labels {low}..{high}); {fix}, or give class names instead"
+
+
+def one_class(rows: list[Row]) -> str | None:
+    """'has one class (0, all 12 labeled rows)' for a split whose labeled rows all have one class, else None."""
+    classes = {class_id(r.get("label")) for r in rows} - {None, -1}
+    if len(classes) != 1:
+        return None
+    labeled = sum(class_id(r.get("label")) not in (None, -1) for r in rows)
+    return f"has one class ({show(next(iter(classes)))}, all {labeled} labeled rows)"
 
 
 # --- fedpeft data ----------------------------------------------------------------------------------
@@ -357,11 +424,11 @@ def _key(value: Any) -> tuple[Any, str]:
     return plain, type(value).__name__
 
 
-def _order(key: tuple[Any, str]) -> tuple[int, float, str]:
-    value = key[0]
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
-        return 0, float(value), key[1]
-    return (1 if isinstance(value, str) else 2), 0.0, str(value)
+def _order(key: tuple[Any, str]) -> tuple[int, int | float, str]:
+    value = key[0]  # an int is compared as it is: float() of 10**400 overflows
+    if (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and not math.isnan(value)):
+        return 0, value, key[1]
+    return (1 if isinstance(value, str) else 2), 0, str(value)
 
 
 def label_histogram(rows: list[Row]) -> str | None:
@@ -383,7 +450,8 @@ def report(task_type: str | None, rows: list[Row], origins: list[Origin], templa
            split: str) -> tuple[list[str], list[str]]:
     """(problems, notes) of one split for ``fedpeft data``. Problems are refused whatever role the split plays
     in a run; notes are fine to show: unlabeled rows (refused for training and evaluation), whole-number
-    float labels (read as integers) and class ids a split never uses (refused for a train split)."""
+    float labels (read as integers), class names with surrounding whitespace (kept as written), and one
+    class only or class ids a split never uses (both refused for a train split)."""
     if not rows:
         return [f"split {split!r} has no rows"], []
     if task_type is None:
@@ -401,9 +469,17 @@ def report(task_type: str | None, rows: list[Row], origins: list[Origin], templa
     floats = float_labels(rows, origins) if task_type != "generation" else None
     if floats:
         notes.append(floats)
+    if task_type != "classification" or found:
+        return found, notes
+    padded = padded_labels(rows, origins)
+    if padded:
+        notes.append(padded)
+    files = ", ".join(sorted({o[0] for o in origins}))
+    single = one_class(rows)
+    if single:
+        notes.append(f"{files}: split {split!r} {single} (refused as a train split)")
     ids = [i for i in (class_id(r.get("label")) for r in rows) if isinstance(i, int)]
-    missing = missing_class_ids(ids) if task_type == "classification" and not found and len(ids) == len(rows) else []
-    if missing:
-        files = ", ".join(sorted({o[0] for o in origins}))
-        notes.append(f"{files}: split {split!r} {describe_missing(missing, ids)} (refused as a train split)")
+    first, count = missing_class_ids(ids) if len(ids) == len(rows) else ([], 0)
+    if count:
+        notes.append(f"{files}: split {split!r} {describe_missing(first, count, ids)} (refused as a train split)")
     return found, notes
