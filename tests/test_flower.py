@@ -289,3 +289,53 @@ def test_a_flower_run_refused_on_its_data_says_why_in_one_line(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: the Flower run ended") and "Traceback" not in err
     assert f"DataError: {data / 'train.jsonl'}: split 'train' row 2: 'text' is null" in err
+
+
+TAMPERING_PLUGIN = '''
+"""A modified ClientApp's algorithm: FedAvg whose clients 0-2 send metadata that once crashed the ServerApp."""
+from typing import Literal
+
+import fedpeft
+from fedpeft.algorithms.fedavg import FedAvgClient, FedAvgServer
+
+BROKEN = {0: ("train_loss", "abc"), 1: ("num_examples", 10**400), 2: ("train_ops_analytic", [1.0])}
+
+
+class TamperingOptions(fedpeft.AlgorithmOptions):
+    name: Literal["tampering_fedavg"] = "tampering_fedavg"
+
+
+class TamperingClient(FedAvgClient):
+    def fit(self, payload, ctx):
+        update = super().fit(payload, ctx)
+        if ctx.client_id in BROKEN:
+            key, value = BROKEN[ctx.client_id]
+            update.meta[key] = value
+        return update
+
+
+fedpeft.register_algorithm("tampering_fedavg", options=TamperingOptions, server=FedAvgServer,
+                           client=lambda options: TamperingClient())
+'''
+
+
+def test_a_modified_client_sending_bad_metadata_cannot_crash_the_server_app(deployment, tmp_path):
+    """The issue's probe as a test: SuperNodes whose ClientApp sends train_loss as a string, num_examples = 10**400
+    and train_ops_analytic as a list. Each of those updates is rejected with the reason; the round aggregates the
+    honest client's update and the run ends with results."""
+    plugin = tmp_path / "tampering.py"
+    plugin.write_text(TAMPERING_PLUGIN)
+    from fedpeft.config import load_config
+
+    cfg = load_config(None, ["model.name=tiny-bert", "task.dataset=sst2", "task.max_train_examples=64",
+                             "task.max_length=32", "federation.num_clients=4", "federation.clients_per_round=4",
+                             "federation.rounds=1", "train.batch_size=8", "eval.max_examples=32",
+                             "runtime.progress=false", "algorithm.name=tampering_fedavg"], plugins=[str(plugin)])
+    summary = run_flower(cfg, tmp_path / "run", deployment=deployment, log=lambda m: None)
+    assert summary["rounds"] == 1 and summary["failed_rounds"] == 0 and summary["rejected_updates"] == 3
+    row = read_metrics(tmp_path / "run")[1]
+    assert "update metadata train_loss: Input should be a valid number (got 'abc')" in row["rejected"]["0"]
+    assert "update metadata num_examples: Input should be less than or equal to" in row["rejected"]["1"]
+    assert "update metadata train_ops_analytic: Input should be a valid number" in row["rejected"]["2"]
+    assert list(row["client_train_loss"]) == ["3"]
+    assert "client 0 rejected: update metadata train_loss" in (tmp_path / "run" / "events.log").read_text()

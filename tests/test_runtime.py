@@ -124,9 +124,10 @@ def test_bad_updates_are_rejected_logged_and_not_aggregated(tmp_path, monkeypatc
 @pytest.mark.needs_data
 @pytest.mark.parametrize("algorithm", ["fedavg", "headprune", "ffa_lora"])
 def test_bad_update_metadata_rejects_that_update_and_the_round_goes_on(algorithm, tmp_path, monkeypatch):
-    """The shapes that crashed the server: train_loss missing or a string, train_flops a string,
-    train_ops_analytic a list, num_examples 10**400. Each rejects its update with the key in the reason."""
-    breaks = [("train_loss", None), ("train_loss", "0.5"), ("train_flops", "fast"), ("train_ops_analytic", [1.0]),
+    """The shapes that crashed the server: train_loss a string or not finite, train_flops a string,
+    train_ops_analytic a list, num_examples 10**400. Each rejects its update with the key in the reason (a missing
+    train_loss is no error: the round's train_loss is the mean of those reported, test below)."""
+    breaks = [("train_loss", [0.5]), ("train_loss", "0.5"), ("train_flops", "fast"), ("train_ops_analytic", [1.0]),
               ("num_examples", 10**400)]
     cfg = tiny_config("federation.rounds=1", f"federation.clients_per_round={len(breaks) + 1}",
                       "federation.num_clients=8", f"algorithm.name={algorithm}")
@@ -154,6 +155,31 @@ def test_bad_update_metadata_rejects_that_update_and_the_round_goes_on(algorithm
         assert f"update metadata {key}:" in row["rejected"][str(cid)]
     log = (tmp_path / "run" / "events.log").read_text()
     assert all(f"client {cid} rejected: update metadata" in log for cid in broken)
+
+
+@pytest.mark.needs_data
+def test_an_update_without_train_loss_or_with_unencodable_metadata(tmp_path, monkeypatch):
+    """A client half that reports no train_loss is aggregated (the round's train_loss is the others' mean);
+    one whose metadata cannot be encoded (NaN) fails alone, with the reason."""
+    cfg = tiny_config("federation.rounds=1", "federation.clients_per_round=3")
+    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    quiet, nan, honest = rt.server.select(1)
+    original = rt.client.fit
+
+    def fit(payload, ctx):
+        update = original(payload, ctx)
+        if ctx.client_id == quiet:
+            del update.meta["train_loss"]
+        if ctx.client_id == nan:
+            update.meta["train_loss"] = float("nan")
+        return update
+
+    monkeypatch.setattr(rt.client, "fit", fit)
+    rt.run()
+    row = read_metrics(tmp_path / "run")[1]
+    assert list(row["rejected"]) == [str(nan)] and "not plain finite JSON" in row["rejected"][str(nan)]
+    assert row["client_train_loss"][str(quiet)] is None
+    assert row["train_loss"] == pytest.approx(row["client_train_loss"][str(honest)])
 
 
 @pytest.mark.needs_data

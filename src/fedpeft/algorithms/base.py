@@ -68,7 +68,7 @@ class UpdateMeta(BaseModel):
 
     round: int
     num_examples: int = Field(gt=0, le=MAX_EXAMPLES)
-    train_loss: float  # finite: the round's train_loss is their sample-weighted mean
+    train_loss: float | None = None  # finite; the round's train_loss is the sample-weighted mean of those given
     client: int | None = None  # when given, the sender's client id
     train_steps: int | None = Field(None, ge=0)
     train_examples: int | None = Field(None, ge=0)

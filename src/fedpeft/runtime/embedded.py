@@ -290,7 +290,10 @@ class EmbeddedRuntime:
             return None, len(down), 0, str(exc)
         if state:
             self.client_states[cid] = state
-        up = wire.encode(update)
+        try:
+            up = wire.encode(update)
+        except wire.PayloadError as exc:  # what the client half returned cannot travel (non-JSON metadata)
+            return None, len(down), 0, str(exc)
         try:
             decoded = wire.decode(up, max_bytes=self.max_payload)
         except wire.PayloadError as exc:
@@ -350,11 +353,12 @@ class EmbeddedRuntime:
             row["round_failed"] = f"{out.failed}: the global model is unchanged"
             log.warning("round %d failed: %s", rnd, row["round_failed"])
         metas, bytes_down, bytes_up = out.metas, out.bytes_down, out.bytes_up
-        if metas:
-            n = np.array([m["num_examples"] for m in metas.values()], dtype=np.float64)
-            losses = np.array([m["train_loss"] for m in metas.values()])
+        reported = [m for m in metas.values() if m.get("train_loss") is not None]
+        if reported:
+            n = np.array([m["num_examples"] for m in reported], dtype=np.float64)
+            losses = np.array([m["train_loss"] for m in reported], dtype=np.float64)
             row["train_loss"] = float((n * losses).sum() / n.sum())
-        row["client_train_loss"] = {str(c): m["train_loss"] for c, m in metas.items()}
+        row["client_train_loss"] = {str(c): m.get("train_loss") for c, m in metas.items()}
         row["client_num_examples"] = {str(c): m["num_examples"] for c, m in metas.items()}
         row.update(personal_row(metas))
         row.update({f"agg_{k}": v for k, v in out.agg.items()})
