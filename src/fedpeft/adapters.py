@@ -65,8 +65,12 @@ def damaged(directory: Path, problem: str) -> AdapterError:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+    """The telling line of a library's error (e.g. torch's "size mismatch for ..." under its heading)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    telling = next((line for line in lines if "mismatch" in line or "Missing" in line), lines[0])
+    return f"{type(exc).__name__}: {telling[:200]}"
 
 
 def read_adapter_meta(directory: str | Path) -> dict[str, Any]:

@@ -101,6 +101,24 @@ def nonfinite_arrays(arrays: dict[str, np.ndarray]) -> list[str]:
     return sorted(p for p, a in arrays.items() if a.dtype.kind in "fc" and not np.all(np.isfinite(a)))
 
 
+def readable_paths(tree: Any) -> dict[str, str]:
+    """Array path (as pack_state names it, by position) -> the path by dict keys, for messages."""
+    out: dict[str, str] = {}
+
+    def walk(obj: Any, where: str) -> None:
+        if isinstance(obj, list):
+            for i, v in enumerate(obj):
+                walk(v, f"{where}/{i}")
+        elif isinstance(obj, dict) and "__array__" in obj:
+            out[obj["__array__"]] = where or "/"
+        elif isinstance(obj, dict) and "__dict__" in obj:
+            for k, v in obj["__dict__"]:
+                walk(v, f"{where}/{k}")
+
+    walk(tree, "")
+    return out
+
+
 def _header_end(data: bytes) -> int:
     return 8 + struct.unpack("<Q", data[:8])[0]
 
@@ -112,8 +130,9 @@ def save(run_dir: str | Path, rnd: int, state: dict[str, Any]) -> Path:
     arrays, tree = pack_state(state)
     nonfinite = nonfinite_arrays(arrays)
     if nonfinite:
+        names = readable_paths(tree)
         log.warning("checkpoint of round %d: %d array(s) of the state hold NaN or infinite values (%s); kept as "
-                    "they are", rnd, len(nonfinite), ", ".join(nonfinite[:3]))
+                    "they are", rnd, len(nonfinite), ", ".join(names.get(p, p) for p in nonfinite[:3]))
     meta = {"sha256": PLACEHOLDER, "format": SEALED_FORMAT, "round": int(rnd), "nonfinite": nonfinite, "state": tree}
     data = wire.encode(wire.Payload(arrays, meta))
     atomic_write(path, seal(data, 8, _header_end(data)), then=f"continue with: fedpeft run --resume {run_dir}")
@@ -150,6 +169,7 @@ def load(run_dir: str | Path) -> tuple[int, dict[str, Any]]:
                     "one (NaN / infinite values are still refused)", path)
     bad = [p for p in nonfinite_arrays(payload.arrays) if p not in declared]
     if bad:
-        raise _refuse(path, f"holds NaN or infinite values in {bad[0]!r} ({len(bad)} array(s)), which it did not "
+        name = readable_paths(meta.get("state")).get(bad[0], bad[0])
+        raise _refuse(path, f"holds NaN or infinite values in {name!r} ({len(bad)} array(s)), which it did not "
                             "hold when it was saved")
     return meta["round"], unpack_state(payload.arrays, meta.get("state"))

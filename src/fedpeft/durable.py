@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -26,10 +27,11 @@ from fedpeft.errors import UserError
 DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
 TMP_SUFFIX = ".tmp"
+RUST_IO_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors (Rust) reports the system's error
 
 
 class RunFileError(UserError, OSError):
-    """A run file the disk refused to take (full, read-only, no permission)."""
+    """A run file the disk refused to take (full, read-only, no permission); ``errno`` is the disk's."""
 
 
 def human_size(n: int) -> str:
@@ -50,22 +52,36 @@ def free_space(path: Path) -> int | None:
     return None
 
 
-def refused_write(path: Path, exc: OSError, *, needed: int | None = None, then: str = "try again") -> RunFileError:
-    """The one-line error of a write to ``path`` that failed with ``exc`` (ENOSPC, EROFS, EACCES, ...);
-    ``then``: what to do once the cause is fixed (e.g. how to continue the run)."""
-    if exc.errno in DISK_FULL:
+def refused_write(path: Path, exc: BaseException, *, needed: int | None = None, then: str = "try again") -> RunFileError:
+    """The one-line error of a write to ``path`` that failed with ``exc`` (ENOSPC, EROFS, EACCES, ...; or a
+    RunFileError about a file inside ``path``); ``then``: what to do once the cause is fixed (e.g. how to
+    continue the run)."""
+    code = disk_errno(exc)
+    if code in DISK_FULL:
         free = free_space(path)
         sizes = ", ".join(x for x in (f"{human_size(needed)} needed" if needed is not None else "",
                                       f"{human_size(free)} free" if free is not None else "") if x)
-        return RunFileError(f"cannot write {path}: no space left on the disk ({sizes or exc.strerror}); free "
-                            f"space there, then {then}")
-    what = "read-only file system" if exc.errno == errno.EROFS else "permission denied"
-    return RunFileError(f"cannot write {path}: {what}; make {path.parent} writable (or move the run to a "
-                        f"writable disk), then {then}")
+        error = RunFileError(f"cannot write {path}: no space left on the disk ({sizes or 'no size known'}); free "
+                             f"space there, then {then}")
+    else:
+        what = "read-only file system" if code == errno.EROFS else "permission denied"
+        error = RunFileError(f"cannot write {path}: {what}; make {path.parent} writable (or move the run to a "
+                             f"writable disk), then {then}")
+    error.errno = code
+    return error
+
+
+def disk_errno(exc: BaseException) -> int | None:
+    """The system's error number behind ``exc``: an OSError's, or the one safetensors names in its message."""
+    if isinstance(exc, OSError):
+        return exc.errno
+    found = RUST_IO_ERROR.search(str(exc))
+    return int(found.group(1)) if found else None
 
 
 def is_refused_write(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and not isinstance(exc, RunFileError) and exc.errno in DISK_FULL | READ_ONLY
+    """Whether ``exc`` is the disk refusing a write (full, read-only, no permission), a RunFileError included."""
+    return disk_errno(exc) in DISK_FULL | READ_ONLY
 
 
 def temp_name(path: Path) -> Path:
@@ -108,7 +124,7 @@ def atomic_write(path: str | Path, data: bytes | Callable[[IO[bytes]], None], *,
     except BaseException as exc:
         needed = len(data) if isinstance(data, bytes) else None
         tmp.unlink(missing_ok=True)
-        if is_refused_write(exc):
+        if is_refused_write(exc) and not isinstance(exc, RunFileError):
             raise refused_write(path, exc, needed=needed, then=then) from None
         raise
     fsync_dir(path.parent)
@@ -136,7 +152,7 @@ def append_line(fd: int, line: str, path: Path, *, then: str = "try again") -> N
             view = view[os.write(fd, view):]
         os.fsync(fd)
     except OSError as exc:
-        if not is_refused_write(exc):
+        if not is_refused_write(exc) or isinstance(exc, RunFileError):
             raise
         try:
             os.ftruncate(fd, start)

@@ -536,9 +536,16 @@ class EmbeddedRuntime:
         except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
             if is_refused_write(exc):
-                size = sum(p.numel() * p.element_size() for p in exp.tuned.params.values())
-                raise refused_write(final, exc, needed=size, then=resume_hint(self.run_dir)) from None
+                raise refused_write(final, exc, needed=self._adapter_size(), then=resume_hint(self.run_dir)) from None
             raise
+
+    def _adapter_size(self) -> int:
+        """Bytes an adapter directory takes: as much as one already saved, else about its tensors' bytes."""
+        for name in (LAST_ADAPTER, BEST_ADAPTER):
+            saved = [p.stat().st_size for p in (self.run_dir / name).glob("*") if p.is_file()]
+            if saved:
+                return sum(saved)
+        return sum(p.numel() * p.element_size() for p in self.exp.tuned.params.values())
 
     def finish(self) -> dict[str, Any]:
         exp = self.exp

@@ -47,7 +47,14 @@ def resume_point(run_dir: str | Path, rounds: int) -> tuple[tuple[int, dict[str,
         raise checkpoint.CheckpointError(
             f"the run in {str(run_dir)!r} has a checkpoint after round {restored[0]}, beyond federation.rounds "
             f"{rounds}; resume with at least that many rounds")
-    return restored, [r for r in read_metrics(run_dir) if r["round"] <= restored[0]]
+    kept = [r for r in read_metrics(run_dir) if r["round"] <= restored[0]]
+    missing = sorted(set(range(1, restored[0] + 1)) - {r["round"] for r in kept})
+    if missing:  # the rows of checkpointed rounds are written before their checkpoint: they were lost since
+        raise checkpoint.CheckpointError(
+            f"{run_dir / 'metrics.jsonl'} lacks the rows of round(s) {', '.join(map(str, missing[:5]))}, which the "
+            f"checkpoint of round {restored[0]} follows: the file was damaged; restore it from a copy, or start the "
+            "run again in a new directory")
+    return restored, kept
 
 
 def check_config_unchanged(run_dir: Path, rnd: int, state: dict[str, Any]) -> None:
