@@ -52,7 +52,8 @@ def free_space(path: Path) -> int | None:
     return None
 
 
-def refused_write(path: Path, exc: BaseException, *, needed: int | None = None, then: str = "try again") -> RunFileError:
+def refused_write(path: Path, exc: BaseException, *, needed: int | None = None,
+                  then: str = "try again") -> RunFileError:
     """The one-line error of a write to ``path`` that failed with ``exc`` (ENOSPC, EROFS, EACCES, ...; or a
     RunFileError about a file inside ``path``); ``then``: what to do once the cause is fixed (e.g. how to
     continue the run)."""
@@ -185,7 +186,11 @@ def publish_dir(staged: Path, final: Path) -> None:
     puts the old one back."""
     fsync_tree(staged)
     old = replaced_dir(final)
-    shutil.rmtree(old, ignore_errors=True)
+    if old.exists():  # left by a swap cut short: keep the newer of the two
+        if final.exists():
+            shutil.rmtree(old)
+        else:
+            os.rename(old, final)
     if final.exists():
         os.rename(final, old)
     try:

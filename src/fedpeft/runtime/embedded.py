@@ -27,7 +27,7 @@ import torch
 from fedpeft import algorithms, checkpoint, tracking, wire
 from fedpeft.algorithms.base import ClientContext, RunObserver
 from fedpeft.config import RunConfig
-from fedpeft.durable import is_refused_write, publish_dir, refused_write, replaced_dir, staging_dir
+from fedpeft.durable import is_refused_write, publish_dir, refused_write, staging_dir
 from fedpeft.metrics.accounting import better_or_equal, summarize
 from fedpeft.rundir import (
     RunWriter,
@@ -519,8 +519,7 @@ class EmbeddedRuntime:
         exp.tuned.load_state(self.server.global_state)
         final = self.run_dir / name
         staging = staging_dir(final)
-        for leftover in (staging, replaced_dir(final)):
-            shutil.rmtree(leftover, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
         try:
             exp.tuned.save_adapter(staging, base_model=self.cfg.model.name,
                                    extra={"num_labels": exp.data.num_labels, "label_names": exp.data.label_names,
