@@ -175,6 +175,22 @@ def test_a_full_disk_reported_by_safetensors_is_one_line_too(tmp_path):
     assert message.startswith(f"cannot write {tmp_path / 'adapter'}: no space left on the disk (3.0 MiB needed, ")
 
 
+def test_a_run_directory_that_cannot_be_made_is_one_line(tmp_path, monkeypatch):
+    from fedpeft.rundir import new_run_dir
+
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if str(self).startswith(str(tmp_path / "ro")):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(RunFileError, match=re.escape(f"cannot write {tmp_path / 'ro' / 'run'}: read-only file system")
+                       + ".*then start the run again"):
+        new_run_dir(tiny_config(), tmp_path / "ro" / "run")
+
+
 def test_a_metrics_row_the_disk_refuses_is_cut_back(tmp_path, monkeypatch):
     writer = RunWriter(tmp_path, tiny_config())
     try:
@@ -352,9 +368,11 @@ def test_leftovers_are_removed_and_a_cut_off_adapter_swap_is_undone(tmp_path):
     (tmp_path / ".best_adapter.old").mkdir()  # cut between its two renames: put back
     (tmp_path / ".best_adapter.old" / "fedpeft_adapter.json").write_text("{}")
     (tmp_path / ".best_adapter.new").mkdir()
+    (tmp_path / ".notes.txt.12.tmp").write_text("not the run's")  # a run directory may hold other things
+    (tmp_path / ".cache.old").mkdir()
     done = remove_leftovers(tmp_path)
     assert len(done) == 7 and any("put .best_adapter.old back as best_adapter" in line for line in done)
-    assert leftovers(tmp_path) == []
+    assert leftovers(tmp_path) == [".cache.old", ".notes.txt.12.tmp"]
     assert (tmp_path / "best_adapter" / "fedpeft_adapter.json").is_file()
     assert (tmp_path / "checkpoint.safetensors").read_bytes() == b"kept"
 

@@ -55,8 +55,12 @@ CONFIG_FILE = "config.yaml"
 # config.yaml's first line: its own SHA-256 (with these 64 digits zeroed), checked when the run resumes
 CONFIG_SEAL = "# sha256 {digest}: fedpeft's checksum of this file (a resume refuses a changed file)\n"
 CONFIG_SEAL_LINE = re.compile(rb"# sha256 ([0-9a-f]{64}):")
-LEFTOVER_FILE = re.compile(r"^\..+\.\d+\.tmp$")  # fedpeft.durable.temp_name
-LEFTOVER_DIR = re.compile(r"^\.(.+)\.(new|old|dropped)$")  # fedpeft.durable.publish_dir, a dropped adapter
+# the files written whole at the top of a run directory (the runtimes', the checkpoint's, the trackers', the lock's)
+# and the adapter directories: only their leftovers are removed there (a run may share a directory with others)
+RUN_FILES = ("config.yaml", "partition.json", "metrics.jsonl", "summary.json", "checkpoint.safetensors",
+             "tracking.json", ".fedpeft.owner.json")
+LEFTOVER_FILE = re.compile(r"^\.(.+)\.\d+\.tmp$")  # fedpeft.durable.temp_name
+LEFTOVER_DIR = re.compile(r"^\.(adapter|best_adapter)\.(new|old|dropped)$")  # fedpeft.durable.publish_dir
 log = logging.getLogger("fedpeft")
 
 
@@ -103,16 +107,18 @@ def resume_hint(run_dir: Path) -> str:
 
 
 def remove_leftovers(run_dir: Path) -> list[str]:
-    """Remove what killed or failed writes left in ``run_dir`` (its plots/ and eval/ too): temporary files
-    ``.NAME.<pid>.tmp`` and the directories of an adapter's replacement, ``.NAME.new`` / ``.NAME.old`` /
-    ``.NAME.dropped``; an adapter replaced up to the point where only ``.NAME.old`` holds it is put back
-    first. Call it holding the run's lock. Returns one line per thing done, for events.log."""
+    """Remove what killed or failed writes left in ``run_dir``: the temporary files ``.NAME.<pid>.tmp`` of the
+    run's files (:data:`RUN_FILES`; any in plots/ and eval/) and the directories of an adapter's replacement,
+    ``.NAME.new`` / ``.NAME.old`` / ``.NAME.dropped``; an adapter replaced up to the point where only
+    ``.NAME.old`` holds it is put back first. Call it holding the run's lock. Returns one line per thing
+    done, for events.log."""
     done = []
     for folder in (run_dir, run_dir / "plots", run_dir / "eval"):
         if not folder.is_dir():
             continue
         for entry in sorted(folder.iterdir()):
-            if entry.is_file() and LEFTOVER_FILE.match(entry.name):
+            match = LEFTOVER_FILE.match(entry.name)
+            if entry.is_file() and match and (folder != run_dir or match.group(1) in RUN_FILES):
                 size = entry.stat().st_size
                 entry.unlink()
                 done.append(f"removed the temporary file {entry} ({size} bytes) left by a write that did not finish")
