@@ -170,7 +170,7 @@ def config_digest(raw: dict[str, Any]) -> str:
     """SHA-256 of a saved config's settings (the parsed YAML), federation.rounds left out: the one setting a
     resume may change. Recorded in every checkpoint; a resume refuses a config.yaml that differs."""
     settings = json.loads(json.dumps(raw, default=str))
-    if isinstance(settings.get("federation"), dict):
+    if isinstance(settings, dict) and isinstance(settings.get("federation"), dict):
         settings["federation"].pop("rounds", None)
     return hashlib.sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 

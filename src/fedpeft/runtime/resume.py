@@ -10,10 +10,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fedpeft import checkpoint
 from fedpeft.config import ConfigError, RunConfig, apply_overrides, validate_config
+from fedpeft.config.load import read_yaml
 from fedpeft.rundir import CONFIG_FILE, config_digest, read_metrics, read_saved_config, read_summary
 
 log = logging.getLogger("fedpeft")
@@ -64,7 +63,7 @@ def check_config_unchanged(run_dir: Path, rnd: int, state: dict[str, Any]) -> No
     if saved is None:
         return
     path = run_dir / CONFIG_FILE
-    if config_digest(yaml.safe_load(path.read_text(encoding="utf-8")) or {}) != saved:
+    if config_digest(read_yaml(path) or {}) != saved:
         raise ConfigError(f"{path} differs from the config the checkpoint of round {rnd} was saved with (in more than "
                           "federation.rounds), so the run would not continue as it began; put the run's own config "
                           "back, or start a new run with this one")
