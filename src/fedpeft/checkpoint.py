@@ -7,23 +7,32 @@ go to the tensor section under their path, everything else to the JSON metadata.
 
 The file is written to a temporary name, flushed to disk and renamed over the previous checkpoint
 (``os.replace`` is atomic on POSIX and Windows), so a reader sees either the old checkpoint or the
-new one, never a half-written file; a damaged file is refused with :class:`CheckpointError`.
+new one, never a half-written file. It is sealed with its SHA-256 (:mod:`fedpeft.integrity`, in the
+metadata), so a damaged file (a flipped bit in a tensor or in the header) is refused with
+:class:`CheckpointError` rather than trained on, as is a NaN or infinite value in an array that did not
+hold one when it was saved (those the state legitimately holds are listed in the metadata, ``nonfinite``).
+Checkpoints of format 1 (before the seal) still load, with a warning, as long as their arrays are finite.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedpeft import wire
+from fedpeft.durable import atomic_write
 from fedpeft.errors import UserError
-from fedpeft.rundir import atomic_write
+from fedpeft.integrity import PLACEHOLDER, seal, seal_matches
 
 FILENAME = "checkpoint.safetensors"
-FORMAT = 1
+FORMAT = 1  # of a state tree (encode_tree, and checkpoints before their seal)
+SEALED_FORMAT = 2  # of a checkpoint: format 1 plus its SHA-256 and the list of its non-finite arrays
+log = logging.getLogger("fedpeft")
 
 
 class CheckpointError(UserError, ValueError):
@@ -87,26 +96,80 @@ def decode_tree(data: bytes) -> Any:
     return unpack_state(payload.arrays, payload.meta.get("state"))
 
 
+def nonfinite_arrays(arrays: dict[str, np.ndarray]) -> list[str]:
+    """The paths of the floating-point arrays that hold a NaN or an infinite value."""
+    return sorted(p for p, a in arrays.items() if a.dtype.kind in "fc" and not np.all(np.isfinite(a)))
+
+
+def readable_paths(tree: Any) -> dict[str, str]:
+    """Array path (as pack_state names it, by position) -> the path by dict keys, for messages."""
+    out: dict[str, str] = {}
+
+    def walk(obj: Any, where: str) -> None:
+        if isinstance(obj, list):
+            for i, v in enumerate(obj):
+                walk(v, f"{where}/{i}")
+        elif isinstance(obj, dict) and "__array__" in obj:
+            out[obj["__array__"]] = where or "/"
+        elif isinstance(obj, dict) and "__dict__" in obj:
+            for k, v in obj["__dict__"]:
+                walk(v, f"{where}/{k}")
+
+    walk(tree, "")
+    return out
+
+
+def _header_end(data: bytes) -> int:
+    return 8 + struct.unpack("<Q", data[:8])[0]
+
+
 def save(run_dir: str | Path, rnd: int, state: dict[str, Any]) -> Path:
-    """Write the state after round ``rnd`` atomically to RUN_DIR/checkpoint.safetensors."""
+    """Write the state after round ``rnd`` atomically to RUN_DIR/checkpoint.safetensors, sealed with its
+    SHA-256. A disk that refuses it raises fedpeft.durable.RunFileError; the previous checkpoint stays."""
     path = Path(run_dir) / FILENAME
     arrays, tree = pack_state(state)
-    data = wire.encode(wire.Payload(arrays, {"format": FORMAT, "round": int(rnd), "state": tree}))
-    atomic_write(path, data)
+    nonfinite = nonfinite_arrays(arrays)
+    if nonfinite:
+        names = readable_paths(tree)
+        log.warning("checkpoint of round %d: %d array(s) of the state hold NaN or infinite values (%s); kept as "
+                    "they are", rnd, len(nonfinite), ", ".join(names.get(p, p) for p in nonfinite[:3]))
+    meta = {"sha256": PLACEHOLDER, "format": SEALED_FORMAT, "round": int(rnd), "nonfinite": nonfinite, "state": tree}
+    data = wire.encode(wire.Payload(arrays, meta))
+    atomic_write(path, seal(data, 8, _header_end(data)), then=f"continue with: fedpeft run --resume {run_dir}")
     return path
 
 
+def _refuse(path: Path, problem: str) -> CheckpointError:
+    return CheckpointError(f"{path} {problem}; it cannot be resumed from: restore the file from a copy, or start the "
+                           "run again in a new directory")
+
+
 def load(run_dir: str | Path) -> tuple[int, dict[str, Any]]:
-    """(last completed round, state); CheckpointError if there is none or it cannot be read."""
+    """(last completed round, state); CheckpointError if there is none, it cannot be read, its checksum does
+    not match or an array holds NaN / infinite values it did not hold when saved."""
     path = Path(run_dir) / FILENAME
     if not path.is_file():
         raise CheckpointError(f"{str(run_dir)!r} has no {FILENAME}: the run saved no checkpoint yet "
                               "(runtime.checkpoint_every 0, or it stopped before its first round ended)")
+    data = path.read_bytes()
     try:
-        payload = wire.decode(path.read_bytes())
+        payload = wire.decode(data)
     except wire.PayloadError as exc:
-        raise CheckpointError(f"{path} is damaged ({exc}); it cannot be resumed from") from None
+        raise _refuse(path, f"is damaged ({exc})") from None
     meta = payload.meta
-    if meta.get("format") != FORMAT or not isinstance(meta.get("round"), int):
-        raise CheckpointError(f"{path} is not a fedpeft checkpoint of format {FORMAT}")
+    if meta.get("format") not in (FORMAT, SEALED_FORMAT) or not isinstance(meta.get("round"), int):
+        raise CheckpointError(f"{path} is not a fedpeft checkpoint of format {FORMAT} or {SEALED_FORMAT}")
+    declared: set[str] = set()
+    if meta["format"] == SEALED_FORMAT:
+        if not seal_matches(data, meta.get("sha256"), 8, _header_end(data)):
+            raise _refuse(path, "is damaged: its SHA-256 does not match its contents (a changed bit)")
+        declared = set(meta.get("nonfinite") or [])
+    else:
+        log.warning("%s was written before checkpoints carried a checksum: a damaged one cannot be told from a good "
+                    "one (NaN / infinite values are still refused)", path)
+    bad = [p for p in nonfinite_arrays(payload.arrays) if p not in declared]
+    if bad:
+        name = readable_paths(meta.get("state")).get(bad[0], bad[0])
+        raise _refuse(path, f"holds NaN or infinite values in {name!r} ({len(bad)} array(s)), which it did not "
+                            "hold when it was saved")
     return meta["round"], unpack_state(payload.arrays, meta.get("state"))

@@ -135,6 +135,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _quiet_libraries()
     from fedpeft.adapters import load_adapter, read_adapter_meta
     from fedpeft.data.prepare import prepare_eval
+    from fedpeft.durable import atomic_write, is_refused_write, refused_write
+    from fedpeft.runtime.resume import saved_config
     from fedpeft.runtime.setup import pick_device
     from fedpeft.training.evaluate import PREDICTIONS, evaluate
 
@@ -145,7 +147,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     choice = args.adapter or ("best" if (run_dir / names["best"]).is_dir() else "last")
     adapter_dir = run_dir / names[choice]
     meta = read_adapter_meta(adapter_dir)
-    cfg = load_config(run_dir / "config.yaml", [f"task.dataset={args.dataset}"] if args.dataset else [])
+    cfg = saved_config(run_dir, [f"task.dataset={args.dataset}"] if args.dataset else [])  # checked as a resume does
     split = args.split or cfg.task.eval_split
     device = pick_device(args.device or cfg.runtime.device)
     loaded = load_adapter(adapter_dir, dtype=cfg.model.dtype, device=device)
@@ -157,10 +159,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
                       encoder_decoder=encdec, max_new_tokens=cfg.task.generation_max_new_tokens,
                       precision=cfg.runtime.precision)
     out = Path(args.out) if args.out else run_dir / "eval" / f"{names[choice]}-{split.replace('/', '_')}.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(line) + "\n" for line in prediction_lines(data, result[PREDICTIONS],
-                                                                                instruction=cfg.task.instruction))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if is_refused_write(exc):
+            raise refused_write(out.parent, exc, then="run fedpeft eval again (or give --out elsewhere)") from None
+        raise
+    lines = prediction_lines(data, result[PREDICTIONS], instruction=cfg.task.instruction)
+    atomic_write(out, "".join(json.dumps(line) + "\n" for line in lines).encode("utf-8"),
+                 then="run fedpeft eval again (or give --out elsewhere)")
     scores = {(k if k.startswith("eval_") else f"eval_{k}"): v for k, v in result.items() if not k.startswith("_")}
     summary = {"run_dir": str(run_dir), "adapter": names[choice], "round": meta.get("round"), "dataset": cfg.task.dataset,
                "split": split, "examples": len(data.rows), **scores, "predictions": str(out)}

@@ -13,21 +13,55 @@
       best_adapter/      the global adapter of the best evaluated round (eval.save_best)
       .fedpeft.lock      held by the process writing the directory (fedpeft.runlock)
       plots/             metric vs round, metric vs cumulative MB
+
+Every file is written whole (fedpeft.durable: a temporary file, fsync, rename; an adapter directory is
+staged as ``.NAME.new`` and swapped in), except the two logs, which are only appended to: a metrics row is
+appended, flushed and fsynced before the round's checkpoint is written (a row cut off by a crash is left
+out by :func:`read_metrics`, and a resume rewrites the file whole), and events.log gets one line per event.
+config.yaml starts with its SHA-256 (fedpeft.integrity), so a resume refuses a saved config that was cut
+short, damaged or edited. What a killed write leaves (``.NAME.<pid>.tmp``, ``.NAME.new``, ``.NAME.old``) is
+removed by :func:`remove_leftovers` when the run next opens its directory.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
+import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
-from fedpeft.config import RunConfig, dump_config
+from fedpeft.config import ConfigError, RunConfig, dump_config
+from fedpeft.config.load import read_yaml
+from fedpeft.durable import (
+    append_line,
+    atomic_write,
+    fsync_dir,
+    is_refused_write,
+    open_log,
+    refused_write,
+)
+from fedpeft.integrity import PLACEHOLDER, seal, seal_matches
+
+CONFIG_FILE = "config.yaml"
+# config.yaml's first line: its own SHA-256 (with these 64 digits zeroed), checked when the run resumes
+CONFIG_SEAL = "# sha256 {digest}: fedpeft's checksum of this file (a resume refuses a changed file)\n"
+CONFIG_SEAL_LINE = re.compile(rb"# sha256 ([0-9a-f]{64}):")
+# the files written whole at the top of a run directory (the runtimes', the checkpoint's, the trackers', the lock's)
+# and the adapter directories: only their leftovers are removed there (a run may share a directory with others)
+RUN_FILES = ("config.yaml", "partition.json", "metrics.jsonl", "summary.json", "checkpoint.safetensors",
+             "tracking.json", ".fedpeft.owner.json")
+LEFTOVER_FILE = re.compile(r"^\.(.+)\.\d+\.tmp$")  # fedpeft.durable.temp_name
+LEFTOVER_DIR = re.compile(r"^\.(adapter|best_adapter)\.(new|old|dropped)$")  # fedpeft.durable.publish_dir
+log = logging.getLogger("fedpeft")
 
 
 def holds_run(path: Path) -> bool:
@@ -55,27 +89,52 @@ def new_run_dir(cfg: RunConfig, run_dir: str | Path | None = None) -> Path:
         while path.exists():
             suffix += 1
             path = Path(cfg.output_dir) / f"{cfg.name}-{stamp}-{suffix}"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if is_refused_write(exc):
+            raise refused_write(path, exc, then="start the run again (or choose another --run-dir or "
+                                "output_dir)") from None
+        raise
     return path
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file, flush it to disk, rename it over ``path``: a reader (or a run resumed
-    after a crash) sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    try:  # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+def resume_hint(run_dir: Path) -> str:
+    """What to do once a refused write's cause is fixed: continue the run (or start it, if it holds none)."""
+    if (run_dir / CONFIG_FILE).is_file():
+        return f"continue with: fedpeft run --resume {run_dir}"
+    return "start the run again (the directory holds no run yet)"
+
+
+def remove_leftovers(run_dir: Path) -> list[str]:
+    """Remove what killed or failed writes left in ``run_dir``: the temporary files ``.NAME.<pid>.tmp`` of the
+    run's files (:data:`RUN_FILES`; any in plots/ and eval/) and the directories of an adapter's replacement,
+    ``.NAME.new`` / ``.NAME.old`` / ``.NAME.dropped``; an adapter replaced up to the point where only
+    ``.NAME.old`` holds it is put back first. Call it holding the run's lock. Returns one line per thing
+    done, for events.log."""
+    done = []
+    for folder in (run_dir, run_dir / "plots", run_dir / "eval"):
+        if not folder.is_dir():
+            continue
+        for entry in sorted(folder.iterdir()):
+            match = LEFTOVER_FILE.match(entry.name)
+            if entry.is_file() and match and (folder != run_dir or match.group(1) in RUN_FILES):
+                size = entry.stat().st_size
+                entry.unlink()
+                done.append(f"removed the temporary file {entry} ({size} bytes) left by a write that did not finish")
+    for entry in sorted(run_dir.iterdir()):
+        match = LEFTOVER_DIR.match(entry.name)
+        if not (entry.is_dir() and match):
+            continue
+        final = run_dir / match.group(1)
+        if match.group(2) == "old" and not final.exists():
+            os.rename(entry, final)
+            fsync_dir(run_dir)
+            done.append(f"put {entry.name} back as {final.name}: its replacement was cut off before it was in place")
+            continue
+        shutil.rmtree(entry)
+        done.append(f"removed {entry}, left by a replacement of {final.name} that did not finish")
+    return done
 
 
 def json_safe(obj: Any) -> Any:
@@ -97,16 +156,102 @@ def to_json(obj: Any, **kwargs: Any) -> str:
     return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
 
 
-def write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, to_json(obj, indent=2).encode())
+def write_json(path: Path, obj: Any, *, then: str = "try again") -> None:
+    atomic_write(path, to_json(obj, indent=2).encode(), then=then)
+
+
+def sealed_config(cfg: RunConfig) -> bytes:
+    """config.yaml's bytes: every option (dump_config) under a first line holding the file's SHA-256."""
+    data = (CONFIG_SEAL.format(digest=PLACEHOLDER) + dump_config(cfg)).encode("utf-8")
+    return seal(data, 0, data.index(b"\n"))
+
+
+def config_digest(raw: dict[str, Any]) -> str:
+    """SHA-256 of a saved config's settings (the parsed YAML), federation.rounds left out: the one setting a
+    resume may change. Recorded in every checkpoint; a resume refuses a config.yaml that differs."""
+    settings = json.loads(json.dumps(raw, default=str))
+    if isinstance(settings, dict) and isinstance(settings.get("federation"), dict):
+        settings["federation"].pop("rounds", None)
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def config_digest_of(cfg: RunConfig) -> str:
+    return config_digest(yaml.safe_load(dump_config(cfg)))
+
+
+def read_saved_config(run_dir: str | Path) -> dict[str, Any]:
+    """RUN_DIR/config.yaml as written (not validated), refused with a one-line ConfigError when it is empty,
+    does not parse, does not match the checksum on its first line, or (a file without one: written by an
+    older fedpeft or by hand) lacks a section fedpeft writes: a resume never runs on defaults for what the
+    run saved."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no {CONFIG_FILE})")
+    fix = (f"write it again from the config the run was started with (fedpeft config CONFIG [--set ...] > {path}) "
+           "and resume, or start a new run")
+    data = path.read_bytes()
+    if not data.strip():
+        raise ConfigError(f"{path} is empty: the run's saved config is lost; {fix}")
+    first_line = data.split(b"\n", 1)[0]
+    sealed, seal_line = first_line.startswith(b"# sha256"), CONFIG_SEAL_LINE.match(first_line)
+    if sealed and (seal_line is None or not seal_matches(data, seal_line.group(1).decode(), 0, len(first_line))):
+        raise ConfigError(f"{path} does not match the checksum on its first line: it was cut short, damaged or "
+                              f"edited since the run saved it; {fix}")
+    try:
+        raw = read_yaml(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (the run's saved config); or {fix}") from None
+    if raw is None:
+        raise ConfigError(f"{path} holds no settings: the run's saved config is lost; {fix}")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} is not a mapping of sections (task:, model:, ...); {fix}")
+    if not sealed:
+        missing = [name for name in RunConfig.model_fields if name not in raw]
+        if missing:
+            raise ConfigError(f"{path} lacks {', '.join(missing)}, which fedpeft writes into every saved config: it "
+                              f"was cut short or edited, and a resume would run on defaults there; {fix}")
+        log.warning("%s has no checksum (written by an older fedpeft or by hand): used as it is", path)
+    return raw
+
+
+class _EventsLog(logging.FileHandler):
+    """events.log. A line the disk refuses is dropped without a traceback on the console: the next run file
+    written (a metrics row, the checkpoint) fails with the one-line reason."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.failed = True
+
+
+def _end_with_newline(path: Path) -> None:
+    """Finish a last line a crash cut off, so that the next line starts on its own."""
+    try:
+        with open(path, "rb+") as fh:
+            if fh.seek(0, os.SEEK_END) == 0:
+                return
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.write(b"\n")
+    except FileNotFoundError:
+        pass
 
 
 class RunWriter:
     def __init__(self, path: Path, cfg: RunConfig):
         self.path = path
-        (path / "config.yaml").write_text(dump_config(cfg))
-        self._metrics = open(path / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (held open for the whole run)
-        self._handler = logging.FileHandler(path / "events.log", encoding="utf-8")
+        self._metrics: int | None = None
+        self._handler: _EventsLog | None = None
+        self.then = resume_hint(path)  # what to do after a refused write: start the run again, ...
+        atomic_write(path / CONFIG_FILE, sealed_config(cfg), then=self.then)
+        self.then = resume_hint(path)  # ... or, once config.yaml is there, continue it
+        self._metrics = open_log(path / "metrics.jsonl", then=self.then)
+        try:
+            _end_with_newline(path / "events.log")
+            self._handler = _EventsLog(path / "events.log", encoding="utf-8")
+        except OSError as exc:
+            self.close()
+            if is_refused_write(exc):
+                raise refused_write(path / "events.log", exc, then=self.then) from None
+            raise
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logging.getLogger("fedpeft").addHandler(self._handler)
 
@@ -116,20 +261,25 @@ class RunWriter:
         self._handler.handle(record)
 
     def partition(self, stats: dict[str, Any]) -> None:
-        write_json(self.path / "partition.json", stats)
+        write_json(self.path / "partition.json", stats, then=self.then)
 
     def row(self, row: dict[str, Any]) -> None:
-        self._metrics.write(to_json(row) + "\n")  # the row in memory keeps its floats; null on disk
-        self._metrics.flush()
+        """Append a row to metrics.jsonl, durably (before the round's checkpoint is written)."""
+        # the row in memory keeps its floats; null on disk
+        append_line(self._metrics, to_json(row) + "\n", self.path / "metrics.jsonl", then=self.then)
 
     def summary(self, summary: dict[str, Any]) -> None:
-        write_json(self.path / "summary.json", summary)
+        write_json(self.path / "summary.json", summary, then=self.then)
 
     def close(self) -> None:
         """Close metrics.jsonl and events.log (safe to call twice)."""
-        self._metrics.close()
-        logging.getLogger("fedpeft").removeHandler(self._handler)
-        self._handler.close()
+        if self._metrics is not None:
+            os.close(self._metrics)
+            self._metrics = None
+        if self._handler is not None:
+            logging.getLogger("fedpeft").removeHandler(self._handler)
+            self._handler.close()
+            self._handler = None
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -157,7 +307,8 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def rewrite_metrics(run_dir: str | Path, rows: list[dict[str, Any]]) -> None:
     """Replace metrics.jsonl with these rows, atomically (used when a run resumes from a checkpoint)."""
-    atomic_write(Path(run_dir) / "metrics.jsonl", "".join(to_json(r) + "\n" for r in rows).encode())
+    atomic_write(Path(run_dir) / "metrics.jsonl", "".join(to_json(r) + "\n" for r in rows).encode(),
+                 then=resume_hint(Path(run_dir)))
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:

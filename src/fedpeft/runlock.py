@@ -21,6 +21,8 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from fedpeft.durable import atomic_write, is_refused_write, refused_write
+
 LOCK_FILE = ".fedpeft.lock"
 OWNER_FILE = ".fedpeft.owner.json"
 log = logging.getLogger("fedpeft")
@@ -61,12 +63,20 @@ class RunLock:
                 f"run directory {str(lock.run_dir)!r} is being written by {_describe(_owner(lock.run_dir))}; wait "
                 "for it to end (or stop it) before resuming, or choose another --run-dir"
             ) from None
+        except OSError as exc:  # a read-only or full disk: one line, not a traceback
+            if is_refused_write(exc):
+                raise refused_write(lock.run_dir / LOCK_FILE, exc, then="try again") from None
+            raise
         stale = _owner(lock.run_dir)
         if stale is not None:
             log.warning("run directory %s: took over the lock of %s, which ended without releasing it (crash or kill)",
                         lock.run_dir, _describe(stale))
         owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-        (lock.run_dir / OWNER_FILE).write_text(json.dumps(owner), encoding="utf-8")
+        try:
+            atomic_write(lock.run_dir / OWNER_FILE, json.dumps(owner).encode("utf-8"))
+        except BaseException:
+            lock._lock.release()
+            raise
         return lock
 
     def release(self) -> None:

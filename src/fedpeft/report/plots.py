@@ -10,6 +10,8 @@ from typing import Any, NamedTuple
 import matplotlib
 import yaml
 
+from fedpeft.durable import atomic_write
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
@@ -62,8 +64,11 @@ def plot_curves(runs: dict[str, Sequence[dict[str, Any]]], metric: str, out_dir:
             ax.legend(fontsize=8)
         fig.tight_layout()
         path = out_dir / f"{prefix}{metric}_vs_{x_name}.png"
-        fig.savefig(path, dpi=120, metadata={"Title": title})
-        plt.close(fig)
+        try:  # into a temporary file renamed into place: a cut-off write leaves the old plot
+            atomic_write(path, lambda fh, fig=fig, title=title: fig.savefig(fh, format="png", dpi=120,
+                                                                            metadata={"Title": title}))
+        finally:
+            plt.close(fig)
         written.append(Plot(path, title))
     return written
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import resource
 import shutil
 import time
@@ -26,8 +27,17 @@ import torch
 from fedpeft import algorithms, checkpoint, tracking, wire
 from fedpeft.algorithms.base import ClientContext, RunObserver
 from fedpeft.config import RunConfig
+from fedpeft.durable import is_refused_write, publish_dir, refused_write, staging_dir
 from fedpeft.metrics.accounting import better_or_equal, summarize
-from fedpeft.rundir import RunWriter, check_run_dir_free, new_run_dir, rewrite_metrics
+from fedpeft.rundir import (
+    RunWriter,
+    check_run_dir_free,
+    config_digest_of,
+    new_run_dir,
+    remove_leftovers,
+    resume_hint,
+    rewrite_metrics,
+)
 from fedpeft.runlock import RunLock
 from fedpeft.runtime.attacks import attacker_ids, flip_labels, poison
 from fedpeft.runtime.payload_limits import upload_limit
@@ -157,9 +167,11 @@ class EmbeddedRuntime:
         cfg = self.cfg
         restored: tuple[int, dict[str, Any]] | None = None
         kept: list[dict[str, Any]] = []
+        cleaned: list[str] = []
         if resume:
             self.run_dir = Path(run_dir)  # type: ignore[arg-type]
             self.lock = RunLock.acquire(self.run_dir) if lock else None  # before reading or rewriting anything
+            cleaned = remove_leftovers(self.run_dir)  # an adapter's replacement cut off is put back first
             restored, kept = resume_point(self.run_dir, cfg.federation.rounds)
         else:
             check_run_dir_free(run_dir)  # before the slow part
@@ -169,6 +181,8 @@ class EmbeddedRuntime:
             self.run_dir = new_run_dir(cfg, run_dir)
             self.lock = RunLock.acquire(self.run_dir) if lock else None
             check_run_dir_free(run_dir)  # another process may have started one meanwhile
+            cleaned = remove_leftovers(self.run_dir)
+        self.config_digest = config_digest_of(cfg)  # recorded in every checkpoint: a resume checks config.yaml
         self.server = algorithms.make_server(
             cfg.algorithm, self.exp.tuned.state(), num_clients=cfg.federation.num_clients,
             clients_per_round=cfg.federation.clients_per_round, seed=cfg.seed, layout=self.exp.algorithm_layout, client_lr=cfg.train.lr,
@@ -191,6 +205,8 @@ class EmbeddedRuntime:
             (self.run_dir / "summary.json").unlink(missing_ok=True)  # an extended run writes it again at the end
             self._drop_best_after(restored[0] if restored is not None else 0)
         self.writer = RunWriter(self.run_dir, cfg)  # events.log: logged from here on
+        for line in cleaned:
+            self.writer.note(line)
         self.trackers = tracking.open_trackers(cfg, self.run_dir, resume=resume, start_round=self.start_round)
         self.observers += self.trackers
         self.writer.partition(self.exp.partition_stats)
@@ -209,11 +225,22 @@ class EmbeddedRuntime:
 
     def _drop_best_after(self, rnd: int) -> None:
         """Forget a best adapter saved after round ``rnd`` (those rounds run again and may save it again)."""
-        meta = self.run_dir / BEST_ADAPTER / "fedpeft_adapter.json"
-        if meta.is_file() and int(json.loads(meta.read_text()).get("round", 0)) > rnd:
+        meta_path = self.run_dir / BEST_ADAPTER / "fedpeft_adapter.json"
+        if not meta_path.is_file():
+            return
+        try:
+            saved_round = int(json.loads(meta_path.read_text(encoding="utf-8")).get("round", 0))
+        except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+            log.warning("%s is unreadable (%s): the best adapter is left as it is (fedpeft eval refuses it)",
+                        meta_path, exc)
+            return
+        if saved_round > rnd:
             log.warning("%s/%s was saved after the checkpoint of round %d: dropped (the rounds after it run again "
                         "and save it again when they are still the best)", self.run_dir, BEST_ADAPTER, rnd)
-            shutil.rmtree(self.run_dir / BEST_ADAPTER)
+            dropped = self.run_dir / f".{BEST_ADAPTER}.dropped"  # renamed away at once, removed at leisure
+            shutil.rmtree(dropped, ignore_errors=True)
+            os.rename(self.run_dir / BEST_ADAPTER, dropped)
+            shutil.rmtree(dropped)
 
     def close(self) -> None:
         """Close the run's files and give up its directory's lock (the end of :meth:`run` does; safe to call
@@ -238,6 +265,7 @@ class EmbeddedRuntime:
             "cum_bytes_down": self.cum_down,
             "wall_s": self.rows[-1].get("wall_s", 0.0) if self.rows else 0.0,
             "trainer": {k: getattr(trainer, k) for k in TRAINER_COUNTERS},
+            "config_sha256": self.config_digest,  # fedpeft.runtime.resume.check_config_unchanged
         }
 
     def _restore(self, rnd: int, state: dict[str, Any]) -> None:
@@ -490,25 +518,38 @@ class EmbeddedRuntime:
         return not earlier or (value < min(earlier) if lower else value > max(earlier))
 
     def _save_adapter(self, name: str, extra: dict[str, Any] | None = None) -> None:
-        """The global state as RUN_DIR/``name`` (written aside, then renamed into place)."""
+        """The global state as RUN_DIR/``name``: written aside (``.NAME.new``), fsynced, then swapped in
+        (fedpeft.durable.publish_dir). A refused write removes what was staged and leaves the old one."""
         exp = self.exp
         exp.tuned.load_state(self.server.global_state)
-        final, staging, old = self.run_dir / name, self.run_dir / f".{name}.new", self.run_dir / f".{name}.old"
-        for leftover in (staging, old):
-            shutil.rmtree(leftover, ignore_errors=True)
-        exp.tuned.save_adapter(staging, base_model=self.cfg.model.name,
-                               extra={"num_labels": exp.data.num_labels, "label_names": exp.data.label_names,
-                                      "label_kind": exp.data.label_kind, "template": exp.data.template,
-                                      "seed": self.cfg.seed, "dtype": self.cfg.model.dtype,
-                                      "incomplete": type(self.cfg.algorithm).adapter_incomplete,
-                                      "plugins": self.cfg.plugins, "attn_implementation": self.cfg.model.attn_implementation,
-                                      "quantization": (self.cfg.model.quantization.described()
-                                                       if self.cfg.model.quantization is not None else None),
-                                      **(extra or {})})
-        if final.exists():
-            final.rename(old)
-        staging.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        final = self.run_dir / name
+        staging = staging_dir(final)
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            exp.tuned.save_adapter(staging, base_model=self.cfg.model.name,
+                                   extra={"num_labels": exp.data.num_labels, "label_names": exp.data.label_names,
+                                          "label_kind": exp.data.label_kind, "template": exp.data.template,
+                                          "seed": self.cfg.seed, "dtype": self.cfg.model.dtype,
+                                          "incomplete": type(self.cfg.algorithm).adapter_incomplete,
+                                          "plugins": self.cfg.plugins,
+                                          "attn_implementation": self.cfg.model.attn_implementation,
+                                          "quantization": (self.cfg.model.quantization.described()
+                                                           if self.cfg.model.quantization is not None else None),
+                                          **(extra or {})})
+            publish_dir(staging, final)
+        except BaseException as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if is_refused_write(exc):
+                raise refused_write(final, exc, needed=self._adapter_size(), then=resume_hint(self.run_dir)) from None
+            raise
+
+    def _adapter_size(self) -> int:
+        """Bytes an adapter directory takes: as much as one already saved, else about its tensors' bytes."""
+        for name in (LAST_ADAPTER, BEST_ADAPTER):
+            saved = [p.stat().st_size for p in (self.run_dir / name).glob("*") if p.is_file()]
+            if saved:
+                return sum(saved)
+        return sum(p.numel() * p.element_size() for p in self.exp.tuned.params.values())
 
     def finish(self) -> dict[str, Any]:
         exp = self.exp

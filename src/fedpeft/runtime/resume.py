@@ -6,12 +6,14 @@ Kept apart from the runtimes (no torch), so that a launcher can check a run befo
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from fedpeft import checkpoint
-from fedpeft.config import RunConfig, load_config
-from fedpeft.rundir import read_metrics, read_summary
+from fedpeft.config import ConfigError, RunConfig, apply_overrides, validate_config
+from fedpeft.config.load import read_yaml
+from fedpeft.rundir import CONFIG_FILE, config_digest, read_metrics, read_saved_config, read_summary
 
 log = logging.getLogger("fedpeft")
 
@@ -39,16 +41,40 @@ def resume_point(run_dir: str | Path, rounds: int) -> tuple[tuple[int, dict[str,
         log.warning("%s has no checkpoint yet: the run starts again from round 1 in place", run_dir)
         return None, []
     restored = checkpoint.load(run_dir)  # a damaged checkpoint fails here, before any work
+    check_config_unchanged(run_dir, *restored)
     if restored[0] > rounds:
         raise checkpoint.CheckpointError(
             f"the run in {str(run_dir)!r} has a checkpoint after round {restored[0]}, beyond federation.rounds "
             f"{rounds}; resume with at least that many rounds")
-    return restored, [r for r in read_metrics(run_dir) if r["round"] <= restored[0]]
+    kept = [r for r in read_metrics(run_dir) if r["round"] <= restored[0]]
+    missing = sorted(set(range(1, restored[0] + 1)) - {r["round"] for r in kept})
+    if missing:  # the rows of checkpointed rounds are written before their checkpoint: they were lost since
+        raise checkpoint.CheckpointError(
+            f"{run_dir / 'metrics.jsonl'} lacks the rows of round(s) {', '.join(map(str, missing[:5]))}, which the "
+            f"checkpoint of round {restored[0]} follows: the file was damaged; restore it from a copy, or start the "
+            "run again in a new directory")
+    return restored, kept
+
+
+def check_config_unchanged(run_dir: Path, rnd: int, state: dict[str, Any]) -> None:
+    """Refuse a config.yaml whose settings (federation.rounds aside) differ from those the checkpoint of round
+    ``rnd`` was saved with (its ``config_sha256``; checkpoints from before it was recorded are not checked)."""
+    saved = state.get("config_sha256")
+    if saved is None:
+        return
+    path = run_dir / CONFIG_FILE
+    if config_digest(read_yaml(path) or {}) != saved:
+        raise ConfigError(f"{path} differs from the config the checkpoint of round {rnd} was saved with (in more than "
+                          "federation.rounds), so the run would not continue as it began; put the run's own config "
+                          "back, or start a new run with this one")
+
+
+def saved_config(run_dir: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
+    """The config saved in RUN_DIR (checked: fedpeft.rundir.read_saved_config), with ``overrides`` applied."""
+    path = Path(run_dir) / CONFIG_FILE
+    return validate_config(apply_overrides(read_saved_config(run_dir), overrides), path.parent)
 
 
 def resume_config(run_dir: str | Path, rounds: int | None = None) -> RunConfig:
     """The config saved in RUN_DIR, with federation.rounds set to ``rounds`` when given."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
-    return load_config(path, [f"federation.rounds={rounds}"] if rounds is not None else [])
+    return saved_config(run_dir, [f"federation.rounds={rounds}"] if rounds is not None else [])

@@ -64,7 +64,14 @@ def open_trackers(cfg: RunConfig, run_dir: Path, *, resume: bool, start_round: i
         for tracker in trackers:
             tracker.close()
         raise
-    path.write_text(json.dumps({t.name: t.state() for t in trackers}, indent=2))
+    from fedpeft.rundir import resume_hint, write_json
+
+    try:
+        write_json(path, {t.name: t.state() for t in trackers}, then=resume_hint(run_dir))
+    except BaseException:
+        for tracker in trackers:
+            tracker.close()
+        raise
     return trackers
 
 

@@ -77,7 +77,11 @@ class TunedModel:
     # -- export -----------------------------------------------------------------------------------
     def save_adapter(self, directory: str | Path, base_model: str, extra: dict[str, Any] | None = None) -> None:
         """By the method's save format: HF PEFT format ("peft"), a complete HF model directory ("model") or a
-        safetensors file of the trainable state ("state"); always with a JSON description (see README)."""
+        safetensors file of the trainable state ("state"); always with a JSON description (see README), written
+        last, which holds the SHA-256 of every other file and its own (fedpeft.integrity)."""
+        from fedpeft.durable import atomic_write
+        from fedpeft.integrity import PLACEHOLDER, seal, sha256_file
+
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if self.save_format in ("peft", "model"):
@@ -86,10 +90,12 @@ class TunedModel:
             from safetensors.numpy import save_file
 
             save_file(self.state(), str(directory / FEDPEFT_ADAPTER_FILE))
-        meta = {"method": self.method, "options": self.options, "save_format": self.save_format,
+        files = {p.relative_to(directory).as_posix(): sha256_file(p) for p in sorted(directory.rglob("*"))
+                 if p.is_file() and p.name != FEDPEFT_ADAPTER_CONFIG}
+        meta = {"sha256": PLACEHOLDER, "method": self.method, "options": self.options, "save_format": self.save_format,
                 "base_model": base_model, "kind": self.kind,
-                "trainable_parameters": self.num_trainable(), **(extra or {})}
-        (directory / FEDPEFT_ADAPTER_CONFIG).write_text(json.dumps(meta, indent=2))
+                "trainable_parameters": self.num_trainable(), **(extra or {}), "files": files}
+        atomic_write(directory / FEDPEFT_ADAPTER_CONFIG, seal(json.dumps(meta, indent=2).encode()))
 
 
 def head_modules(model: nn.Module, spec: ArchSpec | None) -> list[str]:
