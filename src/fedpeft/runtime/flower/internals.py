@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from flwr.cli.install import install_from_fab
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.clientapp.utils import get_load_client_app_fn
@@ -129,6 +130,11 @@ def runtime_client_for(grid: HttpGrid, interceptors: Sequence[Any]) -> RuntimeHt
         retry_invoker=make_simple_http_retry_invoker())
 
 
+def http_client_of(client: RuntimeHttpClient) -> httpx.Client:
+    """The HTTP client (connection pool, TLS settings, timeouts) a Runtime API client sends with."""
+    return client._client
+
+
 def grid_run_id(grid: HttpGrid) -> int:
     return grid._run.run_id  # type: ignore[union-attr]
 
@@ -200,6 +206,7 @@ __all__ = [
     "get_load_client_app_fn",
     "get_object_head_values_from_object_content",
     "grid_run_id",
+    "http_client_of",
     "inflate_object_from_contents",
     "install_from_fab",
     "make_simple_http_retry_invoker",
