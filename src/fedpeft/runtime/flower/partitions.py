@@ -6,8 +6,9 @@ decides, for a SuperNode N claiming partition p:
 
 * p is free: N serves it (with ``runtime.flower.partition_keys``: only if N's key is p's key);
 * p is served by M with the same public key as N: the same SuperNode restarted, N serves it;
-* p is served by M that did not answer its last message (within ``federation.round_timeout_s``)
-  or does not answer a describe message now: N replaces M (logged);
+* p is served by M that did not answer its last message (a round's, within
+  ``federation.round_timeout_s``), or does not answer a describe message sent now: N replaces M
+  (logged);
 * p is served by M that answers and still claims p: N is refused (logged once) and waits as a
   contender; it is examined again at every round and takes p over once M leaves or stops answering.
 
@@ -128,15 +129,15 @@ class PartitionTable:
             if self._same_key(node, incumbent):
                 log.warning("SuperNode %d has the key of SuperNode %d (restarted): it now serves partition %d",
                             node, incumbent, partition)
-            elif incumbent in self.silent:
-                log.warning("SuperNode %d now serves partition %d: SuperNode %d did not answer its last message",
-                            node, partition, incumbent)
             elif still_serving.get(incumbent) == partition:
                 self._refuse(node, partition, f"which SuperNode {incumbent} serves and still answers for")
                 return False
-            else:
-                log.warning("SuperNode %d now serves partition %d: SuperNode %d did not answer a describe message",
+            elif incumbent in self.silent:
+                log.warning("SuperNode %d now serves partition %d: SuperNode %d did not answer its last message",
                             node, partition, incumbent)
+            else:
+                log.warning("SuperNode %d now serves partition %d: SuperNode %d no longer claims it", node,
+                            partition, incumbent)
         self.node_of[partition] = node
         self.contenders.pop(node, None)
         return True
