@@ -24,6 +24,7 @@ from fedpeft.runtime.flower.bounded_pull import (
     OBJECT_OVERHEAD,
     BoundedPull,
     ReplyRefused,
+    ReplyTooLarge,
     read_messages_answer,
     read_object_answer,
 )
@@ -189,8 +190,8 @@ def test_a_pull_answer_with_a_huge_or_unreadable_tree_refuses_that_reply_only():
     got = read_messages_answer(pieces(answer), max_items=3, tree_bytes=1 * MiB)
     assert [r.proto.metadata.reply_to_message_id for r in got] == ["asked-0", "asked-1", "asked-2"]
     assert got[0].refused is None and got[0].tree.object_id == "ok"
-    assert "object tree has" in got[1].refused and got[1].tree is None
-    assert got[2].refused == "its object tree cannot be read"
+    assert isinstance(got[1].refused, ReplyTooLarge) and "object tree has" in str(got[1].refused)
+    assert got[1].tree is None and str(got[2].refused) == "its object tree cannot be read"
 
 
 def test_a_pull_answer_that_is_cut_short_is_an_error_not_a_hang():
@@ -198,6 +199,30 @@ def test_a_pull_answer_that_is_cut_short_is_an_error_not_a_hang():
                                      message_object_trees=[ObjectTree(object_id="a" * 64)]).SerializeToString()
     with pytest.raises(ReplyRefused, match="truncated"):
         read_messages_answer(pieces(answer[:-10]), max_items=1, tree_bytes=MiB)
+
+
+def test_a_refused_reply_reaches_the_round_as_an_error_reply_with_its_reason():
+    """FlowerServerRuntime._pull: what the bounded pull refuses becomes an error reply (code REPLY_REFUSED) to the
+    message it answers; a size refusal names the limit that applies (the update cap, the describe limit)."""
+    from fedpeft.runtime.flower.server_app import DESCRIBE, REPLY_REFUSED, FlowerServerRuntime
+
+    class Puller:
+        def pull(self, limits, deadline):
+            self.limits = dict(limits)
+            return {}, {"train": ReplyTooLarge("its arrays hold 9 bytes, more than the 4 allowed"),
+                        "describe": ReplyRefused("its objects did not all reach the SuperLink in time")}
+
+    rt = FlowerServerRuntime.__new__(FlowerServerRuntime)
+    rt.puller, rt.max_payload = Puller(), 4
+    sent = {"train": Message(RecordDict(), dst_node_id=3, message_type=MessageType.TRAIN),
+            "describe": Message(RecordDict(), dst_node_id=4, message_type=DESCRIBE)}
+    got = dict(rt._pull(sent, deadline=0.0))
+    assert rt.puller.limits == {"train": 4, "describe": 64 << 10}
+    assert all(r.has_error() and r.error.code == REPLY_REFUSED for r in got.values())
+    assert got["train"].error.reason == ("reply refused before it was pulled: its arrays hold 9 bytes, more than "
+                                         "the 4 allowed (runtime.max_payload_mb)")
+    assert got["describe"].error.reason == ("reply refused before it was pulled: its objects did not all reach the "
+                                            "SuperLink in time")
 
 
 # -- the real thing: a ServerApp's peak memory while it refuses a reply 16x over the cap --------------------
@@ -261,9 +286,12 @@ def main(grid: Grid, context: Context) -> None:
             else:
                 accepted, refused = puller.pull({mid: case["cap_mib"] * MiB}, deadline)
             time.sleep(0.05)
-        if accepted:
-            data = accepted[0].content.array_records["payload"]["payload"].data
-        results.append({**case, "growth": status("VmHWM") - before, "refused": refused.get(mid),
+        if accepted:  # Flower's pull gives a list, fedpeft's a dict by the message answered
+            reply = accepted[mid] if isinstance(accepted, dict) else accepted[0]
+            data = reply.content.array_records["payload"]["payload"].data
+            del reply
+        why = refused.get(mid)
+        results.append({**case, "growth": status("VmHWM") - before, "refused": str(why) if why else None,
                         "sha256": hashlib.sha256(data).hexdigest() if data is not None else None})
         del accepted, data
     open(cfg["out"], "w").write(json.dumps(results))

@@ -31,6 +31,7 @@ engine's in-memory Grid hands the ServerApp reply objects that already exist in 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from fedpeft.runtime.flower.internals import (
     runtime_client_for,
 )
 
+log = logging.getLogger("fedpeft")
 OBJECT_OVERHEAD = 1 << 20  # a reply's objects beyond its arrays: object heads, records, metadata
 MESSAGE_PROTO_LIMIT = 64 << 10  # one reply's message proto (metadata, error) in the PullMessages answer
 ERROR_BODY_LIMIT = 64 << 10  # an HTTP error answer
@@ -69,6 +71,10 @@ FOUND_FIELD, AVAILABLE_FIELD, CONTENT_FIELD = 1, 2, 3  # PullObjectResponse
 
 class ReplyRefused(Exception):
     """A reply that may not be pulled; the message says why (one line)."""
+
+
+class ReplyTooLarge(ReplyRefused):
+    """A reply refused for its size."""
 
 
 def tree_limit(max_bytes: int) -> int:
@@ -161,7 +167,7 @@ def read_object_answer(pieces: Iterable[bytes], limit: int) -> PulledObject:
         elif number == CONTENT_FIELD and wire_type == LENGTH_DELIMITED:
             size = stream.varint()
             if size > limit:
-                raise ReplyRefused(f"it needs more than the {limit} bytes left of its budget (an object of {size} "
+                raise ReplyTooLarge(f"it needs more than the {limit} bytes left of its budget (an object of {size} "
                                    "bytes)")
             out.content = stream.read(size)
         else:
@@ -175,7 +181,7 @@ class PulledReply:
 
     proto: MessageProto
     tree: ObjectTree | None
-    refused: str | None = None
+    refused: ReplyRefused | None = None
 
 
 def read_messages_answer(pieces: Iterable[bytes], max_items: int, tree_bytes: int) -> list[PulledReply]:
@@ -184,7 +190,7 @@ def read_messages_answer(pieces: Iterable[bytes], max_items: int, tree_bytes: in
     unreadable refuses that reply only. At most ``max_items`` items of each kind are kept."""
     stream = WireStream(pieces)
     protos: list[MessageProto | None] = []
-    trees: list[ObjectTree | str] = []
+    trees: list[ObjectTree | ReplyRefused] = []
     while not stream.at_end():
         number, wire_type = stream.field()
         if wire_type != LENGTH_DELIMITED or number not in (MESSAGES_FIELD, TREES_FIELD):
@@ -195,18 +201,18 @@ def read_messages_answer(pieces: Iterable[bytes], max_items: int, tree_bytes: in
         limit = MESSAGE_PROTO_LIMIT if number == MESSAGES_FIELD else tree_bytes
         if size > limit or len(items) >= max_items:
             _skip_bytes(stream, size)
-            items.append(None if number == MESSAGES_FIELD else f"its object tree has {size} bytes, more than the "
-                         f"{limit} a reply within the budget needs")
+            items.append(None if number == MESSAGES_FIELD else ReplyTooLarge(
+                f"its object tree has {size} bytes, more than the {limit} a reply within the budget needs"))
             continue
         data = bytes(stream.read(size))
         try:
             items.append(MessageProto.FromString(data) if number == MESSAGES_FIELD else ObjectTree.FromString(data))
         except Exception:  # protobuf's DecodeError and its recursion limit; the item alone is dropped  # noqa: BLE001
-            items.append(None if number == MESSAGES_FIELD else "its object tree cannot be read")
+            items.append(None if number == MESSAGES_FIELD else ReplyRefused("its object tree cannot be read"))
     replies = []
     for proto, tree in zip(protos, trees):
         if proto is not None:
-            refused = tree if isinstance(tree, str) else None
+            refused = tree if isinstance(tree, ReplyRefused) else None
             replies.append(PulledReply(proto, None if refused else tree, refused))  # type: ignore[arg-type]
     return replies
 
@@ -276,33 +282,39 @@ class BoundedPull:
         self.client = runtime_client_for(grid, [self.streamed])
         self.streamed.http = http_client_of(self.client)
 
-    def pull(self, max_bytes: Mapping[str, int], deadline: float) -> tuple[list[Message], dict[str, str]]:
+    def pull(self, max_bytes: Mapping[str, int], deadline: float) -> tuple[dict[str, Message],
+                                                                           dict[str, ReplyRefused]]:
         """The replies available now to the messages ``max_bytes`` names (message id -> the most bytes the
-        arrays of its reply may hold): (replies accepted, {message id: why its reply was refused}). A reply's
-        objects still uploading are waited for until ``deadline`` (time.monotonic)."""
+        arrays of its reply may hold): ({message id: its reply}, {message id: why its reply was refused}),
+        by the message each reply answers as the SuperLink checked it. A reply's objects still uploading are
+        waited for until ``deadline`` (time.monotonic)."""
         ids = sorted(max_bytes)
         largest = max(max_bytes.values(), default=0)
         self.streamed.arm(PULL_MESSAGES, lambda pieces: read_messages_answer(pieces, len(ids), tree_limit(largest)))
-        self.client.PullMessages(PullAppMessagesRequest(message_ids=ids))
+        try:
+            self.client.PullMessages(PullAppMessagesRequest(message_ids=ids))
+        except ReplyRefused as exc:  # an answer cut short: its replies are lost, as with Flower's own pull
+            log.warning("pulling replies from the SuperLink failed: %s", exc)
         pulled: list[PulledReply] = self.streamed.take() or []  # type: ignore[assignment]
-        accepted: list[Message] = []
-        refused: dict[str, str] = {}
+        accepted: dict[str, Message] = {}
+        refused: dict[str, ReplyRefused] = {}
         for reply in pulled:
             answers = reply.proto.metadata.reply_to_message_id
             message_id = reply.proto.metadata.message_id
-            why = reply.refused
-            if why is None and answers not in max_bytes:
-                why = "it answers a message this pull did not ask about"
             try:
-                if why is None:
-                    contents = self._pull_objects(reply.tree, max_bytes[answers], deadline)  # type: ignore[arg-type]
-                    accepted.append(_rebuild(message_id, contents))
+                if answers not in max_bytes:
+                    continue  # not asked for here: dropped (confirmed below)
+                if reply.refused is not None:
+                    raise reply.refused
+                contents = self._pull_objects(reply.tree, max_bytes[answers], deadline)  # type: ignore[arg-type]
+                message = _rebuild(message_id, contents)
+                if message.metadata.reply_to_message_id != answers:
+                    raise ReplyRefused("its content names another message than the one it answers")
+                accepted[answers] = message
             except ReplyRefused as exc:
-                why = str(exc)
+                refused[answers] = exc
             finally:
                 self._confirm(message_id)
-            if why is not None:
-                refused[answers] = why
         return accepted, refused
 
     def _confirm(self, message_id: str) -> None:
@@ -326,12 +338,12 @@ class BoundedPull:
                 size, chunks = _array_layout(content)
                 declared += size
                 if declared > max_bytes:
-                    raise ReplyRefused(f"its arrays hold {declared} bytes, more than the {max_bytes} allowed")
+                    raise ReplyTooLarge(f"its arrays hold {declared} bytes, more than the {max_bytes} allowed")
                 arrays.append((size, chunks))
         for size, chunks in arrays:  # what Array.inflate would build, from the chunks actually received
             built = sum(object_body_size(contents[c]) for c in chunks if c in contents)
             if built != size or not all(c in contents for c in chunks):
-                raise ReplyRefused(f"an array declares {size} bytes but its chunks make {built}")
+                raise ReplyTooLarge(f"an array declares {size} bytes but its chunks make {built}")
         return contents
 
     def _pull_object(self, object_id: str, limit: int, deadline: float) -> bytes | bytearray:

@@ -28,7 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedpeft import wire
 from fedpeft.algorithms.base import UpdateRejected, check_update_meta
 from fedpeft.runtime.embedded import ClientResult, EmbeddedRuntime, RoundOutcome
-from fedpeft.runtime.flower.bounded_pull import BoundedPull
+from fedpeft.runtime.flower.bounded_pull import BoundedPull, ReplyTooLarge
 from fedpeft.runtime.flower.internals import RECORD_KEY_CONFIGS, ErrorCode, HttpGrid
 from fedpeft.runtime.flower.partitions import PartitionTable, node_key_fingerprint
 from fedpeft.runtime.flower.records import config_from_run_config, pack, unpack
@@ -99,9 +99,10 @@ class FlowerServerRuntime(EmbeddedRuntime):
             return [(rep.metadata.reply_to_message_id, rep) for rep in self.grid.pull_messages(sorted(pending))]
         limits = {mid: self.reply_limit(msg) for mid, msg in pending.items()}
         accepted, refused = self.puller.pull({mid: limit for mid, (limit, _) in limits.items()}, deadline)
-        out = [(rep.metadata.reply_to_message_id, rep) for rep in accepted]
+        out = list(accepted.items())
         for mid, why in refused.items():
-            reason = f"reply refused before it was pulled: {why} ({limits[mid][1]})"
+            limit = f" ({limits[mid][1]})" if isinstance(why, ReplyTooLarge) else ""
+            reason = f"reply refused before it was pulled: {why}{limit}"
             log.warning("SuperNode %d: %s", pending[mid].metadata.dst_node_id, reason)
             out.append((mid, Message(Error(code=REPLY_REFUSED, reason=reason), reply_to=pending[mid])))
         return out
