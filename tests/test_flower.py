@@ -297,11 +297,12 @@ from typing import Literal
 
 import fedpeft
 from fedpeft.algorithms.fedavg import FedAvgClient, FedAvgServer
+from fedpeft.config.schema import FedAvgOptions
 
 BROKEN = {0: ("train_loss", "abc"), 1: ("num_examples", 10**400), 2: ("train_ops_analytic", [1.0])}
 
 
-class TamperingOptions(fedpeft.AlgorithmOptions):
+class TamperingOptions(FedAvgOptions):  # FedAvgServer reads FedAvg's options (server_lr, dp, robust)
     name: Literal["tampering_fedavg"] = "tampering_fedavg"
 
 
@@ -339,3 +340,54 @@ def test_a_modified_client_sending_bad_metadata_cannot_crash_the_server_app(depl
     assert "update metadata train_ops_analytic: Input should be a valid number" in row["rejected"]["2"]
     assert list(row["client_train_loss"]) == ["3"]
     assert "client 0 rejected: update metadata train_loss" in (tmp_path / "run" / "events.log").read_text()
+
+
+OVERSIZED_PLUGIN = '''
+"""A modified ClientApp's algorithm: FedAvg whose client 0 pads its update with 4 MiB of zeros."""
+from typing import Literal
+
+import numpy as np
+
+import fedpeft
+from fedpeft.algorithms.fedavg import FedAvgClient, FedAvgServer
+from fedpeft.config.schema import FedAvgOptions
+
+
+class PaddingOptions(FedAvgOptions):  # FedAvgServer reads FedAvg's options (server_lr, dp, robust)
+    name: Literal["padding_fedavg"] = "padding_fedavg"
+
+
+class PaddingClient(FedAvgClient):
+    def fit(self, payload, ctx):
+        update = super().fit(payload, ctx)
+        if ctx.client_id == 0:
+            update.arrays["padding"] = np.zeros(1 << 20, dtype=np.float32)
+        return update
+
+
+fedpeft.register_algorithm("padding_fedavg", options=PaddingOptions, server=FedAvgServer,
+                           client=lambda options: PaddingClient())
+'''
+
+
+def test_an_update_over_the_size_cap_is_refused_before_the_server_app_pulls_it(deployment, tmp_path):
+    """A modified ClientApp sends 4 MiB more than runtime.max_payload_mb = 1 allows: the ServerApp refuses the
+    reply from its declared size (nothing of it is downloaded), the update is rejected with that reason, and the
+    round aggregates the other clients'."""
+    plugin = tmp_path / "padding.py"
+    plugin.write_text(OVERSIZED_PLUGIN)
+    from fedpeft.config import load_config
+
+    cfg = load_config(None, ["model.name=tiny-bert", "task.dataset=sst2", "task.max_train_examples=64",
+                             "task.max_length=32", "federation.num_clients=3", "federation.clients_per_round=3",
+                             "federation.rounds=1", "train.batch_size=8", "eval.max_examples=32",
+                             "runtime.progress=false", "runtime.max_payload_mb=1", "algorithm.name=padding_fedavg"],
+                      plugins=[str(plugin)])
+    summary = run_flower(cfg, tmp_path / "run", deployment=deployment, log=lambda m: None)
+    assert summary["rounds"] == 1 and summary["failed_rounds"] == 0 and summary["rejected_updates"] == 1
+    row = read_metrics(tmp_path / "run")[1]
+    reason = row["rejected"]["0"]
+    assert reason.startswith("reply refused before it was pulled: its arrays hold ") and reason.endswith(
+        f"bytes, more than the {2**20} allowed (runtime.max_payload_mb)")
+    assert sorted(row["client_train_loss"]) == ["1", "2"] and row["bytes_up"]["0"] == 0
+    assert "client 0 rejected: reply refused before it was pulled" in (tmp_path / "run" / "events.log").read_text()

@@ -68,3 +68,91 @@ def test_nothing_else_imports_flower_internals():
                     and words[1] not in public):
                 offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert not offenders, offenders
+
+
+def _superlink_cli():
+    """The module of flower-superlink's entry point (its package exports a function of the same name)."""
+    import importlib
+
+    return importlib.import_module("flwr.superlink.cli.flower_superlink")
+
+
+def test_the_superlink_app_can_still_be_wrapped_and_the_filter_sits_in_front_of_it(monkeypatch):
+    """flower-superlink builds its FastAPI app by calling flwr.superlink.main.create_app, imported when it runs:
+    wrap_superlink_app reaches it, and on Flower's real app the filter refuses an outsider's Control call while
+    its Fleet and health paths reach Flower."""
+    import asyncio
+
+    import flwr.superlink.main as superlink_main
+    import httpx
+
+    from fedpeft.runtime.flower.superlink import ControlFromFilter, install, parse_control_from
+
+    source = inspect.getsource(_superlink_cli()._run_superlink_http_api)
+    assert "from flwr.superlink.main import" in source and "create_app(" in source
+    monkeypatch.setattr(superlink_main, "create_app", superlink_main.create_app)  # restored afterwards
+    install(parse_control_from(["127.0.0.1/32"]))
+    app = superlink_main.create_app()
+    assert app.user_middleware[0].cls is ControlFromFilter
+
+    async def status(peer: str, method: str, path: str) -> int:
+        transport = httpx.ASGITransport(app=app, client=(peer, 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://superlink") as client:
+            return (await client.request(method, path, headers={"content-type": "application/protobuf"})).status_code
+
+    assert asyncio.run(status("10.1.1.1", "POST", "/v1/control/list-nodes")) == 403
+    assert asyncio.run(status("10.1.1.1", "POST", "/v1/runtime/acquire-task")) == 403
+    assert asyncio.run(status("10.1.1.1", "GET", "/health")) == 200
+    assert asyncio.run(status("10.1.1.1", "POST", "/v1/fleet/pull-messages")) not in (403, 404)  # Flower's answer
+    assert asyncio.run(status("127.0.0.1", "POST", "/v1/control/list-nodes")) != 403
+
+
+def test_the_public_paths_are_the_fleet_api_a_supernode_calls_and_health():
+    import re
+
+    from flwr.supernode import fleet_http_client
+
+    public = internals.superlink_public_paths()
+    assert all(p.startswith("/v1/fleet/") or p == "/health" for p in public)
+    called = set(re.findall(r'path="(/v1/[^"]+)"', inspect.getsource(fleet_http_client)))
+    assert len(called) >= 10 and called <= public
+
+
+def test_the_grpc_control_api_switch_keeps_its_name():
+    assert internals.GRPC_CONTROL_API_ENV == "FLWR_INTERNAL_GRPC_CONTROL_API"
+    assert "os.getenv(FLWR_INTERNAL_GRPC_CONTROL_API) == \"1\"" in inspect.getsource(_superlink_cli())
+
+
+def test_the_bounded_pull_finds_what_it_reads_where_it_reads_it():
+    """HttpGrid's address / TLS / token fields, the Runtime client's HTTP client, the protobuf field numbers
+    bounded_pull reads as streams, the object format and the Array header."""
+    import httpx
+    import numpy as np
+    from flwr.app import Array
+    from flwr.proto.message_pb2 import PullObjectResponse
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    from fedpeft.runtime.flower import bounded_pull as bp
+
+    grid = internals.HttpGrid("127.0.0.1:9", insecure=True, token="t")
+    assert {"_addr", "_insecure", "_cert", "_token", "_run"} <= set(vars(grid))
+    client = internals.runtime_client_for(grid, [])
+    assert isinstance(internals.http_client_of(client), httpx.Client)
+    assert {"PullMessages", "PullObject", "ConfirmMessageReceived"} <= set(dir(client))
+
+    def fields(proto) -> dict[str, tuple[int, int]]:
+        return {f.name: (f.number, f.type) for f in proto.DESCRIPTOR.fields}
+
+    message, bytes_type, bool_type = 11, 12, 8  # FieldDescriptor.TYPE_*
+    assert fields(internals.PullAppMessagesResponse) == {"messages_list": (bp.MESSAGES_FIELD, message),
+                                                        "message_object_trees": (bp.TREES_FIELD, message)}
+    assert fields(PullObjectResponse) == {"object_found": (bp.FOUND_FIELD, bool_type),
+                                          "object_available": (bp.AVAILABLE_FIELD, bool_type),
+                                          "object_content": (bp.CONTENT_FIELD, bytes_type)}
+    data = np.arange(3 * 5, dtype=np.float32).tobytes()
+    array = Array(dtype="float32", shape=(3, 5), stype="numpy.ndarray", data=data)
+    header = internals.read_array_header(array.deflate())
+    assert (header.dtype, header.shape) == ("float32", (3, 5)) and list(header.chunk_ids) == list(array.children)
+    chunks = {oid: obj.deflate() for oid, obj in get_all_nested_objects(array).items() if oid != array.object_id}
+    assert sum(internals.object_body_size(chunks[c]) for c in header.chunk_ids) == len(data)
+    assert internals.get_object_head_values_from_object_content(array.deflate())[0] == "Array"

@@ -688,6 +688,33 @@ class FlowerRuntimeConfig(Section):
         None, description="Secure aggregation with Flower's SecAgg+ (FedAvg family only; off by default)."
     )
     startup_timeout_s: float = Field(180.0, gt=0, description="How long to wait for the SuperNodes to connect.")
+    partition_keys: dict[Annotated[int, Field(ge=0)], str] | None = Field(
+        None, description="Pin partitions to SuperNode keys: {partition id: that SuperNode's OpenSSH public key "
+        "(the line in supernode-I.pub) or its SHA256:... fingerprint (ssh-keygen -lf supernode-I.pub)}. A SuperNode "
+        "with another key never serves a pinned partition, even a free one. Needs SuperNode authentication "
+        "(without it a SuperNode's key changes at every start). None: any SuperNode may claim a free partition, "
+        "and one that stops answering is replaced by the next claimant.",
+    )
+
+    @model_validator(mode="after")
+    def _partition_keys_as_fingerprints(self) -> FlowerRuntimeConfig:
+        if not self.partition_keys:
+            return self
+        # cryptography, imported only when used
+        from fedpeft.runtime.flower.partitions import pinned_key_fingerprint
+
+        if self.engine == "simulation":
+            raise ValueError("partition_keys: the simulation engine's virtual SuperNodes have no keys to pin; "
+                             "remove it or use engine: deployment")
+        pinned = {}
+        for partition, key in self.partition_keys.items():
+            try:
+                pinned[partition] = pinned_key_fingerprint(key)
+            except ValueError as exc:
+                raise ValueError(f"partition_keys[{partition}]: {exc}") from None
+        if pinned != self.partition_keys:
+            self.partition_keys = pinned  # validate_assignment runs this again, on fingerprints
+        return self
 
 
 class TrackingConfig(Section):

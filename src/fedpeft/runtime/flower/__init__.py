@@ -7,7 +7,10 @@
 * :mod:`.client_app`: the ClientApp; it trains the fedpeft client ids of its SuperNode's partition
   (``--node-config "partition-id=I num-partitions=N"``: client c lives on partition c mod N);
 * :mod:`.launch`: writes the Flower app for a config, starts a SuperLink and SuperNodes on loopback
-  (or submits to a running SuperLink) and runs ``flwr run``.
+  (or submits to a running SuperLink) and runs ``flwr run``;
+* :mod:`.superlink`: ``flower-superlink`` whose Control and Runtime APIs answer only ``--control-from``;
+* :mod:`.bounded_pull`: the ServerApp's reply pull within a byte budget per reply;
+* :mod:`.partitions`: which SuperNode serves which partition, and who may take one over.
 
 Algorithms plug in through :mod:`fedpeft.algorithms` only; nothing here knows a particular algorithm.
 """

@@ -2,7 +2,8 @@
 
 ``run_flower`` writes a Flower app for the config (a ``pyproject.toml`` whose components are
 fedpeft's ServerApp and ClientApp and whose run config holds the resolved fedpeft config and the run
-directory), then either starts a SuperLink and ``runtime.flower.num_supernodes`` SuperNodes on
+directory), then either starts a SuperLink (through :mod:`fedpeft.runtime.flower.superlink`, so its
+Control and Runtime APIs answer this machine only) and ``runtime.flower.num_supernodes`` SuperNodes on
 loopback (free ports, every process stopped afterwards) or uses the running SuperLink at
 ``runtime.flower.superlink``, and submits the app with ``flwr run --stream``. The ServerApp writes
 the usual run directory; Flower's own logs go to RUN_DIR/flower/. With ``runtime.flower.engine:
@@ -95,12 +96,15 @@ class LocalDeployment:
     With ``credentials`` (a folder from :func:`fedpeft.runtime.flower.credentials.make_credentials`)
     the SuperLink serves TLS with SuperNode authentication on, every SuperNode key is registered with
     ``flwr supernode register`` and the SuperNodes connect with the CA certificate and their private key.
+    The SuperLink runs through :mod:`fedpeft.runtime.flower.superlink`: its Control and Runtime APIs
+    answer ``control_from`` only (its ``--control-from`` values; default: this machine).
     """
 
     def __init__(self, num_supernodes: int, log_dir: str | Path, *, env: dict[str, str] | None = None,
                  credentials: str | Path | None = None, warm: bool = True, simulation: bool = False,
-                 supernode_poll_s: float | None = DEFAULT_POLL_S):
+                 supernode_poll_s: float | None = DEFAULT_POLL_S, control_from: list[str] | None = None):
         self.num_supernodes = num_supernodes
+        self.control_from = list(control_from or [])
         # SuperNodes through fedpeft.runtime.flower.fast_supernode (this idle poll) or, with None, Flower's own
         self.supernode_poll_s = supernode_poll_s
         # simulation: a SuperLink with Flower's Ray simulation engine; its SuperNodes are virtual, none started
@@ -150,9 +154,10 @@ class LocalDeployment:
     def _start(self, timeout: float) -> LocalDeployment:
         self.port = free_port()
         mode = ["--simulation"] if self.simulation else []
-        self.superlink = self._spawn([flower_executable("flower-superlink"), *self._security(), *mode, "--host",
-                                      "127.0.0.1", "--port", str(self.port), "--disable-runtime-dependency-installation"],
-                                     "superlink.log")
+        control = [arg for net in self.control_from for arg in ("--control-from", net)]
+        self.superlink = self._spawn([sys.executable, "-m", "fedpeft.runtime.flower.superlink", *control,
+                                      *self._security(), *mode, "--host", "127.0.0.1", "--port", str(self.port),
+                                      "--disable-runtime-dependency-installation"], "superlink.log")
         wait_for_port(self.port, timeout, self.superlink)
         if self.simulation:
             return self

@@ -9,7 +9,10 @@ failed client of that round; the round aggregates what arrived if at least
 round, and the run config entry ``resume = true`` continues from the last one.
 
 The Grid is polled every ``runtime.flower.poll_interval_s`` rather than with
-``Grid.send_and_receive``, which sleeps 3 s between polls.
+``Grid.send_and_receive``, which sleeps 3 s between polls. On the deployment engine replies are
+pulled by :class:`.bounded_pull.BoundedPull`: a reply larger than its limit (``runtime.max_payload_mb``
+for an update) is refused before its data is downloaded, and becomes a rejected update. Which
+SuperNode serves which partition, and who may take a partition over, is :mod:`.partitions`' business.
 """
 
 from __future__ import annotations
@@ -19,104 +22,165 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedpeft import wire
 from fedpeft.algorithms.base import UpdateRejected, check_update_meta
 from fedpeft.runtime.embedded import ClientResult, EmbeddedRuntime, RoundOutcome
-from fedpeft.runtime.flower.internals import ErrorCode
+from fedpeft.runtime.flower.bounded_pull import BoundedPull, ReplyTooLarge
+from fedpeft.runtime.flower.internals import RECORD_KEY_CONFIGS, ErrorCode, HttpGrid
+from fedpeft.runtime.flower.partitions import PartitionTable, node_key_fingerprint
 from fedpeft.runtime.flower.records import config_from_run_config, pack, unpack
 
 log = logging.getLogger("fedpeft")
 app = ServerApp()
 DESCRIBE = f"{MessageType.QUERY}.describe"
+DESCRIBE_REPLY_BYTES = 64 << 10  # a describe reply holds two integers and no arrays
+SECURE_REPLY_FACTOR = 2  # a SecAgg+ masked update is int64: twice the bytes of the float32 update
+REPLY_REFUSED = 900  # error code of a reply refused before it was pulled (Flower's own codes are below 100)
+# Flower's errors for a message or reply that never arrived (expired, or the SuperNode is gone)
+NOT_ANSWERED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE)
 
 
 class FlowerServerRuntime(EmbeddedRuntime):
     def __init__(self, cfg, run_dir=None, *, grid: Grid, resume: bool = False, lock: bool = False):
         # lock: fedpeft.runtime.flower.launch.run_flower holds the run directory's lock for the whole run
         self.grid = grid
-        self.node_of_partition: dict[int, int] = {}
+        # the deployment engine's Grid; the simulation engine's in-memory Grid has nothing to download
+        self.puller = BoundedPull(grid, cfg.runtime.flower.poll_interval_s) if isinstance(grid, HttpGrid) else None
+        self.partitions = PartitionTable(cfg.runtime.flower.partition_keys)
         self.num_partitions: int | None = None
         self.described: set[int] = set()
         self.client_times: dict[str, dict[str, float]] = {}
         super().__init__(cfg, run_dir, resume=resume, lock=lock)
         self.wait_for_nodes()
 
-    # -- which SuperNode serves which clients ---------------------------------------------------------
+    @property
+    def node_of_partition(self) -> dict[int, int]:
+        return self.partitions.node_of
+
+    # -- messages and replies --------------------------------------------------------------------------
+    def reply_limit(self, message: Message) -> tuple[int, str]:
+        """The most bytes the arrays of a reply to ``message`` may hold, and what sets that limit."""
+        if message.metadata.message_type == DESCRIBE:
+            return DESCRIBE_REPLY_BYTES, "the limit of a describe reply"
+        if RECORD_KEY_CONFIGS in message.content.config_records:
+            return SECURE_REPLY_FACTOR * self.max_payload, "twice runtime.max_payload_mb in SecAgg+"
+        return self.max_payload, "runtime.max_payload_mb"
+
     def _exchange(self, messages: list[Message], timeout: float) -> tuple[dict[str, Message], list[str]]:
-        """Push messages, poll for their replies; (replies by the id of the message they answer, ids pushed)."""
+        """Push messages, poll for their replies; (replies by the id of the message they answer, ids pushed).
+        A reply refused before it was pulled (too large) is an error reply with code REPLY_REFUSED."""
         ids = [i for i in self.grid.push_messages(messages)]
-        pending = {i for i in ids if i}
+        sent = {mid: msg for mid, msg in zip(ids, messages) if mid}
+        pending = set(sent)
         replies: dict[str, Message] = {}
         self.pulled_at: dict[str, float] = {}
         deadline = time.monotonic() + timeout
         poll = self.cfg.runtime.flower.poll_interval_s
         while pending and time.monotonic() < deadline:
-            for rep in self.grid.pull_messages(sorted(pending)):
-                mid = rep.metadata.reply_to_message_id
+            for mid, rep in self._pull({m: sent[m] for m in pending}, deadline):
                 if mid in pending:
                     pending.discard(mid)
                     replies[mid] = rep
                     self.pulled_at[mid] = time.time()
             if pending:
                 time.sleep(poll)
+        for mid, msg in sent.items():
+            rep = replies.get(mid)
+            self.partitions.answered(msg.metadata.dst_node_id,
+                                     rep is not None and not (rep.has_error() and rep.error.code in NOT_ANSWERED))
         return replies, ids
 
-    def refresh_nodes(self, timeout: float) -> None:
-        """Ask SuperNodes not seen before which partition they serve."""
-        online = {int(n) for n in self.grid.get_node_ids()}
-        self.node_of_partition = {p: n for p, n in self.node_of_partition.items() if n in online}
-        self.described &= online  # a SuperNode that went away and came back (same id with auth) is asked again
-        new = sorted(online - self.described)
-        if not new:
-            return
-        msgs = [Message(RecordDict(), dst_node_id=n, message_type=DESCRIBE) for n in new]
+    def _pull(self, pending: dict[str, Message], deadline: float) -> list[tuple[str, Message]]:
+        """The replies available now to the ``pending`` messages (by id), as (id of the message answered, reply)."""
+        if self.puller is None:
+            return [(rep.metadata.reply_to_message_id, rep) for rep in self.grid.pull_messages(sorted(pending))]
+        limits = {mid: self.reply_limit(msg) for mid, msg in pending.items()}
+        accepted, refused = self.puller.pull({mid: limit for mid, (limit, _) in limits.items()}, deadline)
+        out = list(accepted.items())
+        for mid, why in refused.items():
+            limit = f" ({limits[mid][1]})" if isinstance(why, ReplyTooLarge) else ""
+            reason = f"reply refused before it was pulled: {why}{limit}"
+            log.warning("SuperNode %d: %s", pending[mid].metadata.dst_node_id, reason)
+            out.append((mid, Message(Error(code=REPLY_REFUSED, reason=reason), reply_to=pending[mid])))
+        return out
+
+    # -- which SuperNode serves which clients ---------------------------------------------------------
+    def refresh_nodes(self, timeout: float, recheck: bool = True) -> None:
+        """Ask SuperNodes not seen before which partition they serve and settle their claims (see
+        :mod:`.partitions`). ``recheck``: also ask again the SuperNodes whose partition a refused SuperNode
+        claims (new claims are always checked)."""
+        online = {int(n.node_id): node_key_fingerprint(bytes(n.public_key)) for n in self.grid.get_nodes()}
+        self.partitions.set_online(online)
+        self.described &= set(online)  # a SuperNode that went away and came back (same id with auth) is asked again
+        answers = self._ask_partitions(sorted(set(online) - self.described), timeout)
+        self.described.update(answers)
+        claims = {node: a[0] for node, a in answers.items() if a is not None and self._agrees_on_count(node, a[1])}
+        serving = dict(claims)  # SuperNode -> the partition it claimed in a reply just now
+        contested = {**{n: p for n, p in self.partitions.contenders.items() if n not in answers}, **claims}
+        unasked = {self.partitions.incumbent_to_ask(n, p) for n, p in contested.items()} - {None} - set(serving)
+        if unasked and (recheck or claims):
+            asked = self._ask_partitions(sorted(unasked), min(timeout, self.cfg.federation.round_timeout_s))
+            serving.update({node: a[0] for node, a in asked.items() if a is not None})
+            unasked = set()
+        for node, pid in sorted(contested.items()):
+            if self.partitions.incumbent_to_ask(node, pid) not in unasked:  # else: decided at a later refresh
+                self.partitions.claim(node, pid, serving)
+
+    def _ask_partitions(self, nodes: list[int], timeout: float) -> dict[int, tuple[int, int] | None]:
+        """Send each node a describe message: {node that replied: (partition id, number of partitions) it
+        claims, or None if its reply is an error or is refused (logged)}."""
+        if not nodes:
+            return {}
+        msgs = [Message(RecordDict(), dst_node_id=n, message_type=DESCRIBE) for n in nodes]
         replies, ids = self._exchange(msgs, timeout)
-        for node, mid in zip(new, ids):
-            rep = replies.get(mid)
+        out: dict[int, tuple[int, int] | None] = {}
+        for node, mid in zip(nodes, ids):
+            rep = replies.get(mid) if mid else None
             if rep is None:
                 continue  # asked again at the next refresh
-            self.described.add(node)
+            out[node] = None
             if rep.has_error():
                 log.warning("SuperNode %d cannot serve fedpeft clients: %s", node, rep.error.reason)
                 continue
             try:
-                pid, n = describe_reply(rep.content, max(self.cfg.federation.num_clients,
-                                                         self.cfg.runtime.flower.num_supernodes))
+                out[node] = describe_reply(rep.content, max(self.cfg.federation.num_clients,
+                                                            self.cfg.runtime.flower.num_supernodes))
             except ValueError as exc:
                 log.warning("SuperNode %d's describe reply is refused: %s", node, exc)
-                continue
-            if self.num_partitions is None:
-                self.num_partitions = n
-            if n != self.num_partitions:
-                log.warning("SuperNode %d says num-partitions=%d, others %d: ignored", node, n, self.num_partitions)
-                continue
-            if pid in self.node_of_partition:  # a restarted SuperNode comes back with a new id: the newest wins
-                log.warning("SuperNode %d now serves partition %d (was SuperNode %d)", node, pid,
-                            self.node_of_partition[pid])
-            self.node_of_partition[pid] = node
+        return out
+
+    def _agrees_on_count(self, node: int, n: int) -> bool:
+        """Whether ``node``'s num-partitions is the run's (the first SuperNode to answer sets it)."""
+        if self.num_partitions is None:
+            self.num_partitions = n
+        if n != self.num_partitions:
+            log.warning("SuperNode %d says num-partitions=%d, others %d: ignored", node, n, self.num_partitions)
+            return False
+        return True
 
     def forget_node(self, node: int) -> None:
         self.described.discard(node)
-        for partition in [p for p, n in self.node_of_partition.items() if n == node]:
-            del self.node_of_partition[partition]
-            log.warning("SuperNode %d (partition %d) is unavailable; waiting for a SuperNode to serve it", node, partition)
+        self.partitions.forget(node)
 
     def wait_for_nodes(self) -> None:
         fl = self.cfg.runtime.flower
         deadline = time.monotonic() + fl.startup_timeout_s
         while True:
-            self.refresh_nodes(timeout=max(1.0, deadline - time.monotonic()))
+            self.refresh_nodes(timeout=max(1.0, deadline - time.monotonic()), recheck=False)
             n = self.num_partitions
             if n is not None and len(self.node_of_partition) == n:
                 log.info("%d SuperNodes serve the %d clients", n, self.cfg.federation.num_clients)
                 return
             if time.monotonic() > deadline:
                 have = sorted(self.node_of_partition)
+                refused = sorted(self.partitions.contenders.items())
+                why = f" (refused claims, SuperNode: partition: {dict(refused)}; see the log)" if refused else ""
                 raise RuntimeError(f"after {fl.startup_timeout_s:.0f} s only partitions {have} of {n or '?'} have a "
-                                   "SuperNode; start the missing SuperNodes or raise runtime.flower.startup_timeout_s")
+                                   f"SuperNode{why}; start the missing SuperNodes or raise "
+                                   "runtime.flower.startup_timeout_s")
             time.sleep(0.5)
 
     # -- a round ---------------------------------------------------------------------------------------
@@ -158,6 +222,8 @@ class FlowerServerRuntime(EmbeddedRuntime):
                                                          ErrorCode.REPLY_MESSAGE_UNAVAILABLE):
                 results[cid] = (None, n_down, 0, (f"no reply within federation.round_timeout_s={timeout:g} s "
                                                  "(the message expired: client stopped or disconnected)"))
+            elif rep.has_error() and rep.error.code == REPLY_REFUSED:
+                results[cid] = (None, n_down, 0, rep.error.reason)
             elif rep.has_error():
                 results[cid] = (None, n_down, 0, f"client failed: {rep.error.reason}")
                 if rep.error.code == ErrorCode.NODE_UNAVAILABLE:  # gone: the next refresh looks for a replacement

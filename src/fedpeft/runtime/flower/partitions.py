@@ -1,0 +1,157 @@
+"""Which SuperNode serves which partition, and who may take a partition over.
+
+A SuperNode says which partition it serves (its ``--node-config "partition-id=I ..."``, answered to
+the ServerApp's describe message); nothing in Flower binds that claim to the node. So the ServerApp
+decides, for a SuperNode N claiming partition p:
+
+* p is free: N serves it (with ``runtime.flower.partition_keys``: only if N's key is p's key);
+* p is served by M with the same public key as N: the same SuperNode restarted, N serves it;
+* p is served by M that did not answer its last message (a round's, within
+  ``federation.round_timeout_s``), or does not answer a describe message sent now: N replaces M
+  (logged);
+* p is served by M that answers and still claims p: N is refused (logged once) and waits as a
+  contender; it is examined again at every round and takes p over once M leaves or stops answering.
+
+Keys are compared by their OpenSSH SHA-256 fingerprint (``ssh-keygen -lf key.pub`` prints the same),
+read from the SuperLink's node list (``Grid.get_nodes``). With SuperNode authentication a key is the
+one the operator registered; without it every SuperNode start makes a new key.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+from collections.abc import Mapping
+
+from cryptography.hazmat.primitives import serialization
+
+log = logging.getLogger("fedpeft")
+
+FINGERPRINT_PREFIX = "SHA256:"
+
+
+def _fingerprint_of_blob(blob: bytes) -> str:
+    return FINGERPRINT_PREFIX + base64.b64encode(hashlib.sha256(blob).digest()).decode("ascii").rstrip("=")
+
+
+def _openssh_blob(key: object) -> bytes:
+    line = key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)  # type: ignore[attr-defined]
+    return base64.b64decode(line.split()[1])
+
+
+def node_key_fingerprint(public_key: bytes) -> str:
+    """The OpenSSH fingerprint of a SuperNode's public key as the SuperLink lists it (PEM), "" for none; a key
+    that is not PEM is fingerprinted as it is."""
+    if not public_key:
+        return ""
+    try:
+        key = serialization.load_pem_public_key(public_key)
+    except (ValueError, TypeError):
+        return _fingerprint_of_blob(public_key)
+    return _fingerprint_of_blob(_openssh_blob(key))
+
+
+def pinned_key_fingerprint(value: str) -> str:
+    """``value`` (an OpenSSH public key line, as in supernode-I.pub, or its ``SHA256:...`` fingerprint) as a
+    fingerprint; ValueError (one line) for anything else."""
+    text = value.strip()
+    if text.startswith(FINGERPRINT_PREFIX):
+        digest = text[len(FINGERPRINT_PREFIX):]
+        try:
+            raw = base64.b64decode(digest + "=" * (-len(digest) % 4), validate=True)
+        except ValueError:
+            raw = b""
+        if len(raw) != hashlib.sha256().digest_size:
+            raise ValueError(f"{text[:60]!r} is not a SHA256 fingerprint (SHA256: and 43 base64 characters)")
+        return text
+    try:
+        key = serialization.load_ssh_public_key(text.encode("utf-8"))
+    except (ValueError, TypeError, IndexError):
+        raise ValueError(f"{text[:60]!r} is neither an OpenSSH public key line (the contents of supernode-I.pub) "
+                         "nor its SHA256:... fingerprint (ssh-keygen -lf supernode-I.pub)") from None
+    return _fingerprint_of_blob(_openssh_blob(key))
+
+
+class PartitionTable:
+    """The ServerApp's map partition -> SuperNode, kept by the rules in this module's docstring."""
+
+    def __init__(self, pinned: Mapping[int, str] | None = None):
+        self.pinned = dict(pinned or {})  # partition -> key fingerprint (runtime.flower.partition_keys)
+        self.node_of: dict[int, int] = {}  # partition -> the SuperNode serving it
+        self.key_of: dict[int, str] = {}  # online SuperNode -> key fingerprint ("" when unknown)
+        self.contenders: dict[int, int] = {}  # SuperNode -> the partition it claims and was refused
+        self.silent: set[int] = set()  # SuperNodes that did not answer their last message
+        self._logged: set[tuple[int, int]] = set()  # (node, partition) refusals already logged
+
+    def set_online(self, nodes: Mapping[int, str]) -> None:
+        """The SuperNodes online now (node id -> key fingerprint): a partition whose SuperNode left is free."""
+        for partition, node in sorted(self.node_of.items()):
+            if node not in nodes:
+                del self.node_of[partition]
+                log.warning("SuperNode %d (partition %d) is no longer online; waiting for a SuperNode to serve it",
+                            node, partition)
+        self.key_of = dict(nodes)
+        self.contenders = {n: p for n, p in self.contenders.items() if n in nodes}
+        self.silent &= set(nodes)
+
+    def forget(self, node: int) -> None:
+        """``node`` is unreachable (Flower said so): its partitions are free."""
+        for partition in [p for p, n in self.node_of.items() if n == node]:
+            del self.node_of[partition]
+            log.warning("SuperNode %d (partition %d) is unavailable; waiting for a SuperNode to serve it", node,
+                        partition)
+
+    def answered(self, node: int, answered: bool) -> None:
+        """Whether ``node`` answered the last message sent to it in time."""
+        if answered:
+            self.silent.discard(node)
+        else:
+            self.silent.add(node)
+
+    def incumbent_to_ask(self, node: int, partition: int) -> int | None:
+        """The SuperNode that must be asked whether it still serves ``partition`` before ``node`` may take it
+        (None: the claim can be decided without asking)."""
+        incumbent = self.node_of.get(partition)
+        if (incumbent is None or incumbent == node or self._refused_by_pin(node, partition)
+                or self._same_key(node, incumbent) or incumbent in self.silent):
+            return None
+        return incumbent
+
+    def claim(self, node: int, partition: int, still_serving: Mapping[int, int]) -> bool:
+        """Decide ``node``'s claim on ``partition``; ``still_serving`` maps the SuperNodes that have just answered
+        a describe message to the partition they claimed. True if ``node`` now serves ``partition``."""
+        if self._refused_by_pin(node, partition):
+            self._refuse(node, partition, f"which runtime.flower.partition_keys pins to key {self.pinned[partition]}")
+            return False
+        incumbent = self.node_of.get(partition)
+        if incumbent is not None and incumbent != node:
+            if self._same_key(node, incumbent):
+                log.warning("SuperNode %d has the key of SuperNode %d (restarted): it now serves partition %d",
+                            node, incumbent, partition)
+            elif still_serving.get(incumbent) == partition:
+                self._refuse(node, partition, f"which SuperNode {incumbent} serves and still answers for")
+                return False
+            elif incumbent in self.silent:
+                log.warning("SuperNode %d now serves partition %d: SuperNode %d did not answer its last message",
+                            node, partition, incumbent)
+            else:
+                log.warning("SuperNode %d now serves partition %d: SuperNode %d no longer claims it", node,
+                            partition, incumbent)
+        self.node_of[partition] = node
+        self.contenders.pop(node, None)
+        return True
+
+    def _same_key(self, node: int, other: int) -> bool:
+        key = self.key_of.get(node, "")
+        return bool(key) and key == self.key_of.get(other)
+
+    def _refused_by_pin(self, node: int, partition: int) -> bool:
+        return partition in self.pinned and self.key_of.get(node, "") != self.pinned[partition]
+
+    def _refuse(self, node: int, partition: int, why: str) -> None:
+        self.contenders[node] = partition
+        if (node, partition) not in self._logged:
+            self._logged.add((node, partition))
+            log.warning("SuperNode %d (key %s) claims partition %d, %s: refused", node,
+                        self.key_of.get(node) or "unknown", partition, why)
