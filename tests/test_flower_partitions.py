@@ -52,8 +52,8 @@ class FakeSuperLink:
         self.sent: dict[str, int] = {}  # message id -> destination
         self.asked: list[int] = []
 
-    def add(self, node: int, key: bytes, partition: int) -> None:
-        self.nodes[node] = {"key": key, "partition": partition, "alive": True}
+    def add(self, node: int, key: bytes, partition: int, count: int = 2) -> None:
+        self.nodes[node] = {"key": key, "partition": partition, "alive": True, "count": count}
 
     def get_nodes(self):
         return [SimpleNamespace(node_id=n, public_key=v["key"]) for n, v in self.nodes.items()]
@@ -73,7 +73,7 @@ class FakeSuperLink:
         for mid in ids:
             node = self.nodes.get(self.sent[mid])
             if node and node["alive"]:
-                info = ConfigRecord({"partition-id": node["partition"], "num-partitions": 2})
+                info = ConfigRecord({"partition-id": node["partition"], "num-partitions": node["count"]})
                 out.append(SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=mid), has_error=lambda: False,
                                            content=RecordDict({"fedpeft": info})))
         return out
@@ -86,8 +86,32 @@ def server(link: FakeSuperLink, *overrides: str) -> FlowerServerRuntime:
     rt = FlowerServerRuntime.__new__(FlowerServerRuntime)
     rt.cfg, rt.grid, rt.puller, rt.max_payload = cfg, link, None, 1 << 20
     rt.partitions = PartitionTable(cfg.runtime.flower.partition_keys)
-    rt.num_partitions, rt.described = None, set()
+    rt.num_partitions, rt.described = cfg.runtime.flower.num_supernodes, set()
     return rt
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_supernode_answering_first_with_another_partition_count_is_refused(keys, caplog, pinned):
+    """The number of partitions is the config's (runtime.flower.num_supernodes), never the first answer's: a
+    SuperNode saying num-partitions=1 would otherwise take every client (c mod 1 = 0), and with pinned keys leave
+    the run waiting for partitions that can never be served."""
+    link = FakeSuperLink()
+    link.add(0, keys[2].pem, 0, count=1)  # the lowest node id: asked, and answering, first
+    link.add(1, keys[0].pem, 0)
+    link.add(2, keys[1].pem, 1)
+    pins = [f"runtime.flower.partition_keys={{0: '{keys[0].line}', 1: '{keys[1].line}'}}"] if pinned else []
+    rt = server(link, *pins)
+    with caplog.at_level(logging.WARNING, logger="fedpeft"):
+        rt.refresh_nodes(timeout=0.5)
+    assert rt.num_partitions == 2 and rt.node_of_partition == {0: 1, 1: 2}
+    assert "SuperNode 0 says num-partitions=1 but the run has runtime.flower.num_supernodes=2" in caplog.text
+
+
+def test_partition_keys_must_name_partitions_of_the_run(keys):
+    from fedpeft.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"partition_keys: partition 2 does not exist: the run has num_supernodes=2"):
+        load_config(None, [f"runtime.flower.partition_keys={{2: '{keys[0].line}'}}"])
 
 
 def test_a_second_supernode_cannot_take_a_partition_that_is_served_and_answering(keys, caplog):

@@ -141,6 +141,11 @@ plain = apply_tuner(registry.load_model("tiny-bert", "classification", num_label
                     method_options("lora"), "classification")
 plain.module(**batch, labels=torch.tensor([0, 1])).loss.backward()
 assert sys.modules.get("bitsandbytes", "absent") is None, "bitsandbytes was imported by a run without quantization"
+from fedpeft.models import bnb_gate
+bnb_gate.restore()  # as the end of a run does: importable again, hidden again by the next unquantized model
+assert "bitsandbytes" not in sys.modules
+registry.load_model("tiny-bert", "classification", num_labels=2, tokenizer=tok)
+assert sys.modules.get("bitsandbytes", "absent") is None
 print("--- now quantized ---", file=sys.stderr, flush=True)
 model = registry.load_model("tiny-bert", "classification", num_labels=2, tokenizer=tok,
                             quantization=QuantizationOptions(bits=4))

@@ -93,10 +93,19 @@ def read_only(monkeypatch, folder: Path, err: int = errno.EROFS) -> None:
             return real(src, dst, *args, **kwargs)
         return move
 
+    def removed(real):
+        def remove(path, *args, **kwargs):  # a read-only mount refuses even a missing file's removal (EROFS)
+            if under(path):
+                refuse(path)
+            return real(path, *args, **kwargs)
+        return remove
+
     monkeypatch.setattr(os, "open", os_open)
     monkeypatch.setattr(builtins, "open", open_)
     monkeypatch.setattr(os, "replace", moved(real_replace))
     monkeypatch.setattr(os, "rename", moved(real_rename))
+    monkeypatch.setattr(os, "unlink", removed(os.unlink))
+    monkeypatch.setattr(os, "remove", removed(os.remove))
 
 
 def one_error_line(err: str) -> str:
@@ -357,8 +366,20 @@ def test_a_resume_refuses_metrics_that_lost_checkpointed_rounds(saved_run):
 
 
 # -- leftovers -------------------------------------------------------------------------------------------------------
+def test_a_temporary_file_of_a_running_fedpeft_eval_is_left_alone(tmp_path):
+    """plots/ and eval/ are written without the run's lock (fedpeft eval): a temporary file there whose writer
+    still runs is a write in progress, not a leftover."""
+    import os
+
+    (tmp_path / "eval").mkdir()
+    live = tmp_path / "eval" / f".adapter-x.jsonl.{os.getppid()}.tmp"
+    live.write_bytes(b"being written")
+    assert remove_leftovers(tmp_path) == [] and live.is_file()
+
+
 def test_leftovers_are_removed_and_a_cut_off_adapter_swap_is_undone(tmp_path):
-    for name in (".checkpoint.safetensors.4242.tmp", "plots/.loss_vs_round.png.17.tmp", "eval/.adapter-x.jsonl.9.tmp"):
+    for name in (".checkpoint.safetensors.4242.tmp", "plots/.loss_vs_round.png.3999997.tmp",
+                 "eval/.adapter-x.jsonl.3999998.tmp"):  # writers long gone (process ids beyond any running one)
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(b"partial")
     (tmp_path / "checkpoint.safetensors").write_bytes(b"kept")

@@ -140,10 +140,7 @@ def test_bad_update_metadata_rejects_that_update_and_the_round_goes_on(algorithm
         update = original(payload, ctx)
         if ctx.client_id in broken:
             key, value = broken[ctx.client_id]
-            if value is None:
-                del update.meta[key]
-            else:
-                update.meta[key] = value
+            update.meta[key] = value
         return update
 
     monkeypatch.setattr(rt.client, "fit", fit)

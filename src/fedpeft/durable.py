@@ -13,6 +13,7 @@ previous file is left as it was. Kept free of heavy imports: the run lock uses i
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -124,7 +125,8 @@ def atomic_write(path: str | Path, data: bytes | Callable[[IO[bytes]], None], *,
         os.replace(tmp, path)
     except BaseException as exc:
         needed = len(data) if isinstance(data, bytes) else None
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only mount even removing a missing file fails (EROFS)
+            tmp.unlink(missing_ok=True)
         if is_refused_write(exc) and not isinstance(exc, RunFileError):
             raise refused_write(path, exc, needed=needed, then=then) from None
         raise

@@ -6,3 +6,10 @@ from __future__ import annotations
 
 class UserError(Exception):
     """Base of every error about the user's input (config, data, model, run directory, checkpoint)."""
+
+
+def first_line(text: object, limit: int = 300) -> str:
+    """A reason someone else wrote (an exception's text, a client's or Flower's message) as one line of at most
+    ``limit`` characters, for a one-line error or a logged refusal."""
+    lines = str(text).strip().splitlines()
+    return lines[0][:limit] if lines else "(no reason given)"

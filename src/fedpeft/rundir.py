@@ -32,6 +32,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ CONFIG_SEAL_LINE = re.compile(rb"# sha256 ([0-9a-f]{64}):")
 # and the adapter directories: only their leftovers are removed there (a run may share a directory with others)
 RUN_FILES = ("config.yaml", "partition.json", "metrics.jsonl", "summary.json", "checkpoint.safetensors",
              "tracking.json", ".fedpeft.owner.json")
-LEFTOVER_FILE = re.compile(r"^\.(.+)\.\d+\.tmp$")  # fedpeft.durable.temp_name
+LEFTOVER_FILE = re.compile(r"^\.(.+)\.(\d+)\.tmp$")  # fedpeft.durable.temp_name: .NAME.<pid>.tmp
 LEFTOVER_DIR = re.compile(r"^\.(adapter|best_adapter)\.(new|old|dropped)$")  # fedpeft.durable.publish_dir
 log = logging.getLogger("fedpeft")
 
@@ -106,6 +107,19 @@ def resume_hint(run_dir: Path) -> str:
     return "start the run again (the directory holds no run yet)"
 
 
+def _alive_elsewhere(pid: int) -> bool:
+    """Whether another process with this id is running (its temporary file may be a write in progress)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid < 2**22  # someone else's process (a huge number is no process id)
+    return True
+
+
 def remove_leftovers(run_dir: Path) -> list[str]:
     """Remove what killed or failed writes left in ``run_dir``: the temporary files ``.NAME.<pid>.tmp`` of the
     run's files (:data:`RUN_FILES`; any in plots/ and eval/) and the directories of an adapter's replacement,
@@ -118,10 +132,13 @@ def remove_leftovers(run_dir: Path) -> list[str]:
             continue
         for entry in sorted(folder.iterdir()):
             match = LEFTOVER_FILE.match(entry.name)
-            if entry.is_file() and match and (folder != run_dir or match.group(1) in RUN_FILES):
-                size = entry.stat().st_size
-                entry.unlink()
-                done.append(f"removed the temporary file {entry} ({size} bytes) left by a write that did not finish")
+            if not (entry.is_file() and match and (folder != run_dir or match.group(1) in RUN_FILES)):
+                continue
+            if folder != run_dir and _alive_elsewhere(int(match.group(2))):
+                continue  # plots/ and eval/ are also written without the run's lock (fedpeft eval): still in use
+            size = entry.stat().st_size
+            entry.unlink()
+            done.append(f"removed the temporary file {entry} ({size} bytes) left by a write that did not finish")
     for entry in sorted(run_dir.iterdir()):
         match = LEFTOVER_DIR.match(entry.name)
         if not (entry.is_dir() and match):
@@ -216,10 +233,12 @@ def read_saved_config(run_dir: str | Path) -> dict[str, Any]:
 
 class _EventsLog(logging.FileHandler):
     """events.log. A line the disk refuses is dropped without a traceback on the console: the next run file
-    written (a metrics row, the checkpoint) fails with the one-line reason."""
+    written (a metrics row, the checkpoint) fails with the one-line reason. Any other failure is logging's
+    usual report."""
 
     def handleError(self, record: logging.LogRecord) -> None:
-        self.failed = True
+        if not is_refused_write(sys.exc_info()[1]):
+            super().handleError(record)
 
 
 def _end_with_newline(path: Path) -> None:

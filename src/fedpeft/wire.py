@@ -46,7 +46,7 @@ def _header(data: bytes) -> dict[str, Any]:
         raise PayloadError(f"payload header claims {n} bytes but only {len(data) - 8} follow")
     try:
         header = json.loads(data[8 : 8 + n])
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # JSONDecodeError, bad UTF-8, an integer of > 4300 digits, deep nesting
         raise PayloadError("payload header is not valid JSON") from None
     if not isinstance(header, dict):
         raise PayloadError("payload header is not a JSON object")
@@ -60,11 +60,15 @@ def decode(data: bytes, *, max_bytes: int | None = None) -> Payload:
     check_size(memoryview(data).nbytes, max_bytes)  # before any copy
     data = bytes(data)  # no copy when it is bytes already
     header = _header(data)
-    raw_meta = (header.get("__metadata__") or {}).get(META_KEY, "{}")
+    metadata = header.get("__metadata__") or {}
+    if not isinstance(metadata, dict):
+        raise PayloadError("payload header's __metadata__ is not a JSON object")
+    raw_meta = metadata.get(META_KEY, "{}")
     try:
         meta = json.loads(raw_meta)
-    except (TypeError, json.JSONDecodeError):
-        raise PayloadError("payload metadata is not valid JSON") from None
+    except (TypeError, ValueError, RecursionError):  # as above, or not a string
+        raise PayloadError("payload metadata is not valid JSON (or holds an integer of more than 4300 digits, or "
+                           "nests too deeply)") from None
     if not isinstance(meta, dict):
         raise PayloadError("payload metadata is not a JSON object")
     try:

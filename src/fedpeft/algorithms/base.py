@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from fedpeft.errors import first_line
 from fedpeft.wire import Payload
 
 log = logging.getLogger("fedpeft")
@@ -35,23 +36,43 @@ class UpdateRejected(ValueError):
     """An update that must not be aggregated; the message is the logged reason."""
 
 
+def _shown(value: Any) -> str:
+    """A client's value in a message: its repr, cut to 40 characters (a huge integer's is not even made)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 128:
+        return f"an integer of {len(str(abs(value)))} digits" if abs(value).bit_length() < 14000 else "a huge integer"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
 # The most examples one update may claim: every integer up to it is exact in float64, which the weights are
 # computed in; a larger (or a huge JSON) integer would overflow or lose the sum.
 MAX_EXAMPLES = 2**53
 
 
+def finite_number(value: Any, what: str) -> float:
+    """``value`` as a float, or UpdateRejected if it is not a finite JSON number (huge integers included)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise UpdateRejected(f"{what} must be a number, got {_shown(value)}")
+    try:
+        x = float(value)
+    except OverflowError:
+        raise UpdateRejected(f"{what} is out of range, got {_shown(value)}") from None
+    if not math.isfinite(x):
+        raise UpdateRejected(f"{what} must be finite, got {value!r}")
+    return x
+
+
 def _clock_value(value: Any) -> Any:
     """A measured quantity as :func:`fedpeft.wire.clock_text` writes it (or a plain number): a finite,
     non-negative number."""
+    number = value
     if isinstance(value, str):
         try:
-            value = float(value)
+            number = float(value)
         except ValueError:
             raise ValueError("not a number") from None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"expected a number or its text, got a {type(value).__name__}")  # noqa: TRY004 (pydantic wants ValueError)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("must be a finite number >= 0")
+    if finite_number(number, "the value") < 0:
+        raise ValueError("must be >= 0")
     return value
 
 
@@ -70,18 +91,13 @@ class UpdateMeta(BaseModel):
     num_examples: int = Field(gt=0, le=MAX_EXAMPLES)
     train_loss: float | None = None  # finite; the round's train_loss is the sample-weighted mean of those given
     client: int | None = None  # when given, the sender's client id
-    train_steps: int | None = Field(None, ge=0)
-    train_examples: int | None = Field(None, ge=0)
-    train_tokens: int | None = Field(None, ge=0)
-    train_flops_sampled_steps: int | None = Field(None, ge=0)
+    train_steps: int | None = Field(None, ge=0, le=MAX_EXAMPLES)
+    train_examples: int | None = Field(None, ge=0, le=MAX_EXAMPLES)
+    train_tokens: int | None = Field(None, ge=0, le=MAX_EXAMPLES)
+    train_flops_sampled_steps: int | None = Field(None, ge=0, le=MAX_EXAMPLES)
     train_seconds: ClockValue | None = None
     train_flops: ClockValue | None = None
     train_ops_analytic: float | None = Field(None, ge=0)
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def check_update_meta(meta: Any, model: type[UpdateMeta] = UpdateMeta, *, client: int | None = None) -> None:
@@ -91,6 +107,9 @@ def check_update_meta(meta: Any, model: type[UpdateMeta] = UpdateMeta, *, client
         raise UpdateRejected(f"update metadata is a {type(meta).__name__}, not a mapping")
     try:
         model.model_validate(meta)
+    except (TypeError, OverflowError, RecursionError) as exc:  # a validator's own failure: still a refusal
+        raise UpdateRejected(f"update metadata could not be checked ({type(exc).__name__}: "
+                             f"{first_line(exc, 120)})") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"]) or "(metadata)"
@@ -98,7 +117,7 @@ def check_update_meta(meta: Any, model: type[UpdateMeta] = UpdateMeta, *, client
         more = f"; {exc.error_count() - 1} more problems" if exc.error_count() > 1 else ""
         raise UpdateRejected(f"update metadata {key}: {err['msg'].removeprefix('Value error, ')}{got}{more}") from None
     if client is not None and meta.get("client") is not None and meta["client"] != client:
-        raise UpdateRejected(f"update metadata client: names client {meta['client']}, but client {client} sent it")
+        raise UpdateRejected(f"update metadata client: names client {_shown(meta['client'])}, but client {client} sent it")
 
 
 def check_update(
@@ -108,7 +127,7 @@ def check_update(
     meta = payload.meta
     r = meta.get("round")
     if not isinstance(r, int) or isinstance(r, bool) or r != rnd:
-        raise UpdateRejected(f"stale or missing round number {meta.get('round')!r} (current round {rnd})")
+        raise UpdateRejected(f"stale or missing round number {_shown(meta.get('round'))} (current round {rnd})")
     n = meta.get("num_examples")
     if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_EXAMPLES:
         raise UpdateRejected(f"num_examples must be a positive integer up to 2**53, got {_shown(n)}")

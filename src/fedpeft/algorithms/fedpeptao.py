@@ -41,6 +41,7 @@ from fedpeft.algorithms.base import (
     ServerAlgorithm,
     UpdateRejected,
     check_update,
+    finite_number,
     log,
 )
 from fedpeft.algorithms.layer_selection import aggregate_scores, layer_order, select_layers
@@ -53,17 +54,6 @@ Arrays = dict[str, np.ndarray]
 MAX_LOCAL_STEPS = 10**7
 
 
-def finite_number(value: Any, what: str) -> float:
-    """``value`` as a float, or UpdateRejected if it is not a finite JSON number (huge integers included)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise UpdateRejected(f"{what} must be a number, got {value!r}")
-    try:
-        x = float(value)
-    except OverflowError:
-        raise UpdateRejected(f"{what} is out of range") from None
-    if not math.isfinite(x):
-        raise UpdateRejected(f"{what} must be finite, got {value!r}")
-    return x
 
 
 def all_finite(*trees: Mapping[str, np.ndarray] | None) -> bool:

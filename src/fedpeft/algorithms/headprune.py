@@ -46,6 +46,7 @@ from pydantic import Field
 
 from fedpeft.algorithms import aggregate as A
 from fedpeft.algorithms.base import (
+    MAX_EXAMPLES,
     ClientAlgorithm,
     ClientContext,
     ClockValue,
@@ -91,7 +92,7 @@ class HeadPruneMeta(UpdateMeta):
     """A head-pruning update's own metadata: how long the importance scores took, on how many examples."""
 
     importance_seconds: ClockValue | None = None
-    importance_examples: int | None = Field(None, ge=0)
+    importance_examples: int | None = Field(None, ge=0, le=MAX_EXAMPLES)
 
 
 class HeadPruneServer(ServerAlgorithm):

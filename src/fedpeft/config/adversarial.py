@@ -14,10 +14,8 @@ if TYPE_CHECKING:
     from fedpeft.config.schema import RunConfig
 
 
-_Section = Section
 
-
-class _Rule(_Section):
+class _Rule(Section):
     def min_updates(self) -> int:
         """The fewest updates the rule can aggregate with its guarantee."""
         return 1
@@ -130,7 +128,7 @@ MODEL_POISONING = ("sign_flip", "scale", "noise")
 DEFAULT_FACTOR = {"sign_flip": 1.0, "scale": 10.0}
 
 
-class AttackersConfig(_Section):
+class AttackersConfig(Section):
     """Simulated Byzantine clients: fraction x num_clients clients (rounded half up), drawn once from the run's seed, send
     a harmful update whenever they are selected. sign_flip: the honest update reversed and times factor
     (default 1); scale: the honest update times factor (default 10); noise: an update of Gaussian noise

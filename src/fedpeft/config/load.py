@@ -102,22 +102,35 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
     return out
 
 
-def _section_model(annotation: Any, raw_value: Any) -> type[BaseModel] | None:
-    """The pydantic model behind a field annotation; resolves discriminated unions by the raw tag."""
+def _section_model(annotation: Any, raw_value: Any, tag: str | None = None) -> type[BaseModel] | None:
+    """The pydantic model behind a field annotation; resolves a discriminated union by the raw value of its
+    discriminator (``tag``: method, name, rule, ..., read from the Annotated field that declares it)."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _section_model(typing.get_args(annotation)[0], raw_value)
+        inner, *metadata = typing.get_args(annotation)
+        found = next((m.discriminator for m in metadata if isinstance(getattr(m, "discriminator", None), str)), tag)
+        return _section_model(inner, raw_value, found)
     if origin is typing.Union or origin is getattr(__import__("types"), "UnionType", None):
         candidates = _models_in(annotation)
-        for cand in candidates:  # the one whose tag (a Literal field: method, name, rule, ...) has the raw value
-            for tag_field, field in cand.model_fields.items():
-                if (typing.get_origin(field.annotation) is typing.Literal and isinstance(raw_value, dict)
-                        and tag_field in raw_value and raw_value[tag_field] == field.default):
+        if tag is None:  # a union without a discriminator of its own: one may sit on an Annotated member
+            tag = next((d for a in typing.get_args(annotation) if typing.get_origin(a) is typing.Annotated
+                        for m in typing.get_args(a)[1:] if isinstance(d := getattr(m, "discriminator", None), str)),
+                       None)
+        if tag is not None and isinstance(raw_value, dict):
+            for cand in candidates:
+                field = cand.model_fields.get(tag)
+                if field is not None and raw_value.get(tag) == field.default:
                     return cand
         return candidates[0] if candidates else None
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return None
+
+
+def _discriminator(field: Any) -> str | None:
+    """The discriminator a field declares (pydantic keeps an Annotated field's ``discriminator`` on its FieldInfo)."""
+    found = getattr(field, "discriminator", None)
+    return found if isinstance(found, str) else None
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
@@ -140,7 +153,7 @@ def _valid_keys(raw: dict[str, Any], loc: tuple) -> list[str]:
         if part not in model.model_fields:
             continue  # a discriminator tag inserted by pydantic, e.g. ('peft', 'lora', 'rr')
         node = node.get(part, {}) if isinstance(node, dict) else {}
-        model = _section_model(model.model_fields[part].annotation, node)
+        model = _section_model(model.model_fields[part].annotation, node, _discriminator(model.model_fields[part]))
     return sorted(model.model_fields) if model is not None else []
 
 
@@ -155,7 +168,7 @@ def _override_key(raw: dict[str, Any], loc: tuple) -> str:
         parts.append(part)
         if model is not None:
             node = node.get(part, {}) if isinstance(node, dict) else {}
-            model = _section_model(model.model_fields[part].annotation, node)
+            model = _section_model(model.model_fields[part].annotation, node, _discriminator(model.model_fields[part]))
     return ".".join(parts)
 
 

@@ -666,8 +666,10 @@ class FlowerRuntimeConfig(Section):
         "with --simulation; num_supernodes virtual SuperNodes whose ClientApps run in Ray actors; needs "
         "`pip install fedpeft[simulation]`).",
     )
-    num_supernodes: int = Field(2, ge=1, description="SuperNodes to start when superlink is None (virtual "
-                                "SuperNodes with engine: simulation).")
+    num_supernodes: int = Field(2, ge=1, description="How many SuperNodes serve the run: the number of partitions "
+                                "(SuperNode I serves the clients c with c mod num_supernodes = I; a SuperNode that "
+                                "claims another count is refused). Started here when superlink is None (virtual "
+                                "SuperNodes with engine: simulation); with a superlink, the number connected to it.")
     client_cpus: float = Field(1.0, gt=0, description="engine: simulation: CPU cores Ray reserves for each "
                                "ClientApp (so cores / client_cpus ClientApps train at once).")
     warm_clients: bool = Field(
@@ -700,12 +702,16 @@ class FlowerRuntimeConfig(Section):
     def _partition_keys_as_fingerprints(self) -> FlowerRuntimeConfig:
         if not self.partition_keys:
             return self
-        # cryptography, imported only when used
-        from fedpeft.runtime.flower.partitions import pinned_key_fingerprint
+        from fedpeft.keys import pinned_key_fingerprint  # cryptography, imported only when used
 
         if self.engine == "simulation":
             raise ValueError("partition_keys: the simulation engine's virtual SuperNodes have no keys to pin; "
                              "remove it or use engine: deployment")
+        beyond = sorted(p for p in self.partition_keys if p >= self.num_supernodes)
+        if beyond:
+            raise ValueError(f"partition_keys: partition {beyond[0]} does not exist: the run has num_supernodes="
+                             f"{self.num_supernodes} partitions (0..{self.num_supernodes - 1}); set num_supernodes to "
+                             "the number of SuperNodes")
         pinned = {}
         for partition, key in self.partition_keys.items():
             try:

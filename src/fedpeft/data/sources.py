@@ -17,6 +17,7 @@ from typing import Any
 from fedpeft.data.catalog import CATALOG, Row
 from fedpeft.data.files import FILE_SUFFIXES, DataError, read_file
 from fedpeft.data.validate import Origin
+from fedpeft.errors import first_line
 
 
 def data_dirs(explicit: str | None = None) -> list[Path]:
@@ -161,7 +162,7 @@ def _convert_hub_rows(dataset: str, hub_id: str, split: str, rows: list[Row], co
         except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
             raise DataError(
                 f"hub:{hub_id} split {split!r} row {number}: catalog dataset {dataset!r} cannot convert it to "
-                f"fedpeft's schema ({type(exc).__name__}: {str(exc)[:100]}; fields: {', '.join(sorted(map(str, row)))}); "
+                f"fedpeft's schema ({type(exc).__name__}: {first_line(exc, 100)}; fields: {', '.join(sorted(map(str, row)))}); "
                 "the Hub copy differs from what the catalog expects: use a local copy in fedpeft's schema "
                 "(task.data_dir), or give the Hub id itself with task.columns"
             ) from None

@@ -25,6 +25,12 @@ def hidden() -> bool:
     return MODULE in sys.modules and sys.modules[MODULE] is None
 
 
+def restore() -> None:
+    """Make bitsandbytes importable again if it is hidden (the end of a run: the process is the user's again)."""
+    if hidden():
+        use_bitsandbytes(True)
+
+
 def use_bitsandbytes(needed: bool) -> None:
     """Hide bitsandbytes for a run that does not quantize (unless something already imported it), or make it
     importable again for one that does."""

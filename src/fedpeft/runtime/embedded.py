@@ -29,6 +29,7 @@ from fedpeft.algorithms.base import ClientContext, RunObserver
 from fedpeft.config import RunConfig
 from fedpeft.durable import is_refused_write, publish_dir, refused_write, staging_dir
 from fedpeft.metrics.accounting import better_or_equal, summarize
+from fedpeft.models import bnb_gate
 from fedpeft.rundir import (
     RunWriter,
     check_run_dir_free,
@@ -135,6 +136,24 @@ def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, 
     if personal.get(PERSONAL) is not None:
         update.meta[PERSONAL] = personal[PERSONAL]
     return update
+
+
+def accept_updates(server: algorithms.ServerAlgorithm, rnd: int,
+                   updates: dict[int, wire.Payload]) -> tuple[dict[int, wire.Payload], dict[int, str]]:
+    """The decoded updates of a round split into accepted and rejected (client -> reason, logged): first the
+    runtime's own part of an update (the personalized scores), then the server's checks (metadata, arrays)."""
+    rejected: dict[int, str] = {}
+    checked = {}
+    for cid in sorted(updates):
+        meta = updates[cid].meta
+        problem = check_personal(meta[PERSONAL]) if isinstance(meta, dict) and PERSONAL in meta else None
+        if problem is None:
+            checked[cid] = updates[cid]
+        else:
+            rejected[cid] = problem
+            log.warning("round %d: update of client %d rejected: %s", rnd, cid, problem)
+    accepted, refused = server.accept(rnd, checked)
+    return accepted, {**rejected, **refused}
 
 
 def _total_or_unknown(values) -> float | None:
@@ -254,6 +273,7 @@ class EmbeddedRuntime:
             self.writer.close()
         if self.lock is not None:
             self.lock.release()
+        bnb_gate.restore()  # hidden for a run that does not quantize; the process is the caller's again
 
     # -- checkpoints -------------------------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
@@ -348,14 +368,8 @@ class EmbeddedRuntime:
                 log.warning("round %d: update of client %d rejected: %s", rnd, cid, failure)
             else:
                 updates[cid] = update
-        for cid in sorted(updates):  # the runtime's own part of an update: the personalized scores
-            problem = check_personal(updates[cid].meta[PERSONAL]) if PERSONAL in updates[cid].meta else None
-            if problem is not None:
-                out.rejected[cid] = problem
-                log.warning("round %d: update of client %d rejected: %s", rnd, cid, problem)
-                del updates[cid]
         ta = time.perf_counter()
-        accepted, refused = self.server.accept(rnd, updates)
+        accepted, refused = accept_updates(self.server, rnd, updates)
         out.rejected.update(refused)
         self.server.observe_failures(rnd, out.rejected)
         out.metas = {c: p.meta for c, p in accepted.items()}

@@ -10,10 +10,10 @@ evaluated: every ``eval.every`` rounds and the last) and does the scoring.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
+from fedpeft.algorithms.base import MAX_EXAMPLES, UpdateRejected, finite_number
 from fedpeft.config import RunConfig
 from fedpeft.training.evaluate import PREDICTIONS, evaluate
 
@@ -54,11 +54,16 @@ def check_personal(value: Any) -> str | None:
     if not isinstance(value, Mapping):
         return f"the personalized evaluation report is {type(value).__name__}, not an object of scores"
     n = value.get(EXAMPLES)
-    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-        return f"the personalized evaluation report's '{EXAMPLES}' is {n!r}, not a positive integer"
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_EXAMPLES:
+        return (f"the personalized evaluation report's '{EXAMPLES}' is {str(n)[:40]!r}, not a positive integer "
+                "up to 2**53")
     for k, v in value.items():
-        if k != EXAMPLES and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)):
-            return f"the personalized evaluation report's {k!r} is {v!r}, not a finite number"
+        if k == EXAMPLES:
+            continue
+        try:
+            finite_number(v, k)
+        except UpdateRejected:
+            return f"the personalized evaluation report's {str(k)[:40]!r} is {str(v)[:40]!r}, not a finite number"
     return None
 
 

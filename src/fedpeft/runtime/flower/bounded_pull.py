@@ -40,6 +40,7 @@ import httpx
 import numpy as np
 from flwr.app import Message
 
+from fedpeft.errors import first_line
 from fedpeft.runtime.flower.internals import (
     ConfirmMessageReceivedRequest,
     HttpGrid,
@@ -366,7 +367,7 @@ def _rebuild(message_id: str, contents: dict[str, bytes | bytearray]) -> Message
     try:
         message = inflate_object_from_contents(message_id, contents)
     except Exception as exc:  # a sender's objects that do not fit together, whatever Flower raises  # noqa: BLE001
-        raise ReplyRefused(f"its objects do not make a message ({type(exc).__name__}: {str(exc)[:80]})") from None
+        raise ReplyRefused(f"its objects do not make a message ({type(exc).__name__}: {first_line(exc, 80)})") from None
     if not isinstance(message, Message):
         raise ReplyRefused(f"its root object is a {type(message).__name__}, not a Message")
     message.metadata.__dict__["_message_id"] = message_id  # as Flower's HttpGrid does
@@ -394,7 +395,7 @@ def _array_layout(content: bytes | bytearray) -> tuple[int, tuple[str, ...]]:
         header = read_array_header(content)
         itemsize = np.dtype(header.dtype).itemsize
     except (ValueError, TypeError) as exc:
-        raise ReplyRefused(f"an array header that cannot be read ({str(exc)[:80]})") from None
+        raise ReplyRefused(f"an array header that cannot be read ({first_line(exc, 80)})") from None
     size = itemsize
     for dim in header.shape:
         size *= dim

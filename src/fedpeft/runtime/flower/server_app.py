@@ -18,6 +18,7 @@ SuperNode serves which partition, and who may take a partition over, is :mod:`.p
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedpeft import wire
 from fedpeft.algorithms.base import UpdateRejected, check_update_meta
+from fedpeft.errors import first_line
 from fedpeft.runtime.embedded import ClientResult, EmbeddedRuntime, RoundOutcome
 from fedpeft.runtime.flower.bounded_pull import BoundedPull, ReplyTooLarge
 from fedpeft.runtime.flower.internals import RECORD_KEY_CONFIGS, ErrorCode, HttpGrid
@@ -50,7 +52,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
         # the deployment engine's Grid; the simulation engine's in-memory Grid has nothing to download
         self.puller = BoundedPull(grid, cfg.runtime.flower.poll_interval_s) if isinstance(grid, HttpGrid) else None
         self.partitions = PartitionTable(cfg.runtime.flower.partition_keys)
-        self.num_partitions: int | None = None
+        self.num_partitions: int = cfg.runtime.flower.num_supernodes  # the config's, never a SuperNode's word
         self.described: set[int] = set()
         self.client_times: dict[str, dict[str, float]] = {}
         super().__init__(cfg, run_dir, resume=resume, lock=lock)
@@ -153,11 +155,11 @@ class FlowerServerRuntime(EmbeddedRuntime):
         return out
 
     def _agrees_on_count(self, node: int, n: int) -> bool:
-        """Whether ``node``'s num-partitions is the run's (the first SuperNode to answer sets it)."""
-        if self.num_partitions is None:
-            self.num_partitions = n
+        """Whether ``node``'s num-partitions is the run's (runtime.flower.num_supernodes); else it is refused."""
         if n != self.num_partitions:
-            log.warning("SuperNode %d says num-partitions=%d, others %d: ignored", node, n, self.num_partitions)
+            log.warning("SuperNode %d says num-partitions=%d but the run has runtime.flower.num_supernodes=%d "
+                        "partitions: refused (start it with num-partitions=%d, or set num_supernodes)", node, n,
+                        self.num_partitions, self.num_partitions)
             return False
         return True
 
@@ -171,14 +173,14 @@ class FlowerServerRuntime(EmbeddedRuntime):
         while True:
             self.refresh_nodes(timeout=max(1.0, deadline - time.monotonic()), recheck=False)
             n = self.num_partitions
-            if n is not None and len(self.node_of_partition) == n:
+            if len(self.node_of_partition) == n:
                 log.info("%d SuperNodes serve the %d clients", n, self.cfg.federation.num_clients)
                 return
             if time.monotonic() > deadline:
                 have = sorted(self.node_of_partition)
                 refused = sorted(self.partitions.contenders.items())
                 why = f" (refused claims, SuperNode: partition: {dict(refused)}; see the log)" if refused else ""
-                raise RuntimeError(f"after {fl.startup_timeout_s:.0f} s only partitions {have} of {n or '?'} have a "
+                raise RuntimeError(f"after {fl.startup_timeout_s:.0f} s only partitions {have} of {n} have a "
                                    f"SuperNode{why}; start the missing SuperNodes or raise "
                                    "runtime.flower.startup_timeout_s")
             time.sleep(0.5)
@@ -198,9 +200,9 @@ class FlowerServerRuntime(EmbeddedRuntime):
         sent: list[tuple[int, int, Message]] = []  # (client, bytes down, message)
         for cid, payload in payloads.items():
             data = wire.encode(payload)
-            node = self.node_of_partition.get(cid % (self.num_partitions or 1))
+            node = self.node_of_partition.get(cid % self.num_partitions)
             if node is None:
-                results[cid] = (None, 0, 0, f"no SuperNode online serves partition {cid % (self.num_partitions or 1)}")
+                results[cid] = (None, 0, 0, f"no SuperNode online serves partition {cid % self.num_partitions}")
                 continue
             # expires with the round: a late client does not keep working on a round that is over
             msg = Message(pack(data, round=rnd, client=cid), dst_node_id=node, message_type=MessageType.TRAIN,
@@ -223,21 +225,22 @@ class FlowerServerRuntime(EmbeddedRuntime):
                 results[cid] = (None, n_down, 0, (f"no reply within federation.round_timeout_s={timeout:g} s "
                                                  "(the message expired: client stopped or disconnected)"))
             elif rep.has_error() and rep.error.code == REPLY_REFUSED:
-                results[cid] = (None, n_down, 0, rep.error.reason)
+                results[cid] = (None, n_down, 0, first_line(rep.error.reason))
             elif rep.has_error():
-                results[cid] = (None, n_down, 0, f"client failed: {rep.error.reason}")
+                results[cid] = (None, n_down, 0, f"client failed: {first_line(rep.error.reason)}")
                 if rep.error.code == ErrorCode.NODE_UNAVAILABLE:  # gone: the next refresh looks for a replacement
                     self.forget_node(msg.metadata.dst_node_id)
             else:
                 results[cid] = self._decode_reply(rep, n_down)
                 info = rep.content.config_records.get("fedpeft") or {}
                 for key in ("client_seconds", "setup_seconds"):
-                    if isinstance(info.get(key), (int, float)):
-                        self.client_times[key][str(cid)] = float(info[key])
-                if isinstance(info.get("started_at"), float) and isinstance(info.get("replied_at"), float):
+                    if (seconds := reported_time(info.get(key))) is not None:
+                        self.client_times[key][str(cid)] = seconds
+                started, replied = reported_time(info.get("started_at")), reported_time(info.get("replied_at"))
+                if started is not None and replied is not None:
                     # Flower's latency around the ClientApp process (same clock only on one machine)
-                    self.client_times["start_delay"][str(cid)] = info["started_at"] - pushed_at
-                    self.client_times["return_delay"][str(cid)] = self.pulled_at.get(mid, 0.0) - info["replied_at"]
+                    self.client_times["start_delay"][str(cid)] = started - pushed_at
+                    self.client_times["return_delay"][str(cid)] = self.pulled_at.get(mid, 0.0) - replied
         return results
 
     def train_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:
@@ -306,6 +309,15 @@ class FlowerServerRuntime(EmbeddedRuntime):
             return wire.decode(data, max_bytes=self.max_payload), n_down, len(data), None
         except wire.PayloadError as exc:
             return None, n_down, len(data), str(exc)
+
+
+def reported_time(value: Any) -> float | None:
+    """A time a ClientApp reports beside its update (seconds, or a clock reading): a finite number, else None
+    (it is only shown, never used: a wrong one is dropped, not refused)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    seconds = float(value)  # Flower's integers are 64-bit
+    return seconds if math.isfinite(seconds) else None
 
 
 def describe_reply(content: RecordDict, max_partitions: int) -> tuple[int, int]:

@@ -175,7 +175,7 @@ def install(allowed: list[Network] | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--control-from", action="append", default=None, metavar="NET")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(rest):
