@@ -61,3 +61,15 @@ def _quiet():
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     yield
+
+
+@pytest.fixture
+def flower_task_identity():
+    """The task identity a ServerApp process has (Flower stamps every Message it makes with its run), for tests
+    that build Flower messages in this process; restored afterwards."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+
+from fedpeft import checkpoint
 from fedpeft.config import load_config
+from fedpeft.rundir import read_metrics, read_summary
 
 TIMING_KEYS = {"time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s",
                "client_train_seconds", "agg_importance_s_mean",
@@ -51,3 +57,48 @@ def crash_in_checkpoint(monkeypatch, rnd: int) -> None:
         return real_save(run_dir, r, state)
 
     monkeypatch.setattr(checkpoint, "save", save_then_die)
+
+
+# summary.json entries that differ between two runs of the same work (clocks, memory, where it ran)
+SUMMARY_VOLATILE = {"wall_s", "time_to_target_s", "time_client_s", "time_aggregation_s", "time_evaluation_s",
+                    "time_overhead_s", "peak_rss_mb", "peak_accelerator_mb", "run_dir"}
+
+
+def final_state(run_dir: Path) -> dict[str, np.ndarray]:
+    """The global trainable state of a run's last checkpoint."""
+    return checkpoint.load(run_dir)[1]["server"]["global_state"]
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    """Two runs of the same work gave the same metrics, summary and final global state (timings aside)."""
+    assert without_timings(read_metrics(a)) == without_timings(read_metrics(b))
+    sa, sb = read_summary(a), read_summary(b)
+    assert ({k: v for k, v in sa.items() if k not in SUMMARY_VOLATILE}
+            == {k: v for k, v in sb.items() if k not in SUMMARY_VOLATILE})
+    ga, gb = final_state(a), final_state(b)
+    assert ga.keys() == gb.keys() and all(np.array_equal(ga[k], gb[k]) for k in ga)
+
+
+def write_flower_app(folder: Path, package: str, modules: dict[str, str], *, serverapp: str, clientapp: str,
+                     config: dict, publisher: str = "fedpeft-tests") -> Path:
+    """A Flower app of the tests' own in ``folder``: the package ``package`` with ``modules`` (file stem ->
+    source) and a pyproject.toml naming its ServerApp and ClientApp (``module:attribute`` inside the package)
+    and its run config."""
+    import tomli_w
+
+    (folder / package).mkdir(parents=True)
+    (folder / package / "__init__.py").write_text("")
+    for stem, source in modules.items():
+        (folder / package / f"{stem}.py").write_text(source)
+    pyproject = {
+        "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
+        "project": {"name": package, "version": "1.0.0", "description": f"test app {package}",
+                    "license": "Apache-2.0", "dependencies": []},
+        "tool": {"hatch": {"build": {"targets": {"wheel": {"packages": ["."]}}}},
+                 "flwr": {"app": {"publisher": publisher,
+                                  "components": {"serverapp": f"{package}.{serverapp}",
+                                                 "clientapp": f"{package}.{clientapp}"},
+                                  "config": config}}},
+    }
+    (folder / "pyproject.toml").write_text(tomli_w.dumps(pyproject))
+    return folder

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import textwrap
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from flwr.proto.message_pb2 import Message as MessageProto
 from flwr.proto.message_pb2 import ObjectTree, PullObjectResponse
 from flwr.proto.runtime_pb2 import PullAppMessagesResponse
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
-from flwr.supercore.task_identity import TaskIdentity
+from helpers import write_flower_app
 
 from fedpeft.runtime.flower import bounded_pull
 from fedpeft.runtime.flower.bounded_pull import (
@@ -34,13 +33,7 @@ PIECE = 64 << 10  # what an HTTP read hands over at a time
 CHUNK = 5 * MiB  # Flower's array chunk size
 
 
-@pytest.fixture(autouse=True)
-def _task_identity():
-    """Flower's Message needs the task identity a ServerApp process has."""
-    saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+pytestmark = pytest.mark.usefixtures("flower_task_identity")  # Flower messages are made here
 
 
 def pieces(data: bytes, counter: list[int] | None = None):
@@ -299,36 +292,8 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def write_app(folder, cases, out):
-    (folder / "bigreply").mkdir(parents=True)
-    (folder / "bigreply" / "__init__.py").write_text("")
-    (folder / "bigreply" / "client.py").write_text(CLIENT)
-    (folder / "bigreply" / "server.py").write_text(SERVER)
-    (folder / "pyproject.toml").write_text(textwrap.dedent(f'''
-        [build-system]
-        requires = ["hatchling"]
-        build-backend = "hatchling.build"
-
-        [project]
-        name = "bigreply"
-        version = "1.0.0"
-        description = "replies larger than the cap"
-        license = "Apache-2.0"
-        dependencies = []
-
-        [tool.hatch.build.targets.wheel]
-        packages = ["."]
-
-        [tool.flwr.app]
-        publisher = "fedpeft-tests"
-
-        [tool.flwr.app.components]
-        serverapp = "bigreply.server:app"
-        clientapp = "bigreply.client:app"
-
-        [tool.flwr.app.config]
-        cases = {json.dumps(json.dumps(cases))}
-        out = "{out}"
-    '''))
+    write_flower_app(folder, "bigreply", {"client": CLIENT, "server": SERVER}, serverapp="server:app",
+                     clientapp="client:app", config={"cases": json.dumps(cases), "out": str(out)})
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 from cryptography.hazmat.primitives import serialization
 from flwr.app import ConfigRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedpeft.config import load_config
 from fedpeft.runtime.flower.credentials import make_credentials
@@ -22,13 +21,7 @@ from fedpeft.runtime.flower.partitions import (
 )
 from fedpeft.runtime.flower.server_app import DESCRIBE, FlowerServerRuntime
 
-
-@pytest.fixture(autouse=True)
-def _task_identity():
-    saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+pytestmark = pytest.mark.usefixtures("flower_task_identity")  # Flower messages are made here
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from helpers import tiny_config
+from helpers import tiny_config, write_flower_app
 
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.flower.credentials import make_credentials
@@ -98,31 +97,9 @@ def test_an_outsider_with_the_ca_certificate_gets_nothing_but_the_fleet_api(secu
     assert "Failed to activate SuperNode" in own_log.read_text()
 
     # its own Flower app: never runs on the server
-    app = tmp_path / "evil"
-    (app / "evil").mkdir(parents=True)
-    (app / "evil" / "__init__.py").write_text("")
-    (app / "evil" / "server.py").write_text(EVIL_SERVER)
     marker = tmp_path / "PWNED"
-    (app / "pyproject.toml").write_text(textwrap.dedent(f'''
-        [build-system]
-        requires = ["hatchling"]
-        build-backend = "hatchling.build"
-        [project]
-        name = "evil"
-        version = "1.0.0"
-        description = "an outsider's app"
-        license = "Apache-2.0"
-        dependencies = []
-        [tool.hatch.build.targets.wheel]
-        packages = ["."]
-        [tool.flwr.app]
-        publisher = "outsider"
-        [tool.flwr.app.components]
-        serverapp = "evil.server:app"
-        clientapp = "evil.server:app"
-        [tool.flwr.app.config]
-        marker = "{marker}"
-    '''))
+    app = write_flower_app(tmp_path / "evil", "evil", {"server": EVIL_SERVER}, serverapp="server:app",
+                           clientapp="server:app", config={"marker": str(marker)}, publisher="outsider")
     assert refused_by_the_filter(flwr(env, "run", str(app), "fedpeft", "--stream", outside=True))
 
     # the operator's SuperNodes: cannot be removed

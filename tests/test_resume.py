@@ -5,32 +5,21 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import crash_at_round, crash_in_checkpoint, tiny_config, without_timings
+from helpers import (
+    assert_same_run,
+    crash_at_round,
+    crash_in_checkpoint,
+    tiny_config,
+)
 
 from fedpeft import checkpoint
 from fedpeft.cli import main as cli_main
 from fedpeft.config import dump_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
-
-VOLATILE = {"wall_s", "time_to_target_s", "time_client_s", "time_aggregation_s", "time_evaluation_s",
-            "time_overhead_s", "peak_rss_mb", "run_dir"}
-
-
-def final_state(run_dir: Path) -> dict[str, np.ndarray]:
-    return checkpoint.load(run_dir)[1]["server"]["global_state"]
-
-
-def assert_same_run(a: Path, b: Path) -> None:
-    assert without_timings(read_metrics(a)) == without_timings(read_metrics(b))
-    sa, sb = read_summary(a), read_summary(b)
-    assert {k: v for k, v in sa.items() if k not in VOLATILE} == {k: v for k, v in sb.items() if k not in VOLATILE}
-    ga, gb = final_state(a), final_state(b)
-    assert ga.keys() == gb.keys() and all(np.array_equal(ga[k], gb[k]) for k in ga)
 
 
 def test_state_tree_round_trips_exactly(tmp_path):

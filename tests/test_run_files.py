@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import tiny_config, without_timings
+from helpers import assert_same_run, tiny_config
 from safetensors.numpy import load_file, save_file
 
 import fedpeft
@@ -34,14 +34,11 @@ from fedpeft.rundir import (
     config_digest_of,
     read_metrics,
     read_saved_config,
-    read_summary,
     remove_leftovers,
 )
 from fedpeft.runtime.resume import resume_config, resume_point
 
 HERE = Path(__file__).parent
-VOLATILE = {"wall_s", "time_to_target_s", "time_client_s", "time_aggregation_s", "time_evaluation_s",
-            "time_overhead_s", "peak_rss_mb", "peak_accelerator_mb", "run_dir"}
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
@@ -126,16 +123,9 @@ def leftovers(folder: Path) -> list[str]:
                   if p.name not in (".fedpeft.lock", ".fedpeft.owner.json"))
 
 
-def final_state(run_dir: Path) -> dict[str, np.ndarray]:
-    return checkpoint.load(run_dir)[1]["server"]["global_state"]
-
-
-def assert_same_run(a: Path, b: Path) -> None:
-    assert without_timings(read_metrics(a)) == without_timings(read_metrics(b))
-    sa, sb = read_summary(a), read_summary(b)
-    assert {k: v for k, v in sa.items() if k not in VOLATILE} == {k: v for k, v in sb.items() if k not in VOLATILE}
-    ga, gb = final_state(a), final_state(b)
-    assert ga.keys() == gb.keys() and all(np.array_equal(ga[k], gb[k]) for k in ga)
+def assert_same_run_and_adapters(a: Path, b: Path) -> None:
+    """The same metrics, summary and final state (helpers.assert_same_run), and byte-identical adapters."""
+    assert_same_run(a, b)
     for adapter in ("adapter", "best_adapter"):
         assert (a / adapter).is_dir() == (b / adapter).is_dir()
         if (a / adapter).is_dir():
@@ -440,7 +430,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_it_resumes_to_the_same_result
     assert checkpoint.load(run)[0] == done and leftovers(run) == [] and not (run / "adapter").exists()
     assert not (run / "summary.json").exists()
     assert main(["run", "--resume", str(run), "--no-progress"]) == 0
-    assert_same_run(full, run)
+    assert_same_run_and_adapters(full, run)
 
 
 @pytest.mark.needs_data
@@ -500,7 +490,7 @@ def test_a_kill_at_every_write_resumes_to_the_same_run(tmp_path):
         assert resumed == 0, (n, statuses, done.stderr[-3000:])
         run = tmp_path / f"kill-{n}"
         assert leftovers(run) == [], n
-        assert_same_run(reference, run)
+        assert_same_run_and_adapters(reference, run)
 
 
 # -- tampered adapters -----------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from flwr.client.mod import secaggplus_mod
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.compat.common import recorddict_compat as compat
-from flwr.supercore.task_identity import TaskIdentity
 from helpers import tiny_config
 
 from fedpeft.runtime.flower.records import META_KEY
@@ -23,13 +22,7 @@ STAGES = [Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT_MASKED_VECTORS, Stage.UNM
 NAMES = ["a", "b"]
 
 
-@pytest.fixture(autouse=True)
-def run_identity():
-    """Flower messages are stamped with the run of the process that makes them."""
-    saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+pytestmark = pytest.mark.usefixtures("flower_task_identity")  # Flower messages are made here
 
 
 class Clients:
