@@ -44,10 +44,13 @@ META_BREAKS = {
     "train_flops": st.one_of(st.sampled_from(["abc", "1e999", "-1.0e+00", [1], {"x": 1}, True, float("nan")]),
                              st.integers(max_value=-1), HUGE),
     "train_seconds": st.one_of(st.sampled_from(["", "nan", "inf", [2.0], False, -0.5]), HUGE),
-    "train_ops_analytic": st.one_of(st.sampled_from([[1.0], "12", -1.0, float("inf"), {"ops": 1}, True]), HUGE),
+    "train_ops_analytic": st.one_of(st.sampled_from([[1.0], "12", -1.0, float("inf"), {"ops": 1}, True, 1e31]), HUGE),
     "num_examples": st.one_of(st.integers(min_value=2**53 + 1), st.sampled_from([10**400, -(10**30), "missing"]),
                               HUGE),
     "train_steps": st.one_of(st.sampled_from([1.5, "3", [3], True]), st.integers(max_value=-1), HUGE),
+    "train_examples": st.one_of(st.sampled_from([2.5, "8", [8], False]), st.integers(max_value=-1), HUGE),
+    "train_tokens": st.one_of(st.sampled_from([0.5, "64", {"n": 64}, True]), st.integers(max_value=-1), HUGE),
+    "train_flops_sampled_steps": st.one_of(st.sampled_from([1.0, "1", [1], True]), st.integers(max_value=-1), HUGE),
     "client": st.one_of(st.integers(2, 10**6), st.sampled_from(["1", 1.0, [1]]), HUGE),
     "round": st.one_of(st.sampled_from(["5", 5.0, [5], None, True]), HUGE),
     # the personalized scores (eval.personalized), checked by the runtime before the server sees the update
@@ -212,6 +215,22 @@ def test_a_malformed_describe_reply_is_refused_with_a_reason(info, with_record):
         with pytest.raises(ValueError) as err:
             describe_reply(content, 4)
         assert str(err.value) and "\n" not in str(err.value)
+
+
+
+def test_extreme_but_accepted_values_do_not_break_the_rounds_row():
+    """Values that pass the checks at their extremes (a score or an OPs count near float64's largest, a huge
+    integer score) still make a metrics row: the sums run in float64 and may be inf (written as null), never an
+    OverflowError that would end the run."""
+    from fedpeft.runtime.embedded import _total_or_unknown
+    from fedpeft.runtime.personal import check_personal, personal_row
+
+    reports = {0: {"examples": 2, "accuracy": 10**308}, 1: {"examples": 2**53, "accuracy": 1.7e308},
+               2: {"examples": 3, "accuracy": 0.5}}
+    assert all(check_personal(r) is None for r in reports.values())
+    row = personal_row({c: {"personal": r} for c, r in reports.items()})
+    assert row["personal_accuracy"] == float("inf") and row["personal_examples"] == 5 + 2**53
+    assert _total_or_unknown([1e30, 1e30, 1.0]) == 2e30 and _total_or_unknown([1.7e308, 1.7e308]) == float("inf")
 
 
 if __name__ == "__main__":

@@ -173,3 +173,29 @@ def test_an_empty_config_file_is_refused(tmp_path):
         path.write_text(text)
         with pytest.raises(ConfigError, match=r"empty\.yaml: the config file is empty; write the sections"):
             load_config(path)
+
+
+def test_a_hint_names_the_keys_of_the_union_member_the_discriminator_picks():
+    """The valid keys listed for an unknown key come from the member the union's discriminator selects, even when
+    another member has a Literal field with the same value (here both have mode 'x')."""
+    from typing import Annotated, Literal
+
+    from pydantic import Field
+
+    from fedpeft.config.load import _section_model
+    from fedpeft.config.section import Section
+
+    class First(Section):
+        kind: Literal["first"] = "first"
+        mode: Literal["x"] = "x"
+        alpha: int = 1
+
+    class Second(Section):
+        kind: Literal["second"] = "second"
+        mode: Literal["x"] = "x"
+        beta: int = 1
+
+    union = Annotated[First | Second, Field(discriminator="kind")]
+    assert _section_model(union, {"kind": "second", "mode": "x", "gamma": 1}) is Second
+    assert _section_model(First | Second, {"kind": "second", "gamma": 1}, "kind") is Second
+    assert _section_model(First | Second, {"kind": "second", "gamma": 1}) is Second  # no discriminator: the Literal

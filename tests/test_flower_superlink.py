@@ -103,3 +103,17 @@ def test_the_command_line_refuses_a_bad_network_before_starting_flower(capsys, m
         superlink.main(["--control-from", "nonsense", "--insecure"])
     assert done.value.code == 2
     assert capsys.readouterr().err.startswith("error: --control-from 'nonsense' is not an address or network")
+
+
+def test_an_abbreviated_option_is_not_taken_for_control_from(monkeypatch):
+    """`--control-f any` must not silently open the Control API: only the full option name is the launcher's;
+    anything else goes to Flower (which refuses what it does not know)."""
+    import sys
+
+    installed, started = [], []
+    monkeypatch.setattr(superlink, "install", installed.append)
+    monkeypatch.setattr(superlink, "run_flower_superlink", lambda: started.append(list(sys.argv)))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    superlink.main(["--control-f", "any", "--insecure"])
+    assert installed == [parse_control_from([superlink.LOCAL])]  # the default, not 'any'
+    assert started == [["flower-superlink", "--control-f", "any", "--insecure"]]

@@ -120,16 +120,20 @@ def test_scaffold_refuses_an_optimizer_it_cannot_correct():
 
 
 def test_the_layers_keep_to_themselves():
-    """Importing the algorithms and the embedded runtime loads neither Flower nor a plotting library, and
-    `import fedpeft` loads neither torch nor the config."""
+    """Validating a config (SuperNode key pins included) imports no runtime; importing the algorithms and the
+    embedded runtime loads neither Flower nor a plotting library; `import fedpeft` loads neither torch nor the
+    config."""
     import subprocess
     import sys
 
+    key = "SHA256:" + "A" * 43  # a pinned SuperNode key: validating it needs no Flower either
     probe = ("import sys, fedpeft; light = [m for m in ('torch', 'pydantic') if m in sys.modules]; "
+             f"fedpeft.load_config(None, ['runtime.flower.partition_keys={{0: \"{key}\"}}']); "
+             "runtime = sorted(m for m in sys.modules if m.startswith('fedpeft.runtime')); "
              "import fedpeft.algorithms, fedpeft.runtime.embedded; "
-             "print(light, sorted({m.split('.')[0] for m in sys.modules} & {'flwr', 'matplotlib'}))")
+             "print(light, runtime, sorted({m.split('.')[0] for m in sys.modules} & {'flwr', 'matplotlib'}))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[] []", out.stdout + out.stderr
+    assert out.stdout.strip() == "[] [] []", out.stdout + out.stderr
 
 
 def test_installed_packages_register_through_the_entry_point_group(tmp_path, monkeypatch):

@@ -356,6 +356,31 @@ def test_a_resume_refuses_metrics_that_lost_checkpointed_rounds(saved_run):
 
 
 # -- leftovers -------------------------------------------------------------------------------------------------------
+def test_events_log_drops_only_the_lines_a_full_or_read_only_disk_refuses(tmp_path, capsys):
+    """A line the disk refuses is dropped quietly (the next run file written fails with the one-line reason);
+    any other failure of the handler is logging's usual report on stderr."""
+    import errno
+    import logging
+
+    from fedpeft.rundir import _EventsLog
+
+    handler = _EventsLog(tmp_path / "events.log", encoding="utf-8")
+    record = logging.LogRecord("fedpeft", logging.WARNING, __file__, 0, "a line", None, None)
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            handler.handleError(record)
+        assert capsys.readouterr().err == ""
+        try:
+            raise TypeError("not all arguments converted during string formatting")
+        except TypeError:
+            handler.handleError(record)
+        assert "TypeError: not all arguments converted" in capsys.readouterr().err
+    finally:
+        handler.close()
+
+
 def test_a_temporary_file_of_a_running_fedpeft_eval_is_left_alone(tmp_path):
     """plots/ and eval/ are written without the run's lock (fedpeft eval): a temporary file there whose writer
     still runs is a write in progress, not a leftover."""
@@ -368,8 +393,8 @@ def test_a_temporary_file_of_a_running_fedpeft_eval_is_left_alone(tmp_path):
 
 
 def test_leftovers_are_removed_and_a_cut_off_adapter_swap_is_undone(tmp_path):
-    for name in (".checkpoint.safetensors.4242.tmp", "plots/.loss_vs_round.png.3999997.tmp",
-                 "eval/.adapter-x.jsonl.3999998.tmp"):  # writers long gone (process ids beyond any running one)
+    for name in (".checkpoint.safetensors.4242.tmp", "plots/.loss_vs_round.png.4194305.tmp",
+                 "eval/.adapter-x.jsonl.4194306.tmp"):  # writers gone (above Linux's largest pid_max, 2**22)
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(b"partial")
     (tmp_path / "checkpoint.safetensors").write_bytes(b"kept")

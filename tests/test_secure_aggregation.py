@@ -46,7 +46,8 @@ def _message(node: int, stage: str, arrays: list[np.ndarray] | None = None, erro
     if arrays is not None:
         content["fitres.parameters"] = ArrayRecord(arrays)
     return SimpleNamespace(content=None if error else content, metadata=SimpleNamespace(dst_node_id=node),
-                           has_error=lambda: error, has_content=lambda: not error, error=SimpleNamespace(reason="boom"))
+                           has_error=lambda: error, has_content=lambda: not error,
+                           error=SimpleNamespace(reason="boom\nTraceback (most recent call last):\n  ..."))
 
 
 def test_a_reply_with_the_update_in_the_clear_is_refused_and_counted():
@@ -62,6 +63,7 @@ def test_a_reply_with_the_update_in_the_clear_is_refused_and_counted():
     out = grid.send_and_receive(sent)
     assert out == [replies["m2"], replies["m4"]]
     assert "in the clear" in grid.dropped[1] and "boom" in grid.dropped[2] and "no reply" in grid.dropped[3]
+    assert "\n" not in grid.dropped[2]  # a client's multi-line reason is kept to its first line
     assert 4 not in grid.dropped
     assert set(grid.bytes_down) == {1, 2, 3, 4} and all(b > 0 for b in grid.bytes_down.values())
     assert grid.bytes_up[1] > grid.bytes_up[4] > 0 and 2 not in grid.bytes_up and 3 not in grid.bytes_up

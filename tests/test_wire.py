@@ -31,6 +31,8 @@ def test_no_pickle_on_the_wire():
     (b"\xff" * 8 + b"{}", "header claims"),
     ((5).to_bytes(8, "little") + b"nojsn", "not valid JSON"),
     ((2).to_bytes(8, "little") + b"[]", "not a JSON object"),
+    ((24).to_bytes(8, "little") + b'{"__metadata__": [1]}   ', "__metadata__ is not a JSON object"),
+    ((5007).to_bytes(8, "little") + b'{"a": ' + b"9" * 5000 + b'}', "not valid JSON"),  # over Python's int limit
 ])
 def test_malformed_bytes_raise_payload_error(blob, message):
     with pytest.raises(PayloadError, match=message):

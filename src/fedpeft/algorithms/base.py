@@ -36,7 +36,7 @@ class UpdateRejected(ValueError):
     """An update that must not be aggregated; the message is the logged reason."""
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """A client's value in a message: its repr, cut to 40 characters (a huge integer's is not even made)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 128:
         return f"an integer of {len(str(abs(value)))} digits" if abs(value).bit_length() < 14000 else "a huge integer"
@@ -52,11 +52,11 @@ MAX_EXAMPLES = 2**53
 def finite_number(value: Any, what: str) -> float:
     """``value`` as a float, or UpdateRejected if it is not a finite JSON number (huge integers included)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise UpdateRejected(f"{what} must be a number, got {_shown(value)}")
+        raise UpdateRejected(f"{what} must be a number, got {shown(value)}")
     try:
         x = float(value)
     except OverflowError:
-        raise UpdateRejected(f"{what} is out of range, got {_shown(value)}") from None
+        raise UpdateRejected(f"{what} is out of range, got {shown(value)}") from None
     if not math.isfinite(x):
         raise UpdateRejected(f"{what} must be finite, got {value!r}")
     return x
@@ -97,7 +97,7 @@ class UpdateMeta(BaseModel):
     train_flops_sampled_steps: int | None = Field(None, ge=0, le=MAX_EXAMPLES)
     train_seconds: ClockValue | None = None
     train_flops: ClockValue | None = None
-    train_ops_analytic: float | None = Field(None, ge=0)
+    train_ops_analytic: float | None = Field(None, ge=0, le=1e30)  # OPs of one client's round
 
 
 def check_update_meta(meta: Any, model: type[UpdateMeta] = UpdateMeta, *, client: int | None = None) -> None:
@@ -113,11 +113,11 @@ def check_update_meta(meta: Any, model: type[UpdateMeta] = UpdateMeta, *, client
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"]) or "(metadata)"
-        got = "" if err["type"] == "missing" else f" (got {_shown(err.get('input'))})"
+        got = "" if err["type"] in ("missing", "value_error") else f" (got {shown(err.get('input'))})"
         more = f"; {exc.error_count() - 1} more problems" if exc.error_count() > 1 else ""
         raise UpdateRejected(f"update metadata {key}: {err['msg'].removeprefix('Value error, ')}{got}{more}") from None
     if client is not None and meta.get("client") is not None and meta["client"] != client:
-        raise UpdateRejected(f"update metadata client: names client {_shown(meta['client'])}, but client {client} sent it")
+        raise UpdateRejected(f"update metadata client: names client {shown(meta['client'])}, but client {client} sent it")
 
 
 def check_update(
@@ -127,10 +127,10 @@ def check_update(
     meta = payload.meta
     r = meta.get("round")
     if not isinstance(r, int) or isinstance(r, bool) or r != rnd:
-        raise UpdateRejected(f"stale or missing round number {_shown(meta.get('round'))} (current round {rnd})")
+        raise UpdateRejected(f"stale or missing round number {shown(meta.get('round'))} (current round {rnd})")
     n = meta.get("num_examples")
     if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_EXAMPLES:
-        raise UpdateRejected(f"num_examples must be a positive integer up to 2**53, got {_shown(n)}")
+        raise UpdateRejected(f"num_examples must be a positive integer up to 2**53, got {shown(n)}")
     check_arrays(payload.arrays, expected, partial=partial)
 
 

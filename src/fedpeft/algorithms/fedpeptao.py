@@ -54,8 +54,6 @@ Arrays = dict[str, np.ndarray]
 MAX_LOCAL_STEPS = 10**7
 
 
-
-
 def all_finite(*trees: Mapping[str, np.ndarray] | None) -> bool:
     return all(tree is None or all(np.all(np.isfinite(v)) for v in tree.values()) for tree in trees)
 

@@ -253,7 +253,6 @@ class HeadPruneServer(ServerAlgorithm):
         return delta
 
 
-
 def _slice(param, unit, ndim: int) -> tuple:
     index = [slice(None)] * ndim
     index[param.axis] = slice(unit.start, unit.stop)

@@ -116,10 +116,12 @@ def _section_model(annotation: Any, raw_value: Any, tag: str | None = None) -> t
             tag = next((d for a in typing.get_args(annotation) if typing.get_origin(a) is typing.Annotated
                         for m in typing.get_args(a)[1:] if isinstance(d := getattr(m, "discriminator", None), str)),
                        None)
-        if tag is not None and isinstance(raw_value, dict):
-            for cand in candidates:
-                field = cand.model_fields.get(tag)
-                if field is not None and raw_value.get(tag) == field.default:
+        if isinstance(raw_value, dict):
+            for cand in candidates:  # by the discriminator, else by any Literal field the raw value sets
+                tags = [tag] if tag is not None else [n for n, f in cand.model_fields.items()
+                                                      if typing.get_origin(f.annotation) is typing.Literal]
+                if any(t in raw_value and t in cand.model_fields and raw_value[t] == cand.model_fields[t].default
+                       for t in tags):
                     return cand
         return candidates[0] if candidates else None
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):

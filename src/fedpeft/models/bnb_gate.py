@@ -20,27 +20,34 @@ _CACHED_CHECKS = (("peft.import_utils", "is_bnb_available"), ("peft.import_utils
                   ("transformers.utils.import_utils", "is_bitsandbytes_available"))
 
 
+_hidden_here = False  # whether this module hid it (restore() gives back only what it took)
+
+
 def hidden() -> bool:
     """Whether bitsandbytes is hidden from imports in this process."""
     return MODULE in sys.modules and sys.modules[MODULE] is None
 
 
 def restore() -> None:
-    """Make bitsandbytes importable again if it is hidden (the end of a run: the process is the user's again)."""
-    if hidden():
+    """Make bitsandbytes importable again if this module hid it (the end of a run: the process is the user's
+    again); a None entry someone else put in sys.modules stays."""
+    if hidden() and _hidden_here:
         use_bitsandbytes(True)
 
 
 def use_bitsandbytes(needed: bool) -> None:
     """Hide bitsandbytes for a run that does not quantize (unless something already imported it), or make it
     importable again for one that does."""
+    global _hidden_here
     if not needed:
         if MODULE not in sys.modules:
             sys.modules[MODULE] = None  # type: ignore[assignment]  # the import system's "not importable" mark
+            _hidden_here = True
         return
     if not hidden():
         return
     del sys.modules[MODULE]
+    _hidden_here = False
     for name in _IMPORT_TIME_USERS:
         if sys.modules.get(name) is not None and getattr(sys.modules[name], "bnb", None) is None:
             del sys.modules[name]  # imported while hidden: import it again when needed

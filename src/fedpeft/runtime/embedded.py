@@ -159,7 +159,7 @@ def accept_updates(server: algorithms.ServerAlgorithm, rnd: int,
 def _total_or_unknown(values) -> float | None:
     """The sum, or None (unknown) when any client could not count its part."""
     values = list(values)
-    return None if any(v is None for v in values) else sum(values)
+    return None if any(v is None for v in values) else sum(float(v) for v in values)
 
 
 class EmbeddedRuntime:

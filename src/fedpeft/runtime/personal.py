@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fedpeft.algorithms.base import MAX_EXAMPLES, UpdateRejected, finite_number
+from fedpeft.algorithms.base import MAX_EXAMPLES, UpdateRejected, finite_number, shown
 from fedpeft.config import RunConfig
 from fedpeft.training.evaluate import PREDICTIONS, evaluate
 
@@ -55,7 +55,7 @@ def check_personal(value: Any) -> str | None:
         return f"the personalized evaluation report is {type(value).__name__}, not an object of scores"
     n = value.get(EXAMPLES)
     if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_EXAMPLES:
-        return (f"the personalized evaluation report's '{EXAMPLES}' is {str(n)[:40]!r}, not a positive integer "
+        return (f"the personalized evaluation report's '{EXAMPLES}' is {shown(n)}, not a positive integer "
                 "up to 2**53")
     for k, v in value.items():
         if k == EXAMPLES:
@@ -63,7 +63,7 @@ def check_personal(value: Any) -> str | None:
         try:
             finite_number(v, k)
         except UpdateRejected:
-            return f"the personalized evaluation report's {str(k)[:40]!r} is {str(v)[:40]!r}, not a finite number"
+            return f"the personalized evaluation report's {shown(k)} is {shown(v)}, not a finite number"
     return None
 
 
@@ -79,6 +79,7 @@ def personal_row(metas: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     for name in names:
         having = [r for r in reports.values() if name in r]
         weight = sum(r[EXAMPLES] for r in having)
-        row[f"personal_{name}"] = sum(r[name] * r[EXAMPLES] for r in having) / weight
+        # in float64 (a client's score may be a huge JSON integer: an int product would not convert back)
+        row[f"personal_{name}"] = sum(float(r[name]) * r[EXAMPLES] for r in having) / weight
     row["personal_examples"] = total
     return row

@@ -44,6 +44,8 @@ from flwr.server import ServerConfig
 from flwr.server.strategy import Strategy
 from flwr.server.workflow import SecAggPlusWorkflow
 
+from fedpeft.algorithms.base import UpdateRejected, finite_number
+from fedpeft.errors import first_line
 from fedpeft.runtime.flower.internals import (
     MAIN_CONFIGS_RECORD,
     MAIN_PARAMS_RECORD,
@@ -76,10 +78,12 @@ def readable_meta(text: Any) -> dict[str, Any]:
     (its masked update is in the sum regardless: SecAgg+ cannot leave one out)."""
     try:
         meta = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, an integer of > 4300 digits, nesting too deep
         meta = None
     loss = meta.get("train_loss") if isinstance(meta, dict) else None
-    if not isinstance(loss, (int, float)) or isinstance(loss, bool) or not math.isfinite(loss):
+    try:
+        finite_number(loss, "train_loss")
+    except UpdateRejected:
         return {}
     return {k: v for k, v in meta.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)}
 
@@ -113,7 +117,7 @@ class CountingGrid:
             if rep.has_content():
                 self.bytes_up[node] += message_bytes(rep)
             if rep.has_error():
-                self.dropped.setdefault(node, f"client failed in SecAgg+ stage {stage!r}: {rep.error.reason}")
+                self.dropped.setdefault(node, f"client failed in SecAgg+ stage {stage!r}: {first_line(rep.error.reason)}")
             elif stage == Stage.COLLECT_MASKED_VECTORS and any(len(r) for r in rep.content.array_records.values()):
                 self.dropped.setdefault(node, "sent arrays in the clear in SecAgg+ (its ClientApp lacks the "
                                               "secaggplus mod): refused")

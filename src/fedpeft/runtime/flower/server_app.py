@@ -145,7 +145,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
                 continue  # asked again at the next refresh
             out[node] = None
             if rep.has_error():
-                log.warning("SuperNode %d cannot serve fedpeft clients: %s", node, rep.error.reason)
+                log.warning("SuperNode %d cannot serve fedpeft clients: %s", node, first_line(rep.error.reason))
                 continue
             try:
                 out[node] = describe_reply(rep.content, max(self.cfg.federation.num_clients,
