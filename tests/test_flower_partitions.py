@@ -107,12 +107,18 @@ def test_partition_keys_must_name_partitions_of_the_run(keys):
         load_config(None, [f"runtime.flower.partition_keys={{2: '{keys[0].line}'}}"])
 
 
-def test_a_second_supernode_cannot_take_a_partition_that_is_served_and_answering(keys, caplog):
+def two_served_partitions(keys) -> tuple[FakeSuperLink, FlowerServerRuntime]:
+    """SuperNodes 1 and 2 (keys 0 and 1) serving partitions 0 and 1, as the ServerApp has settled them."""
     link = FakeSuperLink()
     link.add(1, keys[0].pem, 0)
     link.add(2, keys[1].pem, 1)
     rt = server(link)
     rt.refresh_nodes(timeout=0.5)
+    return link, rt
+
+
+def test_a_second_supernode_cannot_take_a_partition_that_is_served_and_answering(keys, caplog):
+    link, rt = two_served_partitions(keys)
     assert rt.node_of_partition == {0: 1, 1: 2}
     link.add(9, keys[2].pem, 0)  # a registered SuperNode of someone else, claiming partition 0
     with caplog.at_level(logging.WARNING, logger="fedpeft"):
@@ -133,11 +139,7 @@ def test_a_second_supernode_cannot_take_a_partition_that_is_served_and_answering
 
 def test_the_replacement_of_a_supernode_that_missed_its_last_message_takes_over_without_asking(keys, caplog):
     """As when a SuperNode is killed mid-round and started again (a new node id): its round timed out."""
-    link = FakeSuperLink()
-    link.add(1, keys[0].pem, 0)
-    link.add(2, keys[1].pem, 1)
-    rt = server(link)
-    rt.refresh_nodes(timeout=0.5)
+    link, rt = two_served_partitions(keys)
     link.nodes[2]["alive"] = False
     rt.partitions.answered(2, False)  # what _exchange records when its train message got no reply
     link.add(5, keys[2].pem, 1)
