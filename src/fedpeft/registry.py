@@ -1,0 +1,94 @@
+"""One table per kind of pluggable thing (algorithms, PEFT methods, datasets, trackers, runtimes).
+
+A :class:`Registry` maps names to entries and says, in one line, which names exist when a lookup fails.
+It imports nothing of fedpeft, so that every layer, the config included, may hold or read one. Entries may
+point at code lazily with a :class:`CodeRef` ("package.module:attribute"), so that registering a built-in
+needs neither torch nor Flower: the code is imported when it is first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+Entry = TypeVar("Entry")
+Code = TypeVar("Code")
+
+
+@dataclass(frozen=True)
+class CodeRef:
+    """A lazy reference to a module attribute, written ``"package.module:attribute"``."""
+
+    path: str
+
+    def __post_init__(self) -> None:
+        module, sep, attribute = self.path.partition(":")
+        if not sep or not module or not attribute:
+            raise ValueError(f"code reference {self.path!r}: write it as 'package.module:attribute'")
+
+    def load(self) -> object:
+        module, _, attribute = self.path.partition(":")
+        target: object = importlib.import_module(module)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+        return target
+
+
+def resolve(code: Code | CodeRef) -> Code:
+    """``code`` itself, or what a :class:`CodeRef` points at."""
+    return code.load() if isinstance(code, CodeRef) else code  # type: ignore[return-value]
+
+
+class Registry(Generic[Entry]):
+    """Named entries of one kind; ``key`` is where a config names them (e.g. ``"algorithm.name"``)."""
+
+    def __init__(self, kind: str, key: str) -> None:
+        self.kind = kind
+        self.key = key
+        self._entries: dict[str, Entry] = {}
+
+    def add(self, name: str, entry: Entry, *, same: Callable[[Entry, Entry], bool] | None = None) -> None:
+        """Register ``entry`` under ``name``. Registering an equal entry again (a plugin module loaded twice)
+        is a no-op; another entry under a taken name is refused."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a {self.kind} needs a non-empty name, got {name!r}")
+        known = self._entries.get(name)
+        if known is not None and not (same or (lambda a, b: a == b))(known, entry):
+            raise ValueError(f"{self.key} {name!r} is already registered ({_origin(known)}); choose another name")
+        self._entries[name] = entry
+
+    def get(self, name: str) -> Entry:
+        """The entry registered under ``name``; a one-line ValueError listing the registered names otherwise."""
+        entry = self._entries.get(name)
+        if entry is None:
+            raise ValueError(f"{self.key}: unknown choice {name!r}; valid choices: {', '.join(self._entries) or 'none'}")
+        return entry
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def items(self) -> list[tuple[str, Entry]]:
+        return list(self._entries.items())
+
+    def values(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (tests that register a throwaway entry clean up with this)."""
+        self._entries.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _origin(entry: object) -> str:
+    module = getattr(entry, "__module__", None)
+    return f"from {module}" if module else repr(entry)
