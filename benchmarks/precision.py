@@ -12,7 +12,7 @@ included), peak RSS of the process, the growth of RSS during the first round's t
 mark reset when training starts, Linux ``/proc/self/clear_refs``), seconds per optimizer step (the second
 round: warm), quality, each as a ratio to fp32; on CUDA also peak allocated accelerator memory.
 
-Part 2 (estimated): ``fedpeft.models.memory.estimate_training`` for the same setting, checked against the
+Part 2 (estimated): ``fedpeft.metrics.memory.estimate_training`` for the same setting, checked against the
 measured figures (backbone bytes; training memory = the RSS growth on CPU, the accelerator's peak on CUDA),
 then the backbone and one client's LoRA training memory of 1B, 3B, 7B and 8B shapes (architecture configs
 on the meta device, no weights) in each precision, against 24, 48 and 80 GiB devices.
@@ -165,8 +165,8 @@ def profiled_step(cfg, timeline: Path) -> dict:
 
 def estimate(model: str, precision: str, *, checkpointing: bool, batch_size: int, tokens: int):
     from fedpeft.config import schema
+    from fedpeft.metrics.memory import estimate_training
     from fedpeft.models.architectures import architecture_config
-    from fedpeft.models.memory import estimate_training
 
     raw = yaml.safe_load(BASE_CONFIG.read_text())
     peft = schema.RunConfig.model_validate({"peft": raw["peft"]}).peft

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedpeft.algorithms.adaptive_server import adaptive_step, server_lr
+from fedpeft.algorithms.fedpeptao.adaptive_server import adaptive_step, server_lr
 
 
 def a(x):

@@ -3,7 +3,12 @@ import pytest
 
 from fedpeft.algorithms import aggregate as A
 from fedpeft.algorithms import make_server
-from fedpeft.config.schema import FedAdamOptions, FedAvgMOptions, FedAvgOptions, FedYogiOptions
+from fedpeft.algorithms.fedavg.options import (
+    FedAdamOptions,
+    FedAvgMOptions,
+    FedAvgOptions,
+    FedYogiOptions,
+)
 from fedpeft.wire import Payload
 
 

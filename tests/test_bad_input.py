@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 
 from fedpeft import wire
 from fedpeft.algorithms import make_server
-from fedpeft.config.schema import FedAvgOptions
+from fedpeft.algorithms.fedavg.options import FedAvgOptions
 from fedpeft.runtime.embedded import accept_updates
 from fedpeft.runtime.flower.records import pack
 

@@ -33,7 +33,7 @@ def test_override_parsing():
     [
         ("foo=1", "foo: unknown key; valid keys here: algorithm, eval, federation"),
         ("train.optimizer=adagrad", "train.optimizer: Input should be 'adamw', 'adam' or 'sgd'"),
-        ("peft.method=lorax", "peft.method: unknown choice 'lorax'; valid choices: 'full', 'lora'"),
+        ("peft.method=lorax", "peft.method: unknown choice 'lorax'; valid choices: 'bitfit', 'full', 'houlsby'"),
         ("peft.rank=4", "peft.lora.rank: unknown key; valid keys here: alpha, dropout, method, r, target_modules"),
         ("algorithm.mu=0.1", "algorithm.fedavg.mu: unknown key; valid keys here: dp, name, robust, server_lr"),
         ("train.lr=-1", "train.lr: Input should be greater than 0"),
@@ -154,12 +154,12 @@ def _numeric_fields(model):
 def test_every_registered_methods_numeric_options_refuse_a_boolean():
     """Through the registries: every algorithm's and PEFT method's number options (built-in or a plugin's,
     which subclass the same base) refuse true instead of reading it as 1."""
-    import fedpeft.algorithms  # noqa: F401 (registers the built-in algorithms)
-    from fedpeft.config.schema import ALGORITHM_OPTIONS, PEFT_OPTIONS
+    from fedpeft.registry import ALGORITHMS, PEFT_METHODS
 
     checked = 0
-    for table, tag in ((ALGORITHM_OPTIONS, "name"), (PEFT_OPTIONS, "method")):
-        for name, model in table.items():
+    for table, tag in ((ALGORITHMS, "name"), (PEFT_METHODS, "method")):
+        for name, entry in table.items():
+            model = entry.options
             for field, _ in _numeric_fields(model):
                 with pytest.raises(ValueError, match="got the boolean true"):
                     model.model_validate({tag: name, field: True})

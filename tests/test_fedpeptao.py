@@ -8,11 +8,11 @@ from helpers import tiny_config
 import fedpeft
 from fedpeft import checkpoint
 from fedpeft.algorithms import make_server
-from fedpeft.algorithms.adaptive_server import adaptive_step
-from fedpeft.algorithms.fedpeptao import block_name
-from fedpeft.algorithms.layer_selection import layer_score
-from fedpeft.algorithms.prompt_probes import client_layer_scores, sample_batch
-from fedpeft.config.schema import FedPepTAOOptions
+from fedpeft.algorithms.fedpeptao.adaptive_server import adaptive_step
+from fedpeft.algorithms.fedpeptao.halves import block_name
+from fedpeft.algorithms.fedpeptao.layer_selection import layer_score
+from fedpeft.algorithms.fedpeptao.options import FedPepTAOOptions
+from fedpeft.algorithms.fedpeptao.prompt_probes import client_layer_scores, sample_batch
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload

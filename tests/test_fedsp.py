@@ -8,7 +8,7 @@ import torch
 from helpers import crash_at_round
 
 import fedpeft
-from fedpeft.algorithms.fedsp import AUX, fold_layers, tile_layers
+from fedpeft.algorithms.fedsp.halves import AUX, fold_layers, tile_layers
 from fedpeft.config import load_config
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.tuners.prefix_layers import PrefixLayout

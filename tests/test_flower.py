@@ -296,8 +296,8 @@ TAMPERING_PLUGIN = '''
 from typing import Literal
 
 import fedpeft
-from fedpeft.algorithms.fedavg import FedAvgClient, FedAvgServer
-from fedpeft.config.schema import FedAvgOptions
+from fedpeft.algorithms.fedavg.halves import FedAvgClient, FedAvgServer
+from fedpeft.algorithms.fedavg.options import FedAvgOptions
 
 BROKEN = {0: ("train_loss", "abc"), 1: ("num_examples", 10**400), 2: ("train_ops_analytic", [1.0])}
 
@@ -349,8 +349,8 @@ from typing import Literal
 import numpy as np
 
 import fedpeft
-from fedpeft.algorithms.fedavg import FedAvgClient, FedAvgServer
-from fedpeft.config.schema import FedAvgOptions
+from fedpeft.algorithms.fedavg.halves import FedAvgClient, FedAvgServer
+from fedpeft.algorithms.fedavg.options import FedAvgOptions
 
 
 class PaddingOptions(FedAvgOptions):  # FedAvgServer reads FedAvg's options (server_lr, dp, robust)

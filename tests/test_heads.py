@@ -7,8 +7,8 @@ import torch
 from helpers import tiny_config
 
 import fedpeft
-from fedpeft.algorithms.headprune import HeadPruneServer, loss_difference_selection
-from fedpeft.config.schema import HeadPruneOptions
+from fedpeft.algorithms.headprune.halves import HeadPruneServer, loss_difference_selection
+from fedpeft.algorithms.headprune.options import HeadPruneOptions
 from fedpeft.heads import (
     ALPHA_KEY,
     KEPT_KEY,

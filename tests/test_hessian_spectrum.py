@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedpeft.algorithms.hessian_spectrum import kept_ratio, lanczos_spectrum, share_above
+from fedpeft.algorithms.fedpeptao.hessian_spectrum import kept_ratio, lanczos_spectrum, share_above
 
 
 def test_lanczos_finds_the_eigenvalues_of_a_quadratic():

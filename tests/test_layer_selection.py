@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from fedpeft.algorithms.layer_selection import (
+from fedpeft.algorithms.fedpeptao.layer_selection import (
     aggregate_scores,
     cosine_kernel,
     layer_order,

@@ -14,7 +14,8 @@ from fedpeft.algorithms.lora.factors import (
     svd_factors,
     truncate_rank,
 )
-from fedpeft.algorithms.lora.hetero import FlexLoraOptions, HetLoraOptions, RankGroup, assign_ranks
+from fedpeft.algorithms.lora.hetero.halves import assign_ranks
+from fedpeft.algorithms.lora.hetero.options import FlexLoraOptions, HetLoraOptions, RankGroup
 from fedpeft.config import ConfigError
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import EmbeddedRuntime

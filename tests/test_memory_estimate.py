@@ -1,4 +1,4 @@
-"""The memory estimate (fedpeft.models.memory): saved activations counted on the meta device are those of the
+"""The memory estimate (fedpeft.metrics.memory): saved activations counted on the meta device are those of the
 real model, the parts add up, checkpointing and precision order them as they must, and `fedpeft model --memory`
 prints them for shapes without weights."""
 
@@ -11,7 +11,8 @@ import torch
 
 from fedpeft.cli import main
 from fedpeft.config import load_config
-from fedpeft.models import memory, registry
+from fedpeft.metrics import memory
+from fedpeft.models import registry
 from fedpeft.models.architectures import architecture_config, build_on_meta
 from fedpeft.tuners import apply_tuner
 

@@ -18,7 +18,7 @@ import fedpeft
 from fedpeft.adapters import load_adapter
 from fedpeft.cli import main
 from fedpeft.config import ConfigError, load_config
-from fedpeft.config.schema import PEFT_OPTIONS
+from fedpeft.config.schema import options_for
 from fedpeft.models import registry
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.tuners import PEFT_METHODS, apply_tuner, method_options, registered_peft_method
@@ -31,7 +31,7 @@ PLUGIN = str(EXAMPLE / "plugin.py")
 @pytest.mark.parametrize("name", sorted(PEFT_METHODS))
 def test_every_registered_method_keeps_the_contract(name, tmp_path):
     entry = registered_peft_method(name)
-    assert PEFT_OPTIONS[name] is entry.options and entry.options().method == name
+    assert options_for("peft", name) is entry.options and entry.options().method == name
     assert entry.options.maps_to_heads == (entry.head_params is not None)
     assert entry.analytic_ops is None or set(entry.analytic_ops) <= set(ANALYTIC_ROWS)
     tok = registry.load_tokenizer("tiny-bert")
@@ -84,7 +84,7 @@ def test_the_example_method_trains_only_norms_and_the_head():
 
 
 def test_a_method_without_heads_is_refused_by_headprune_naming_those_with_heads():
-    with pytest.raises(ConfigError, match=r"which 'layernorm' has none of: set peft.method to one of lora, ia3"):
+    with pytest.raises(ConfigError, match=r"which 'layernorm' has none of: set peft.method to one of ia3, lora, p_tuning"):
         load_config(EXAMPLE / "config.yaml", ["algorithm={name: headprune}"], plugins=[PLUGIN])
 
 
@@ -94,7 +94,7 @@ def test_fedpeft_model_lists_a_plugin_method_with_unknown_ops(capsys):
     line = next(x for x in out.splitlines() if x.startswith("layernorm"))
     assert line.split()[-2:] == ["unknown", "unknown"]
     assert main(["model", "tiny-bert", "--methods", "nosuch"]) == 2
-    assert "choose from full, lora" in capsys.readouterr().err
+    assert "choose from bitfit, full, houlsby" in capsys.readouterr().err
 
 
 def test_registration_mistakes_are_refused_with_the_fix():
@@ -122,8 +122,10 @@ def test_registration_mistakes_are_refused_with_the_fix():
 
         fedpeft.register_peft_method("lora", options=Lora, apply=apply)
     with pytest.raises(ValueError, match="already registered"):  # the same options, another implementation
-        fedpeft.register_peft_method("bitfit", options=PEFT_OPTIONS["bitfit"], apply=apply)
-    assert "mine" not in PEFT_METHODS and "mine" not in PEFT_OPTIONS
+        fedpeft.register_peft_method("bitfit", options=options_for("peft", "bitfit"), apply=apply)
+    assert "mine" not in PEFT_METHODS
+    with pytest.raises(ValueError, match="unknown choice 'mine'"):
+        options_for("peft", "mine")
 
 
 def test_the_rows_a_method_may_declare_are_the_rows_of_table_6():

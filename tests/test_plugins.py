@@ -13,7 +13,7 @@ import fedpeft
 from fedpeft.algorithms.registry import ALGORITHMS
 from fedpeft.cli import main
 from fedpeft.config import ConfigError, load_config
-from fedpeft.config.schema import ALGORITHM_OPTIONS
+from fedpeft.config.schema import options_for
 from fedpeft.rundir import read_metrics, read_summary
 
 EXAMPLE = REPO / "examples" / "custom_algorithm"
@@ -31,7 +31,7 @@ def test_the_example_plugin_runs_from_the_command_line_and_resumes(tmp_path, cap
 
 
 def test_without_the_plugin_the_name_is_refused_with_the_valid_choices(tmp_path, capsys):
-    with pytest.raises(ConfigError, match=r"algorithm.name: unknown choice 'nosuch'; valid choices: 'fedavg'"):
+    with pytest.raises(ConfigError, match=r"algorithm.name: unknown choice 'nosuch'; valid choices: 'fedadam', 'fedavg'"):
         load_config(None, ["algorithm.name=nosuch"])
     assert main(["run", str(EXAMPLE / "config.yaml"), "--plugin", str(tmp_path / "missing.py")]) == 2
     assert "plugin file" in capsys.readouterr().err
@@ -70,7 +70,7 @@ def test_a_taken_name_and_a_misnamed_options_model_are_refused():
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_registered_algorithm_keeps_the_contract(name):
     entry = ALGORITHMS[name]
-    assert ALGORITHM_OPTIONS[name] is entry.options and entry.options().name == name
+    assert options_for("algorithm", name) is entry.options and entry.options().name == name
     assert issubclass(entry.server, fedpeft.ServerAlgorithm)
     assert isinstance(entry.client(entry.options()), fedpeft.ClientAlgorithm)
 

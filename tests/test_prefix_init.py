@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fedpeft.models import registry
-from fedpeft.tuners.prefix_init import text_token_ids
+from fedpeft.tuners.prefix_tuning.prefix_init import text_token_ids
 from fedpeft.tuners.tuned import apply_tuner, method_options
 
 TEXT = "Answer the question with the right choice."

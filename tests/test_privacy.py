@@ -8,9 +8,10 @@ from helpers import tiny_config
 
 from fedpeft import checkpoint
 from fedpeft.algorithms import make_server
+from fedpeft.algorithms.fedavg.options import FedAvgOptions
 from fedpeft.algorithms.privacy import PrivateMean, clip, l2_norm
 from fedpeft.config import ConfigError
-from fedpeft.config.schema import FedAvgOptions, PrivacyOptions
+from fedpeft.config.privacy import PrivacyOptions
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.wire import Payload

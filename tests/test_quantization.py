@@ -109,8 +109,8 @@ def test_place_on_moves_only_what_is_elsewhere():
 def test_held_bytes_count_the_quantization_constants_and_match_the_estimate(bits, precision):
     """What a quantized model holds (packed weights, absmax or row scales, the rest float32) is what the meta-device
     estimate of the same architecture gives, byte for byte; transformers' footprint misses the constants."""
+    from fedpeft.metrics.memory import backbone_bytes_estimate, held_bytes
     from fedpeft.models.architectures import build_on_meta
-    from fedpeft.models.memory import backbone_bytes_estimate, held_bytes
 
     tok = registry.load_tokenizer("tiny-llama")
     model = registry.load_model("tiny-llama", "causal", tokenizer=tok, quantization=QuantizationOptions(bits=bits))

@@ -7,12 +7,12 @@ import pytest
 from helpers import tiny_config, without_timings
 
 from fedpeft import wire
-from fedpeft.config.schema import ALGORITHM_OPTIONS
+from fedpeft.registry import ALGORITHMS
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import EmbeddedRuntime, run
 from fedpeft.training.local import NonFiniteLoss
 
-FEDAVG_FAMILY = sorted(n for n, m in ALGORITHM_OPTIONS.items() if m.supports_secure_aggregation)
+FEDAVG_FAMILY = sorted(n for n, e in ALGORITHMS.items() if e.options.supports_secure_aggregation)
 
 
 @pytest.mark.parametrize("algorithm", FEDAVG_FAMILY)

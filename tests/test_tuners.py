@@ -7,7 +7,7 @@ import torch
 from fedpeft.models import registry
 from fedpeft.models.layout import arch_spec, model_shape
 from fedpeft.tuners import PEFT_METHODS, StateError, apply_tuner, method_options
-from fedpeft.tuners.bottleneck import adapter_sites
+from fedpeft.tuners.bottleneck.apply import adapter_sites
 
 METHODS = sorted(PEFT_METHODS)  # every registered method (the built-in ones, at collection)
 CASES = [

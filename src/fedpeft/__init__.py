@@ -41,7 +41,7 @@ _EXPORTS = {
     "ClientAlgorithm": "fedpeft.algorithms.base",
     "ClientContext": "fedpeft.algorithms.base",
     "RuntimeNeeds": "fedpeft.algorithms.base",
-    "RunObserver": "fedpeft.algorithms.base",
+    "RunObserver": "fedpeft.observer",
     "UpdateRejected": "fedpeft.algorithms.base",
     "check_update": "fedpeft.algorithms.base",
     "UpdateMeta": "fedpeft.algorithms.base",

@@ -384,8 +384,8 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def _memory_rows(args: argparse.Namespace, config, kind: str, kind_task: str, rows: dict) -> list[dict]:
-    """One client's estimated training memory per method, precision and checkpointing (models/memory.py)."""
-    from fedpeft.models.memory import PRECISIONS, estimate_training
+    """One client's estimated training memory per method, precision and checkpointing (metrics/memory.py)."""
+    from fedpeft.metrics.memory import PRECISIONS, estimate_training
 
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size {args.batch_size}: give the sequences of one training step (at least 1)")
@@ -420,7 +420,7 @@ def _memory_rows(args: argparse.Namespace, config, kind: str, kind_task: str, ro
 
 def _print_memory(args: argparse.Namespace, memory: list[dict]) -> None:
     print(f"\none client's training memory, estimated (GiB; batch {args.batch_size} x {args.tokens} tokens, AdamW; "
-          "without the allocator's slack and the CUDA context; see fedpeft.models.memory)")
+          "without the allocator's slack and the CUDA context; see fedpeft.metrics.memory)")
     header = ["method", "precision", "backbone", "trainable state", "activations (ckpt off / on)",
               "total (ckpt off / on)"]
     lines, reasons = [], []

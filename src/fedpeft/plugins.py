@@ -13,7 +13,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
 
@@ -21,6 +21,7 @@ from fedpeft.errors import UserError
 
 ENTRY_POINT_GROUP = "fedpeft.plugins"
 _installed_loaded = False
+_built_ins_loaded = False
 
 
 class PluginError(UserError, ImportError):
@@ -68,40 +69,54 @@ def load_plugin(spec: str) -> ModuleType:
         raise
 
 
+def _is_fedpeft_own(entry_point: EntryPoint) -> bool:
+    dist = getattr(entry_point, "dist", None)
+    return dist is not None and dist.name == "fedpeft"
+
+
+def _call(entry_point: EntryPoint) -> None:
+    try:
+        obj = entry_point.load()
+        if callable(obj) and not isinstance(obj, ModuleType):
+            obj()
+    except UserError:
+        raise
+    except Exception as exc:
+        raise PluginError(f"installed plugin {entry_point.name!r} ({entry_point.value}): {type(exc).__name__}: "
+                          f"{exc}") from exc
+
+
+def load_built_ins() -> None:
+    """Register (once per process) fedpeft's own algorithms and PEFT methods: the entry points that fedpeft's
+    package itself declares in the ``fedpeft.plugins`` group (``fedpeft.builtins.register``), the door an
+    installed plugin package uses too. fedpeft.config calls it when imported."""
+    global _built_ins_loaded
+    if _built_ins_loaded:
+        return
+    _built_ins_loaded = True
+    own = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if _is_fedpeft_own(ep)]
+    if not own:
+        _built_ins_loaded = False
+        raise PluginError(f"fedpeft's built-in methods register through its package's entry point (group "
+                          f"{ENTRY_POINT_GROUP}), which this environment lacks: install fedpeft (bash "
+                          "scripts/install.sh, or pip install -e .) rather than only putting src/ on the path")
+    for entry_point in own:
+        _call(entry_point)
+
+
 def load_installed_plugins() -> list[str]:
-    """Load (once per process) every plugin that installed packages declare in the ``fedpeft.plugins``
+    """Load (once per process) every plugin that other installed packages declare in the ``fedpeft.plugins``
     entry-point group: the entry point's object is imported and, when it is a function, called."""
     global _installed_loaded
     if _installed_loaded:
         return []
     _installed_loaded = True
     names = []
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            obj = ep.load()
-            if callable(obj) and not isinstance(obj, ModuleType):
-                obj()
-        except UserError:
-            raise
-        except Exception as exc:
-            raise PluginError(f"installed plugin {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}") from exc
-        names.append(ep.name)
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+        if not _is_fedpeft_own(entry_point):
+            _call(entry_point)
+            names.append(entry_point.name)
     return names
-
-
-# importing it registers every built-in algorithm, among them the federated LoRA methods, which are plugins
-# written against the public API (fedpeft.algorithms.lora) like a user's
-BUILT_IN_ALGORITHMS = "fedpeft.algorithms"
-
-
-def load_built_in_algorithms(name: object) -> None:
-    """Register the built-in algorithms if ``name`` (a config's algorithm.name) is not known yet: the federated
-    LoRA methods register on import, and importing the algorithms imports torch, which a config naming a
-    method known without them (or a mistyped one the check refuses first) does not wait for."""
-    from fedpeft.config.schema import ALGORITHM_OPTIONS
-
-    if isinstance(name, str) and name not in ALGORITHM_OPTIONS:
-        importlib.import_module(BUILT_IN_ALGORITHMS)
 
 
 def load_plugins(specs: list[str]) -> None:

@@ -11,7 +11,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from fedpeft.algorithms.registry import RegisteredAlgorithm
+    from fedpeft.tuners.registry import PeftMethod
 
 Entry = TypeVar("Entry")
 Code = TypeVar("Code")
@@ -42,7 +46,8 @@ def resolve(code: Code | CodeRef) -> Code:
 
 
 class Registry(Generic[Entry]):
-    """Named entries of one kind; ``key`` is where a config names them (e.g. ``"algorithm.name"``)."""
+    """Named entries of one kind; ``key`` is where a config names them (e.g. ``"algorithm.name"``). Names are
+    listed in alphabetical order, whatever the order they were registered in."""
 
     def __init__(self, kind: str, key: str) -> None:
         self.kind = kind
@@ -59,21 +64,29 @@ class Registry(Generic[Entry]):
             raise ValueError(f"{self.key} {name!r} is already registered ({_origin(known)}); choose another name")
         self._entries[name] = entry
 
+    def find(self, name: str) -> Entry | None:
+        """The entry registered under ``name``, or None."""
+        return self._entries.get(name)
+
     def get(self, name: str) -> Entry:
         """The entry registered under ``name``; a one-line ValueError listing the registered names otherwise."""
         entry = self._entries.get(name)
         if entry is None:
-            raise ValueError(f"{self.key}: unknown choice {name!r}; valid choices: {', '.join(self._entries) or 'none'}")
+            raise ValueError(f"{self.key}: unknown choice {name!r}; valid choices: {', '.join(sorted(self._entries)) or 'none'}")
         return entry
 
+    def __getitem__(self, name: str) -> Entry:
+        return self.get(name)
+
     def names(self) -> list[str]:
-        return list(self._entries)
+        """The registered names, in alphabetical order (how fedpeft lists every kind's choices)."""
+        return sorted(self._entries)
 
     def items(self) -> list[tuple[str, Entry]]:
-        return list(self._entries.items())
+        return [(name, self._entries[name]) for name in self.names()]
 
     def values(self) -> list[Entry]:
-        return list(self._entries.values())
+        return [self._entries[name] for name in self.names()]
 
     def remove(self, name: str) -> None:
         """Forget ``name`` (tests that register a throwaway entry clean up with this)."""
@@ -83,12 +96,18 @@ class Registry(Generic[Entry]):
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+        return iter(self.names())
 
     def __len__(self) -> int:
         return len(self._entries)
 
 
 def _origin(entry: object) -> str:
-    module = getattr(entry, "__module__", None)
+    module = getattr(getattr(entry, "options", entry), "__module__", None)  # a method: where its options live
     return f"from {module}" if module else repr(entry)
+
+
+# The registries of fedpeft's kinds; their entries are added by the public registration functions
+# (fedpeft.register_algorithm, fedpeft.register_peft_method), which fedpeft's built-ins call as plugins do.
+ALGORITHMS: Registry[RegisteredAlgorithm] = Registry("algorithm", "algorithm.name")
+PEFT_METHODS: Registry[PeftMethod] = Registry("PEFT method", "peft.method")

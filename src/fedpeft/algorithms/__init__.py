@@ -1,7 +1,11 @@
 """Federated algorithms: each one a server half and a client half, registered by name.
 
-The built-in algorithms below register through :func:`fedpeft.algorithms.registry.register_algorithm`, the
-same function a plugin calls (``fedpeft.register_algorithm``).
+Each built-in algorithm is a package here (``fedpeft/algorithms/<name>/``, the federated LoRA methods under
+``lora/``): its options, its halves, its helpers and its registration through
+:func:`fedpeft.algorithms.registry.register_algorithm`, the same function a plugin calls
+(``fedpeft.register_algorithm``). :mod:`.base` holds the contract, :mod:`.aggregate`, :mod:`.privacy` and
+:mod:`.robust` what several algorithms share. Importing this package imports no torch; the names below
+load on first use.
 """
 
 from __future__ import annotations
@@ -9,78 +13,23 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from fedpeft.algorithms.base import (
-    ClientAlgorithm,
-    ClientContext,
-    RuntimeNeeds,
-    ServerAlgorithm,
-    UpdateMeta,
-    UpdateRejected,
-    check_update,
-    check_update_meta,
-    random_selection,
-)
-from fedpeft.algorithms.fedavg import (
-    FedAdamServer,
-    FedAvgClient,
-    FedAvgMServer,
-    FedAvgServer,
-    FedYogiServer,
-)
-from fedpeft.algorithms.fedpeptao import FedPepTAOClient, FedPepTAOServer
-from fedpeft.algorithms.fedprox import FedProxClient, FedProxServer
-from fedpeft.algorithms.fedsp import FedSPClient, FedSPServer
-from fedpeft.algorithms.headprune import HeadPruneClient, HeadPruneServer
-from fedpeft.algorithms.registry import ALGORITHMS, register_algorithm, registered_algorithm
-from fedpeft.config import schema as S
+# the config (and with it every built-in's registration) first, so that a built-in's own modules never meet
+# a half-imported sibling, whichever module of it a process imports first
+import fedpeft.config  # noqa: F401
 
-register_algorithm("fedavg", options=S.FedAvgOptions, server=FedAvgServer, client=lambda o: FedAvgClient(o.dp))
-register_algorithm("fedavgm", options=S.FedAvgMOptions, server=FedAvgMServer, client=lambda o: FedAvgClient(o.dp))
-register_algorithm("fedadam", options=S.FedAdamOptions, server=FedAdamServer, client=lambda o: FedAvgClient(o.dp))
-register_algorithm("fedyogi", options=S.FedYogiOptions, server=FedYogiServer, client=lambda o: FedAvgClient(o.dp))
-register_algorithm("fedprox", options=S.FedProxOptions, server=FedProxServer,
-                   client=lambda o: FedProxClient(o.mu, o.dp))
-register_algorithm("headprune", options=S.HeadPruneOptions, server=HeadPruneServer, client=HeadPruneClient)
-register_algorithm("fedpeptao", options=S.FedPepTAOOptions, server=FedPepTAOServer, client=FedPepTAOClient)
-register_algorithm("fedsp", options=S.FedSPOptions, server=FedSPServer, client=FedSPClient)
-# the federated LoRA methods register themselves through the public API (import fedpeft) when imported
-importlib.import_module("fedpeft.algorithms.lora.ffa")
-importlib.import_module("fedpeft.algorithms.lora.fedsa")
-importlib.import_module("fedpeft.algorithms.lora.hetero")
-importlib.import_module("fedpeft.algorithms.lora.flora")
-importlib.import_module("fedpeft.algorithms.lora.fedex")
+_EXPORTS = {
+    **dict.fromkeys(("ClientAlgorithm", "ClientContext", "RuntimeNeeds", "ServerAlgorithm", "UpdateMeta",
+                     "UpdateRejected", "check_update", "check_update_meta", "random_selection"),
+                    "fedpeft.algorithms.base"),
+    **dict.fromkeys(("make_client", "make_server", "register_algorithm", "registered_algorithm", "runtime_needs"),
+                    "fedpeft.algorithms.registry"),
+    "ALGORITHMS": "fedpeft.registry",
+}
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605
 
 
-def make_server(options: Any, initial_state, *, num_clients: int, clients_per_round: int, seed: int,
-                layout: Any = None, client_lr: float | None = None, server_model: Any = None) -> ServerAlgorithm:
-    server_cls = registered_algorithm(options.name).server
-    return server_cls(options, initial_state, num_clients=num_clients, clients_per_round=clients_per_round, seed=seed,
-                      layout=layout, client_lr=client_lr, server_model=server_model)
-
-
-def runtime_needs(options: Any) -> RuntimeNeeds:
-    """What the algorithm ``options`` names needs from the runtime (its server half's declaration)."""
-    return registered_algorithm(options.name).server.runtime_needs(options)
-
-
-def make_client(options: Any) -> ClientAlgorithm:
-    return registered_algorithm(options.name).client(options)
-
-
-__all__ = [
-    "ALGORITHMS",
-    "ClientAlgorithm",
-    "ClientContext",
-    "RuntimeNeeds",
-    "ServerAlgorithm",
-    "UpdateMeta",
-    "UpdateRejected",
-    "check_update",
-    "check_update_meta",
-    "make_client",
-    "make_server",
-    "random_selection",
-    "register_algorithm",
-    "registered_algorithm",
-    "runtime_needs",
-]
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fedpeft.algorithms' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

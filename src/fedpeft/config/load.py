@@ -212,15 +212,12 @@ def validate_config(raw: dict[str, Any], base_dir: str | Path | None = None) -> 
     if not isinstance(plugins, list) or not all(isinstance(x, str) for x in plugins):
         raise ConfigError("plugins: give a list of plugin modules or .py files, e.g. plugins: [./my_plugin.py]")
     from fedpeft.plugins import (  # registers their algorithms and methods first
-        load_built_in_algorithms,
         load_plugins,
         resolve_plugin,
     )
 
     raw["plugins"] = list(dict.fromkeys(resolve_plugin(x, base_dir) for x in plugins))
     load_plugins(raw["plugins"])
-    if isinstance(raw.get("algorithm"), dict):
-        load_built_in_algorithms(raw["algorithm"].get("name"))
     # A section given without its tag means the default method/algorithm with those options.
     for section, tag, default in (("peft", "method", "lora"), ("algorithm", "name", "fedavg")):
         if isinstance(raw.get(section), dict) and tag not in raw[section]:

@@ -7,15 +7,17 @@ starts with a message naming the valid choices (see :mod:`fedpeft.config.load`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import importlib
 import operator
+from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from fedpeft.config.adversarial import ROBUST_DESCRIPTION, AttackersConfig, RobustRule
+from fedpeft.config.adversarial import AttackersConfig
 from fedpeft.config.section import Section
+from fedpeft.registry import ALGORITHMS, PEFT_METHODS, Registry
 
 
 class PeftOptions(Section):
@@ -194,335 +196,10 @@ class ModelConfig(Section):
         None, description="Quantize the frozen backbone to 4 or 8 bits (bitsandbytes); None: dtype above.")
 
 
-# --- PEFT methods -------------------------------------------------------------------------------
-
-
-class FullFineTuning(PeftOptions):
-    method: Literal["full"] = "full"
-
-    def check(self, run: RunConfig) -> None:
-        _refuse_quantized_backbone(run, "peft.method full trains the backbone's weights, which are frozen in 4 or 8 "
-                                        "bits: use lora, ia3, the prompt methods or bottleneck adapters")
-
-
-class LoraOptions(PeftOptions):
-    method: Literal["lora"] = "lora"
-    maps_to_heads: ClassVar[bool] = True
-    r: int = Field(16, ge=1, description="LoRA rank.")
-    alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
-    dropout: float = Field(0.1, ge=0, lt=1)
-    target_modules: list[str] | None = Field(
-        None, description="Module names to adapt. Default: the attention query/key/value projections."
-    )
-
-
-class IA3Options(PeftOptions):
-    method: Literal["ia3"] = "ia3"
-    maps_to_heads: ClassVar[bool] = True
-    target_modules: list[str] | None = Field(None, description="Default: peft's choice for the architecture.")
-    feedforward_modules: list[str] | None = None
-
-
-class PromptTuningOptions(PeftOptions):
-    method: Literal["prompt_tuning"] = "prompt_tuning"
-    maps_to_heads: ClassVar[bool] = True
-    num_virtual_tokens: int = Field(20, ge=1)
-    init_text: str | None = Field(None, description="Initialise the prompt from this text's embeddings.")
-
-
-class PTuningOptions(PeftOptions):
-    method: Literal["p_tuning"] = "p_tuning"
-    maps_to_heads: ClassVar[bool] = True
-    num_virtual_tokens: int = Field(20, ge=1)
-    encoder_type: Literal["mlp", "lstm"] = "mlp"
-    encoder_hidden_size: int = Field(128, ge=1)
-
-
-class PrefixTuningOptions(PeftOptions):
-    """Deep prompts: trainable key/value prefixes at every layer (prefix tuning / P-tuning v2)."""
-
-    method: Literal["prefix_tuning"] = "prefix_tuning"
-    maps_to_heads: ClassVar[bool] = True
-    num_virtual_tokens: int = Field(20, ge=1)
-    projection: bool = Field(False, description="Reparametrise the prefixes through a 2-layer MLP.")
-    encoder_hidden_size: int = Field(512, ge=1, description="Hidden size of the projection MLP.")
-    init_text: str | None = Field(
-        None, description="Initialise each layer's prefix with the keys/values the frozen model computes for this "
-        "text (cut or repeated to num_virtual_tokens tokens; Li & Liang 2021), so that the untrained prefixed model "
-        "is the model with the text prepended. Decoder-only models, projection false. None: peft's N(0, 1) values.")
-
-    def check(self, run: RunConfig) -> None:
-        if run.train.gradient_checkpointing:
-            raise ValueError("train.gradient_checkpointing drops the prefixes: transformers' checkpointed layers "
-                             "discard past_key_values in training, which is how prefix tuning reaches them; set "
-                             "train.gradient_checkpointing: false (or use another peft.method)")
-
-    @model_validator(mode="after")
-    def _init_text_sets_the_prefixes(self):
-        if self.init_text is not None and self.projection:
-            raise ValueError("peft.init_text sets the prefixes themselves; it needs projection: false")
-        return self
-
-
-class BottleneckOptions(PeftOptions):
-    reduction_factor: int = Field(16, ge=1, description="Bottleneck size = hidden size / reduction_factor.")
-    bottleneck_size: int | None = Field(None, ge=1, description="Overrides reduction_factor.")
-    non_linearity: Literal["relu", "gelu", "swish", "tanh"] = "relu"
-    init_std: float = Field(1e-2, ge=0, description="Std of the down/up projection init (near identity).")
-
-
-class HoulsbyOptions(BottleneckOptions):
-    """Bottleneck adapters after the attention block and after the feed-forward block."""
-
-    method: Literal["houlsby"] = "houlsby"
-
-
-class PfeifferOptions(BottleneckOptions):
-    """One bottleneck adapter per layer, after the feed-forward block."""
-
-    method: Literal["pfeiffer"] = "pfeiffer"
-
-
-class BitFitOptions(PeftOptions):
-    method: Literal["bitfit"] = "bitfit"
-
-    def check(self, run: RunConfig) -> None:
-        _refuse_quantized_backbone(run, "peft.method bitfit trains the biases of the quantized linear layers, which "
-                                        "bitsandbytes keeps frozen: use lora, ia3, the prompt methods or adapters")
-
-
-def _refuse_quantized_backbone(run: RunConfig, why: str) -> None:
+def refuse_quantized_backbone(run: RunConfig, why: str) -> None:
+    """For a method's ``check``: refuse a run whose backbone is quantized, saying ``why``."""
     if run.model.quantization is not None:
         raise ValueError(f"model.quantization: {why} (or remove model.quantization)")
-
-
-# --- FL algorithms -------------------------------------------------------------------------------
-
-
-class PrivacyOptions(Section):
-    """Client-level differential privacy (DP-FedAvg): every client's update is clipped to L2 norm
-    ``clipping_norm``, the server sums the clipped updates, divides by clients_per_round and adds
-    Gaussian noise of standard deviation noise_multiplier * clipping_norm / clients_per_round. The
-    privacy spent is accounted with Flower's RDP accountant (sampling K of N clients without
-    replacement) and reported every round as dp_epsilon at dp_delta."""
-
-    noise_multiplier: float = Field(1.0, ge=0, description="z; 0 = clipping only (no privacy guarantee).")
-    clipping_norm: float = Field(1.0, gt=0, description="C: the L2 bound of one client's update (all arrays).")
-    clipping: Literal["client", "server"] = Field(
-        "client", description="client: clients clip before sending and the server rejects larger updates; "
-        "server: the server clips what arrives (the server then sees unclipped updates).",
-    )
-    target_delta: float = Field(1e-5, gt=0, lt=1, description="delta at which epsilon is reported.")
-    max_epsilon: float | None = Field(None, gt=0, description="Stop before a round would exceed this epsilon.")
-
-    @model_validator(mode="after")
-    def _budget_needs_noise(self) -> PrivacyOptions:
-        if self.max_epsilon is not None and self.noise_multiplier == 0:
-            raise ValueError("max_epsilon needs noise_multiplier > 0: without noise there is no finite epsilon")
-        return self
-
-
-class FedAvgOptions(AlgorithmOptions):
-    """FedAvg with a server learning rate: x += server_lr * weighted mean of client deltas (Eq. 5)."""
-
-    name: Literal["fedavg"] = "fedavg"
-    supports_secure_aggregation: ClassVar[bool] = True
-    supports_personalized_eval: ClassVar[bool] = True
-    server_lr: float = Field(1.0, gt=0)
-    dp: PrivacyOptions | None = Field(None, description="Client-level differential privacy (off by default).")
-    robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
-
-
-class FedAvgMOptions(AlgorithmOptions):
-    name: Literal["fedavgm"] = "fedavgm"
-    supports_secure_aggregation: ClassVar[bool] = True
-    supports_personalized_eval: ClassVar[bool] = True
-    server_lr: float = Field(1.0, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    dp: PrivacyOptions | None = None
-    robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
-
-
-class FedAdamOptions(AlgorithmOptions):
-    name: Literal["fedadam"] = "fedadam"
-    supports_secure_aggregation: ClassVar[bool] = True
-    supports_personalized_eval: ClassVar[bool] = True
-    dp: PrivacyOptions | None = None
-    robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
-    server_lr: float = Field(1e-2, gt=0)
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.99, ge=0, lt=1)
-    tau: float = Field(1e-3, gt=0, description="Adaptivity (epsilon) of the server optimizer.")
-
-
-class FedYogiOptions(FedAdamOptions):
-    name: Literal["fedyogi"] = "fedyogi"  # type: ignore[assignment]
-
-
-class FedProxOptions(AlgorithmOptions):
-    name: Literal["fedprox"] = "fedprox"
-    supports_secure_aggregation: ClassVar[bool] = True
-    supports_personalized_eval: ClassVar[bool] = True
-    server_lr: float = Field(1.0, gt=0)
-    mu: float = Field(0.01, ge=0, description="Weight of the proximal term mu/2 * ||w - w_global||^2.")
-    dp: PrivacyOptions | None = None
-    robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
-
-
-
-
-class HeadPruneOptions(AlgorithmOptions):
-    """Paper 000: head pruning, head-weighted aggregation, loss-difference selection (and baselines B1/B2)."""
-
-    name: Literal["headprune"] = "headprune"
-    robust_unavailable: ClassVar[str] = ("its Eq. 8 weights every attention head's slice by the clients' importance "
-                                         "scores, head by head, not one update per client")
-    server_lr: float = Field(1.0, gt=0)
-    pruning: Literal["importance", "random", "none"] = Field(
-        "importance", description="importance = Eq. 6+7; random = baseline B2; none = dense (baseline B1)."
-    )
-    aggregation: Literal["importance", "fedavg"] = Field(
-        "importance", description="Head slices by Eq. 8 (importance) or Eq. 5 over their senders (fedavg)."
-    )
-    selection: Literal["loss", "random"] = Field("loss", description="Eq. 9 loss difference, or uniform at random.")
-    sparsity: float = Field(0.9, ge=0, lt=1, description="Fraction of heads pruned on every client.")
-    per_layer: bool = Field(False, description="Keep the top (1 - sparsity) within every attention module.")
-    importance_examples: int | None = Field(
-        256, ge=1, description="Local examples sampled for the importance pass (None = all)."
-    )
-    eps: float = Field(1e-8, gt=0, description="Eq. 8 stabiliser.")
-    dp: None = Field(None, description="Not available: Eq. 8 weights every head by the clients' importance "
-                     "scores, which the server must see in the clear per client; use fedavg-family algorithms "
-                     "for differential privacy or secure aggregation.")
-
-    def check(self, run: RunConfig) -> None:
-        # here, so that the error comes before any data or model is loaded
-        if not type(run.peft).maps_to_heads:
-            heads = ", ".join(n for n, m in PEFT_OPTIONS.items() if m.maps_to_heads)
-            raise ValueError(f"algorithm headprune prunes attention heads, which {run.peft.method!r} has none of: "
-                             f"set peft.method to one of {heads}")
-        if getattr(run.peft, "projection", False):
-            raise ValueError("algorithm headprune maps prefixes to heads layer by layer; a prefix projection MLP "
-                             "mixes them: set peft.projection: false")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_dp(cls, data):
-        if isinstance(data, dict) and data.get("dp") is not None:
-            raise ValueError("differential privacy is not available for headprune: its Eq. 8 aggregation weights "
-                             "each head by per-client importance scores the server must see in the clear; use "
-                             "algorithm.name fedavg (or fedavgm, fedadam, fedyogi, fedprox) with algorithm.dp")
-        return data
-
-
-class FedPepTAOOptions(AlgorithmOptions):
-    """Paper 002 (FedPepTAO): deep prompts (peft.method prefix_tuning, projection: false) of which only
-    the selected layers travel, with Adam on the clients (train.optimizer) and momentum plus control
-    variates on the server (Algorithm 2). Rounds 1..selection_round exchange every layer; clients report
-    layer scores (Eq. 2-3) in those rounds and, at selection_round, the share of their prompt Hessian's
-    spectrum worth keeping (Algorithm 1); the server then fixes the layers for the rest of the run. The
-    prompts of the other layers stay on each client (personal) from then on."""
-
-    name: Literal["fedpeptao"] = "fedpeptao"
-    robust_unavailable: ClassVar[str] = ("its server step (Algorithm 2) keeps control variates and momentum from every "
-                                         "client's own update, which a rule that drops updates would leave inconsistent")
-    supports_personalized_eval: ClassVar[bool] = True
-    layer_selection: Literal["score", "random", "ascending", "descending", "all"] = Field(
-        "score", description="score: highest Eq. 3 score first (the method); random / ascending (bottom layers "
-        "first) / descending (top layers first): the paper's Appendix B.6 baselines; all: every layer travels "
-        "every round (P-tuning v2).",
-    )
-    ratio: Literal["hessian"] | Annotated[float, Field(gt=0, le=1)] = Field(
-        "hessian", description="Share of the prompt parameters to exchange: 'hessian' = the clients' Hessian "
-        "spectrum rule (Algorithm 1, as the reference code computes it), or a fixed fraction in (0, 1].",
-    )
-    selection_round: int = Field(5, ge=1, description="t: the round after which the layers are fixed.")
-    score_examples: int = Field(8, ge=2, description="Client samples whose hidden states give the layer scores.")
-    hessian_examples: int = Field(8, ge=1, description="Client samples in the batch of the Hessian spectrum.")
-    hessian_steps: int = Field(50, ge=1, description="Lanczos iterations (Hessian-vector products) per probe.")
-    hessian_probes: int = Field(1, ge=1, description="Random probe vectors of the Lanczos quadrature.")
-    server_optimizer: Literal["adaptive", "momentum", "fedavg"] = Field(
-        "adaptive", description="adaptive: Algorithm 2 (momentum and control variates); momentum: the same "
-        "without control variates (the MomS baselines); fedavg: the weighted mean of the clients' prompts.",
-    )
-    server_lr: float = Field(0.05, gt=0, description="eta_0 of the server momentum step (reference code: 0.05).")
-    server_lr_decay: float = Field(0.99, gt=0, le=1, description="eta_r = max(eta_0 * decay^r, server_lr_min).")
-    server_lr_min: float = Field(1e-4, ge=0)
-    beta: float = Field(0.9, ge=0, lt=1, description="Server momentum.")
-    head_server_step: Literal["fedavg", "same"] = Field(
-        "fedavg", description="The task head (the paper has none: it scores with a verbalizer) takes the plain "
-        "FedAvg step; 'same': it goes through server_optimizer with the prompts.",
-    )
-    keep_client_moments: bool = Field(
-        False, description="Keep each client's optimizer moments between its rounds (the reference code does; "
-        "the paper resets them every round).",
-    )
-    dp: None = Field(None, description="Not available for fedpeptao.")
-
-    def check(self, run: RunConfig) -> None:
-        if run.peft.method != "prefix_tuning" or getattr(run.peft, "projection", False):
-            raise ValueError("algorithm fedpeptao exchanges deep prompts layer by layer: set peft.method: "
-                             "prefix_tuning with peft.projection: false")
-
-
-class FedSPOptions(AlgorithmOptions):
-    """Paper 003 (FedSP): the global model stays on the server; clients receive once an auxiliary model built
-    from k of its blocks (applied cyclically at its L positions with cross-layer sharing) and distilled from
-    it on the server's data shard, then only prefix prompts (peft.method prefix_tuning). Each round a client
-    trains its auxiliary model with the prompts frozen, then the prompts with the model frozen, and returns them;
-    the server averages them, tunes them on the global model with its shard and sends them out. Causal LMs
-    only (task.type generation or multiple_choice with a decoder-only model); embedded runtime only."""
-
-    name: Literal["fedsp"] = "fedsp"
-    robust_unavailable: ClassVar[str] = "robust aggregation of its prompts is not implemented (it averages them, then tunes them on the server)"
-    supports_personalized_eval: ClassVar[bool] = True
-    aux_layers: int = Field(1, ge=1, description="k: blocks of the global model in the auxiliary model.")
-    aux_position: Literal["bottom", "middle", "top"] = Field(
-        "bottom", description="Where the k consecutive blocks are taken from (paper Table 3).")
-    share_layers: bool = Field(
-        True, description="Cross-layer sharing: apply the k blocks cyclically at L positions (block p mod k at "
-        "position p) so that all L layers' prompts plug in. false: k positions taking k layers' prompts (the "
-        "'w/o CS' ablation).")
-    distill_steps: int = Field(
-        200, ge=0, description="Knowledge distillation steps on the server's shard before round 1 (0: none, "
-        "the 'w/o KD' ablation; the paper runs 5000 on a GPU).")
-    distill_lr: float = Field(5e-4, gt=0, description="AdamW lr of the distillation (paper: 5e-4).")
-    distill_batch_size: int = Field(8, ge=1)
-    client_training: Literal["alternating", "joint", "prompts"] = Field(
-        "alternating", description="alternating: auxiliary model (prompts frozen), then prompts (model frozen), "
-        "each for the train section's epochs or steps; joint: both at once ('w/o AT'); prompts: the auxiliary "
-        "model is never updated (FedPrompt-Single).")
-    aux_lr: float | None = Field(
-        None, gt=0, description="Learning rate of the auxiliary model's training on the clients (None: train.lr, "
-        "which is tuned for the prompts).")
-    client_trains: Literal["blocks", "all"] = Field(
-        "all", description="Auxiliary parameters a client updates: all (paper 003 and its reference code: the "
-        "whole auxiliary model, embeddings and LM head included; each client keeps its own copy of them) or "
-        "blocks (everything but the embeddings and the LM head, which stay as distilled and are held once).")
-    server_data_fraction: float = Field(
-        1 / 11, ge=0, lt=1, description="Share of the training split the server keeps for distillation and its "
-        "own prompt tuning (the reference: 1 of client_num + 1 equal shards); the clients share the rest.")
-    server_steps: int = Field(
-        10, ge=0, description="Steps the server tunes the aggregated prompts on the global model and its shard, "
-        "each round (0: none).")
-    dp: None = Field(None, description="Not available for fedsp.")
-
-    def check(self, run: RunConfig) -> None:
-        if run.peft.method != "prefix_tuning":
-            raise ValueError("algorithm fedsp exchanges prefix prompts: set peft.method: prefix_tuning")
-        if run.task.type == "classification":
-            raise ValueError("algorithm fedsp trains causal language models: set task.type to generation or "
-                             "multiple_choice")
-        if run.runtime.name != "embedded":
-            raise ValueError("algorithm fedsp runs in the embedded runtime only (a Flower ClientApp would load the "
-                             "global model, which FedSP keeps on the server): set runtime.name: embedded")
-        if not self.share_layers and getattr(run.peft, "projection", False):
-            raise ValueError("fedsp without cross-layer sharing maps prompts layer by layer: set peft.projection: false")
-        _refuse_quantized_backbone(run, "algorithm fedsp copies the global model's blocks into the auxiliary model "
-                                        "and distils it, which needs full-precision weights")
-        if (self.distill_steps or self.server_steps) and self.server_data_fraction == 0:
-            raise ValueError("fedsp distils and tunes on the server's data: set algorithm.server_data_fraction > 0, "
-                             "or distill_steps and server_steps to 0")
 
 
 # --- federation, training, evaluation, runtime ----------------------------------------------------
@@ -776,33 +453,29 @@ class RuntimeConfig(Section):
 
 
 # --- the registered choices of peft.method and algorithm.name -----------------------------------------
-
-PEFT_OPTIONS: dict[str, type[PeftOptions]] = {
-    m.model_fields["method"].default: m
-    for m in (FullFineTuning, LoraOptions, IA3Options, PromptTuningOptions, PTuningOptions, PrefixTuningOptions,
-              HoulsbyOptions, PfeifferOptions, BitFitOptions)
-}
-ALGORITHM_OPTIONS: dict[str, type[AlgorithmOptions]] = {
-    m.model_fields["name"].default: m
-    for m in (FedAvgOptions, FedAvgMOptions, FedAdamOptions, FedYogiOptions, FedProxOptions, HeadPruneOptions,
-              FedPepTAOOptions, FedSPOptions)
-}
+# Each algorithm and PEFT method owns its options model (fedpeft/algorithms/<name>/, fedpeft/tuners/<name>/)
+# and registers it with its code in one call (fedpeft.register_algorithm, fedpeft.register_peft_method); the
+# config's ``peft`` and ``algorithm`` sections accept exactly the registered options models.
 
 
 def _all_algorithms() -> dict[str, type[AlgorithmOptions]]:
-    """Every registered algorithm's options, the built-in ones included: an error message that lists the algorithms
-    able to do something imports them (with torch), which validating a config otherwise need not."""
-    importlib.import_module("fedpeft.algorithms")
-    return ALGORITHM_OPTIONS
+    """Every registered algorithm's options model, by name (alphabetical)."""
+    return {name: ALGORITHMS[name].options for name in sorted(ALGORITHMS)}
 
 
 def _choice_union(models: Any, tag: str) -> Any:
-    """The config type of a section with registered choices: their options models, told apart by ``tag``."""
+    """The config type of a section with registered choices: their options models, told apart by ``tag``, in
+    the alphabetical order of their names (which is how errors list the choices)."""
+    models = sorted(models, key=lambda model: model.model_fields[tag].default)
+    if len(models) == 1:
+        return models[0]
     return Annotated[functools.reduce(operator.or_, models), Field(discriminator=tag)]  # A | B | ...
 
 
-PeftChoice = _choice_union(PEFT_OPTIONS.values(), "method")
-AlgorithmChoice = _choice_union(ALGORITHM_OPTIONS.values(), "name")
+def _default_options(registry: Registry[Any], name: str) -> Any:
+    """The options of the default choice ``name`` (fedpeft's built-ins are registered when fedpeft.config is
+    imported)."""
+    return registry.get(name).options()
 
 
 class RunConfig(Section):
@@ -814,8 +487,8 @@ class RunConfig(Section):
     output_dir: str = "runs"
     task: TaskConfig = Field(default_factory=TaskConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    peft: PeftChoice = Field(default_factory=LoraOptions)
-    algorithm: AlgorithmChoice = Field(default_factory=FedAvgOptions)
+    peft: PeftOptions = Field(default_factory=lambda: _default_options(PEFT_METHODS, "lora"))
+    algorithm: AlgorithmOptions = Field(default_factory=lambda: _default_options(ALGORITHMS, "fedavg"))
     federation: FederationConfig = Field(default_factory=FederationConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -882,38 +555,58 @@ class RunConfig(Section):
         ]
 
 
-def register_options(model: type[PeftOptions | AlgorithmOptions]) -> str:
-    """Make ``model`` a valid choice of ``peft.method`` (a PeftOptions subclass) or ``algorithm.name`` (an
-    AlgorithmOptions subclass) in every config validated from now on; returns its name. Registering the same
-    class again (a plugin module loaded twice) is a no-op; another class under a taken name is refused."""
+_SECTIONS = {"peft": (PEFT_METHODS, "method"), "algorithm": (ALGORITHMS, "name")}
+_refresh_deferred: set[str] = set()
+_deferring = False
+
+
+def refresh_choices(section: Literal["peft", "algorithm"]) -> None:
+    """Make the config's ``section`` accept exactly the options models registered for it (called by the
+    registration functions after they add an entry)."""
+    if _deferring:
+        _refresh_deferred.add(section)
+        return
     from pydantic.fields import FieldInfo
 
-    if isinstance(model, type) and issubclass(model, AlgorithmOptions):
-        table, field, tag = ALGORITHM_OPTIONS, "algorithm", "name"
-    elif isinstance(model, type) and issubclass(model, PeftOptions):
-        table, field, tag = PEFT_OPTIONS, "peft", "method"
-    else:
-        raise TypeError(f"{model!r} is not a subclass of fedpeft.config.schema.AlgorithmOptions or PeftOptions")
-    name = model.model_fields[tag].default
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"{model.__name__}: give the {tag} a literal default, e.g. {tag}: Literal['mine'] = 'mine'")
-    known = table.get(name)
-    if known is not None:
-        if (known.__module__, known.__qualname__) == (model.__module__, model.__qualname__):
-            return name
-        raise ValueError(f"{field}.{tag} {name!r} is already registered ({known.__module__}.{known.__qualname__}); "
-                         "choose another name")
-    table[name] = model
-    RunConfig.model_fields[field] = FieldInfo.merge_field_infos(
-        RunConfig.model_fields[field], annotation=_choice_union(table.values(), tag))
+    registry, tag = _SECTIONS[section]
+    models = [entry.options for entry in registry.values()]
+    if not models:
+        return
+    RunConfig.model_fields[section] = FieldInfo.merge_field_infos(
+        RunConfig.model_fields[section], annotation=_choice_union(models, tag))
     RunConfig.model_rebuild(force=True)
-    return name
+
+
+@contextlib.contextmanager
+def choices_refreshed_once() -> Iterator[None]:
+    """Registrations inside this block rebuild the config's choices once, at its end (loading the built-ins)."""
+    global _deferring
+    outer, _deferring = _deferring, True
+    try:
+        yield
+    finally:
+        _deferring = outer
+        if not outer:
+            for section in sorted(_refresh_deferred):
+                refresh_choices(section)  # type: ignore[arg-type]
+            _refresh_deferred.clear()
+
+
+def check_options_model(model: object, section: Literal["peft", "algorithm"], name: str) -> None:
+    """Refuse (one line) an options model that is not a subclass of the section's base class or whose tag does
+    not default to ``name``."""
+    base, (_, tag) = (PeftOptions if section == "peft" else AlgorithmOptions), _SECTIONS[section]
+    register = "register_peft_method" if section == "peft" else "register_algorithm"
+    if not (isinstance(model, type) and issubclass(model, base)):
+        raise TypeError(f"{register}({name!r}): options must subclass fedpeft.{base.__name__}")
+    if model.model_fields[tag].default != name:
+        raise ValueError(f"{register}({name!r}): {model.__name__}.{tag} must default to {name!r}, e.g. "
+                         f"{tag}: Literal[{name!r}] = {name!r}")
 
 
 def options_for(section: str, name: str) -> type[BaseModel]:
     """The options model registered under ``name`` for section "peft" or "algorithm"."""
-    table: dict[str, Any] = PEFT_OPTIONS if section == "peft" else ALGORITHM_OPTIONS
-    if name not in table:
-        key = "method" if section == "peft" else "name"
-        raise ValueError(f"{section}.{key}: unknown choice {name!r}; valid choices: {', '.join(table)}")
-    return table[name]
+    registry, tag = _SECTIONS["peft" if section == "peft" else "algorithm"]
+    if name not in registry:
+        raise ValueError(f"{section}.{tag}: unknown choice {name!r}; valid choices: {', '.join(sorted(registry))}")
+    return registry.get(name).options

@@ -25,11 +25,12 @@ import numpy as np
 import torch
 
 from fedpeft import algorithms, checkpoint, tracking, wire
-from fedpeft.algorithms.base import ClientContext, RunObserver
+from fedpeft.algorithms.base import ClientContext
 from fedpeft.config import RunConfig
 from fedpeft.durable import is_refused_write, publish_dir, refused_write, staging_dir
 from fedpeft.metrics.accounting import better_or_equal, summarize
 from fedpeft.models import bnb_gate
+from fedpeft.observer import RunObserver
 from fedpeft.rundir import (
     RunWriter,
     check_run_dir_free,
@@ -88,7 +89,7 @@ def peak_accelerator_mb(device: torch.device) -> float | None:
 def backbone_bytes(tuned) -> int:
     """Bytes of the backbone's parameters, buffers and quantization constants as they are held (quantized layers at
     their packed size), the PEFT method's own tensors included."""
-    from fedpeft.models.memory import held_bytes
+    from fedpeft.metrics.memory import held_bytes
 
     module = tuned.module
     return held_bytes(module.get_base_model() if hasattr(module, "get_base_model") else module)

@@ -6,8 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any, ClassVar
 
-from fedpeft.algorithms.base import RunObserver
 from fedpeft.config import RunConfig
+from fedpeft.observer import RunObserver
 
 log = logging.getLogger("fedpeft")
 

@@ -34,31 +34,6 @@ def _wrap(model: nn.Module, config) -> nn.Module:
     return peft.get_peft_model(model, config)
 
 
-def apply_lora(model: nn.Module, opts: Any, ctx: TunerContext) -> nn.Module:
-    import peft
-
-    targets = opts.target_modules or list(ctx.require_spec("lora").qkv)
-    return _wrap(model, peft.LoraConfig(r=opts.r, lora_alpha=opts.alpha, lora_dropout=opts.dropout,
-                                        target_modules=targets, **_common(model, ctx)))
-
-
-def apply_ia3(model: nn.Module, opts: Any, ctx: TunerContext) -> nn.Module:
-    import peft
-
-    kw = {}
-    spec = ctx.spec
-    if opts.target_modules:
-        kw["target_modules"] = opts.target_modules
-        kw["feedforward_modules"] = opts.feedforward_modules or []
-    elif (spec is not None and len(spec.qkv) == 3
-          and model.config.model_type not in peft.utils.TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING):
-        # peft has no default for this architecture (e.g. DistilBERT): key, value and the feed-forward
-        # output, IA3's original choice (peft's own defaults vary by architecture)
-        kw["target_modules"] = [spec.qkv[1], spec.qkv[2], spec.ffn_out]
-        kw["feedforward_modules"] = [spec.ffn_out]
-    return _wrap(model, peft.IA3Config(**kw, **_common(model, ctx)))
-
-
 def _prompt_common(model: nn.Module, method: str, ctx: TunerContext) -> dict[str, Any]:
     """The shared part of the prompt methods' configs; refuses the classifiers that take no prompts."""
     if ctx.kind == "classification" and getattr(model.config, "is_encoder_decoder", False):
@@ -84,39 +59,3 @@ def _prompt_dims(config) -> dict[str, int]:
     return out
 
 
-def apply_prompt_tuning(model: nn.Module, opts: Any, ctx: TunerContext) -> nn.Module:
-    import peft
-
-    common = _prompt_common(model, "prompt_tuning", ctx)
-    kw = {}
-    if opts.init_text:
-        kw = {"prompt_tuning_init": peft.PromptTuningInit.TEXT, "prompt_tuning_init_text": opts.init_text,
-              "tokenizer_name_or_path": ctx.tokenizer_path}
-    return _wrap(model, peft.PromptTuningConfig(num_virtual_tokens=opts.num_virtual_tokens, **kw, **common))
-
-
-def apply_p_tuning(model: nn.Module, opts: Any, ctx: TunerContext) -> nn.Module:
-    import peft
-
-    common = _prompt_common(model, "p_tuning", ctx)
-    enc = {"mlp": peft.PromptEncoderReparameterizationType.MLP,
-           "lstm": peft.PromptEncoderReparameterizationType.LSTM}[opts.encoder_type]
-    return _wrap(model, peft.PromptEncoderConfig(num_virtual_tokens=opts.num_virtual_tokens,
-                                                 encoder_reparameterization_type=enc,
-                                                 encoder_hidden_size=opts.encoder_hidden_size, **common))
-
-
-def apply_prefix_tuning(model: nn.Module, opts: Any, ctx: TunerContext) -> nn.Module:
-    import peft
-
-    common = _prompt_common(model, "prefix_tuning", ctx)
-    wrapped = _wrap(model, peft.PrefixTuningConfig(num_virtual_tokens=opts.num_virtual_tokens,
-                                                   prefix_projection=opts.projection,
-                                                   encoder_hidden_size=opts.encoder_hidden_size, **common))
-    if opts.init_text:
-        from fedpeft.tuners.prefix_init import init_prefix_from_text
-
-        if ctx.tokenizer is None:
-            raise ValueError("peft.init_text needs the model's tokenizer (pass tokenizer= to apply_tuner)")
-        init_prefix_from_text(wrapped, ctx.tokenizer, opts.init_text)
-    return wrapped

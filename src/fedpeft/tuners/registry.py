@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from fedpeft.config.schema import PEFT_OPTIONS, PeftOptions, register_options
+from fedpeft.config.schema import PeftOptions, check_options_model, refresh_choices
+from fedpeft.registry import PEFT_METHODS, CodeRef, resolve
 
 if TYPE_CHECKING:
     from torch import nn
@@ -24,6 +25,12 @@ if TYPE_CHECKING:
 SaveFormat = Literal["peft", "model", "state"]
 SAVE_FORMATS = ("peft", "model", "state")
 ANALYTIC_ROWS = ("qkv", "attention", "fc", "lora", "ia3", "prompt_tuning", "p_tuning")
+# analytic_ops of the built-in methods (see fedpeft.metrics.ops for the reading of the rows)
+BACKBONE_OPS = ("qkv", "attention", "fc")
+INPUT_PROMPT_OPS = ("qkv", "fc", "prompt_tuning")  # the prompt row replaces the attention row
+
+Apply = Callable[["nn.Module", Any, "TunerContext"], "nn.Module"]
+HeadParams = Callable[[Mapping[str, tuple[tuple[int, ...], str]], "HeadGeometry"], "dict[str, HeadParam]"]
 
 
 @dataclass(frozen=True)
@@ -46,29 +53,35 @@ class TunerContext:
 
 @dataclass(frozen=True)
 class PeftMethod:
-    """One registered PEFT method (see :func:`register_peft_method`)."""
+    """One registered PEFT method (see :func:`register_peft_method`); ``apply`` and ``head_params`` may be lazy
+    :class:`~fedpeft.registry.CodeRef` references, resolved on first use."""
 
     name: str
     options: type[PeftOptions]
-    apply: Callable[[nn.Module, Any, TunerContext], nn.Module]
+    apply_code: Apply | CodeRef
     save_format: SaveFormat = "state"
     trains_task_head: bool = False
     analytic_ops: tuple[str, ...] | None = None
-    head_params: Callable[[Mapping[str, tuple[tuple[int, ...], str]], HeadGeometry], dict[str, HeadParam]] | None = None
+    head_params_code: HeadParams | CodeRef | None = None
 
+    @property
+    def apply(self) -> Apply:
+        return resolve(self.apply_code)  # type: ignore[return-value]
 
-PEFT_METHODS: dict[str, PeftMethod] = {}
+    @property
+    def head_params(self) -> HeadParams | None:
+        return None if self.head_params_code is None else resolve(self.head_params_code)  # type: ignore[return-value]
 
 
 def register_peft_method(
     name: str,
     *,
     options: type[PeftOptions],
-    apply: Callable[[nn.Module, Any, TunerContext], nn.Module],
+    apply: Apply | CodeRef | str,
     save_format: SaveFormat = "state",
     trains_task_head: bool = False,
     analytic_ops: tuple[str, ...] | None = None,
-    head_params: Callable[..., dict[str, HeadParam]] | None = None,
+    head_params: HeadParams | CodeRef | str | None = None,
 ) -> None:
     """Register a PEFT method under ``name``; from then on ``peft: {method: NAME, ...}`` is a valid config section.
 
@@ -87,13 +100,16 @@ def register_peft_method(
       unknown (null), measured FLOPs are reported either way.
     * ``head_params(spec, geometry)``: which trainable tensors hold which attention heads' slices (see
       ``fedpeft.heads.layout``); needed by algorithms that work per head (headprune). None: no head layout.
+
+    ``apply`` and ``head_params`` may also be given as ``"package.module:function"``, imported on first use
+    (fedpeft's built-ins do, so that validating a config imports no torch).
     """
-    if not (isinstance(options, type) and issubclass(options, PeftOptions)):
-        raise TypeError(f"register_peft_method({name!r}): options must subclass fedpeft.PeftOptions")
-    if options.model_fields["method"].default != name:
-        raise ValueError(f"register_peft_method({name!r}): {options.__name__}.method must default to {name!r}, e.g. "
-                         f"method: Literal[{name!r}] = {name!r}")
-    if not callable(apply):
+    check_options_model(options, "peft", name)
+    if isinstance(apply, str):
+        apply = CodeRef(apply)
+    if isinstance(head_params, str):
+        head_params = CodeRef(head_params)
+    if not isinstance(apply, CodeRef) and not callable(apply):
         raise TypeError(f"register_peft_method({name!r}): apply must be a function (model, options, ctx) -> module")
     if save_format not in SAVE_FORMATS:
         raise ValueError(f"register_peft_method({name!r}): save_format {save_format!r}; choose one of "
@@ -108,17 +124,13 @@ def register_peft_method(
         raise ValueError(f"register_peft_method({name!r}): give head_params exactly when {options.__name__} sets "
                          "maps_to_heads = True (the config checks it before anything loads)")
     method = PeftMethod(name, options, apply, save_format, trains_task_head, analytic_ops, head_params)
-    known = PEFT_METHODS.get(name)
-    if known is not None and known != method:
-        raise ValueError(f"peft.method {name!r} is already registered ({known.apply.__module__}); choose another name")
-    register_options(options)
-    PEFT_METHODS[name] = method
+    PEFT_METHODS.add(name, method)
+    refresh_choices("peft")
 
 
 def registered_peft_method(name: str) -> PeftMethod:
-    entry = PEFT_METHODS.get(name)
+    """The PEFT method registered under ``name``; a one-line ValueError listing the registered ones otherwise."""
+    entry = PEFT_METHODS.find(name)
     if entry is None:
-        known = ", ".join(PEFT_METHODS) or "none"
-        hint = "" if name not in PEFT_OPTIONS else " (its options are registered but not the method)"
-        raise ValueError(f"peft method {name!r} is not registered{hint}; registered: {known}")
+        raise ValueError(f"peft method {name!r} is not registered; registered: {', '.join(sorted(PEFT_METHODS)) or 'none'}")
     return entry

@@ -5,34 +5,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
-from pydantic import Field
 
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.factors import LoraPair, lora_pairs
 from fedpeft.algorithms.robust import robust_aggregate, round_report
-
-
-class LoraFedAvgOptions(fedpeft.AlgorithmOptions):
-    """Options of a LoRA method that averages what travels (FedAvg with a server step on the mean change)."""
-
-    supports_personalized_eval: ClassVar[bool] = True
-    server_lr: float = Field(1.0, gt=0, description="Step on the clients' sample-weighted mean change.")
-    robust: fedpeft.RobustRule | None = Field(None, description="A Byzantine-robust rule in place of the weighted "
-                                              "mean of what travels (see fedpeft.config.adversarial).")
-
-    def check(self, run: Any) -> None:
-        require_lora(run, self.name)
-
-
-def require_lora(run: Any, algorithm: str) -> None:
-    """Refuse a run whose PEFT method is not LoRA (the config check of every method here)."""
-    if run.peft.method != "lora":
-        raise ValueError(f"algorithm {algorithm} aggregates LoRA's A and B factors: set peft.method: lora "
-                         f"(the config has peft.method: {run.peft.method})")
 
 
 def pairs_in(names: Iterable[str], algorithm: str) -> list[LoraPair]:

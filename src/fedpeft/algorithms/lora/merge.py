@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 
 import fedpeft
-from fedpeft.algorithms.lora.common import pairs_in, require_lora
+from fedpeft.algorithms.lora.common import pairs_in
 from fedpeft.algorithms.lora.factors import LoraPair
+from fedpeft.algorithms.lora.options import MERGED_ADAPTER  # noqa: F401 (re-exported)
 
 MERGED_ATTR = "_fedpeft_merged_through"  # on the torch module: the last round merged into its backbone
 PREFIX = "merge/"
-MERGED_ADAPTER = ("a {name} run merges the clients' LoRA products into the backbone every round, and its adapter "
-                  "holds the LoRA factors and head without them; load the run's checkpoint history onto the backbone "
-                  "instead (see the README's Federated LoRA section)")
 
 
 def merged_through(tuned: Any) -> int:
@@ -59,26 +57,6 @@ def merge_round(tuned: Any, pairs: list[LoraPair], factors: Mapping[str, np.ndar
             ref += float(update.square().sum())
     setattr(tuned.module, MERGED_ATTR, rnd)
     return math.sqrt(err / ref) if ref > 0 else 0.0
-
-
-class MergingOptions(fedpeft.AlgorithmOptions):
-    """What the merging methods share: LoRA on an unquantized float32 backbone, personalized scores (the merged
-    global model), and an adapter that is not the run's model (subclasses set ``adapter_incomplete``)."""
-
-    supports_personalized_eval: ClassVar[bool] = True
-    robust_unavailable: ClassVar[str] = ("it combines every client's factors exactly (stacked or as a residual), "
-                                         "so nothing is averaged that a robust rule could replace")
-
-    def check(self, run: Any) -> None:
-        require_lora(run, self.name)
-        if run.model.quantization is not None:
-            raise ValueError(f"model.quantization: algorithm {self.name} adds the clients' LoRA products to the "
-                             "backbone's weights, which are frozen in 4 or 8 bits; remove model.quantization or use "
-                             "another algorithm")
-        if run.model.dtype != "float32":
-            raise ValueError(f"model.dtype: algorithm {self.name} adds small LoRA products to the backbone's weights, "
-                             f"which in {run.model.dtype} would round most of each update away; set model.dtype: "
-                             "float32")
 
 
 class MergingServer(fedpeft.ServerAlgorithm):

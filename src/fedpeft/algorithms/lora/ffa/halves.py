@@ -8,25 +8,17 @@ every payload and a client whose own A differs (another seed, model or LoRA opti
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import fedpeft
 from fedpeft.algorithms.lora.common import (
-    LoraFedAvgOptions,
     MeanStepServer,
     digest,
     pairs_in,
     round_meta,
 )
 from fedpeft.algorithms.lora.factors import aggregation_error
-
-NAME = "ffa_lora"
-
-
-class FfaLoraOptions(LoraFedAvgOptions):
-    """algorithm: {name: ffa_lora, server_lr: 1.0}: LoRA with A frozen, B and the head federated (FedAvg)."""
-
-    name: Literal["ffa_lora"] = "ffa_lora"
+from fedpeft.algorithms.lora.ffa.options import NAME, FfaLoraOptions
 
 
 class FfaLoraServer(MeanStepServer):
@@ -77,4 +69,3 @@ class FfaLoraClient(fedpeft.ClientAlgorithm):
         return fedpeft.Payload({k: state[k] for k in payload.arrays}, round_meta(payload, ctx, result))
 
 
-fedpeft.register_algorithm(NAME, options=FfaLoraOptions, server=FfaLoraServer, client=FfaLoraClient)

@@ -12,31 +12,15 @@ each client's model with its B (``eval.personalized``).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import fedpeft
 from fedpeft.algorithms.lora.common import (
-    LoraFedAvgOptions,
     MeanStepServer,
     pairs_in,
     round_meta,
 )
-
-NAME = "fedsa_lora"
-KEPT = "lora_B"  # ctx.state key of the client's own B factors
-
-
-class FedSaLoraOptions(LoraFedAvgOptions):
-    """algorithm: {name: fedsa_lora, server_lr: 1.0}: LoRA with A and the head federated, B personal."""
-
-    name: Literal["fedsa_lora"] = "fedsa_lora"
-
-    def check(self, run: Any) -> None:
-        super().check(run)
-        if not run.eval.personalized:
-            raise ValueError("algorithm fedsa_lora keeps each client's B on the client, so the server's global model "
-                             "has none and its score is not the method's: set eval.personalized: true to score the "
-                             "clients' own models")
+from fedpeft.algorithms.lora.fedsa.options import KEPT, NAME, FedSaLoraOptions
 
 
 class FedSaLoraServer(MeanStepServer):
@@ -93,4 +77,3 @@ class FedSaLoraClient(fedpeft.ClientAlgorithm):
         return fedpeft.Payload({k: state[k] for k in shared}, round_meta(payload, ctx, result))
 
 
-fedpeft.register_algorithm(NAME, options=FedSaLoraOptions, server=FedSaLoraServer, client=FedSaLoraClient)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from fedpeft.algorithms.base import ClientContext
-from fedpeft.algorithms.fedavg import FedAvgClient, FedAvgServer
+from fedpeft.algorithms.fedavg.halves import FedAvgClient, FedAvgServer
 from fedpeft.wire import Payload
 
 
@@ -32,3 +32,8 @@ class FedProxClient(FedAvgClient):
             return 0.5 * self.mu * sum(torch.sum((p - anchors[n]) ** 2) for n, p in params.items())
 
         return proximal
+
+
+def fedprox_client(options) -> FedProxClient:
+    """FedProx's client half: local training with the proximal term of weight ``options.mu``."""
+    return FedProxClient(options.mu, options.dp)

@@ -7,7 +7,7 @@
   reference code keeps the padding's states, which makes two samples' similarity depend on how much
   padding they share in a batch).
 * :func:`client_kept_ratio`: Algorithm 1's ratio from the Hessian of the client's training loss with
-  respect to the prompt parameters, on one batch (see :mod:`fedpeft.algorithms.hessian_spectrum`).
+  respect to the prompt parameters, on one batch (see :mod:`fedpeft.algorithms.fedpeptao.hessian_spectrum`).
   The reference code uses a causal-LM loss over the whole input even for classification; here the
   loss is the one the client trains (the task loss of the model's head).
 """
@@ -19,8 +19,8 @@ import contextlib
 import numpy as np
 import torch
 
-from fedpeft.algorithms.hessian_spectrum import kept_ratio, lanczos_spectrum
-from fedpeft.algorithms.layer_selection import layer_score
+from fedpeft.algorithms.fedpeptao.hessian_spectrum import kept_ratio, lanczos_spectrum
+from fedpeft.algorithms.fedpeptao.layer_selection import layer_score
 from fedpeft.data.batching import collate
 
 

@@ -3,7 +3,7 @@
 Round schedule (t = ``selection_round``):
 
 * Rounds 1..t: every layer's prompt travels. Each selected client first scores the layers (Eq. 2-3,
-  :mod:`fedpeft.algorithms.prompt_probes`) with the prompts it received, then trains. At round t the
+  :mod:`fedpeft.algorithms.fedpeptao.prompt_probes`) with the prompts it received, then trains. At round t the
   clients also send the kept ratio of their prompt Hessian's spectrum (Algorithm 1).
 * After round t's aggregation the server ranks the layers by the sample-weighted mean score over all
   clients that reported (Formula 4; a client that reported twice counts with its latest scores), takes
@@ -16,7 +16,7 @@ Round schedule (t = ``selection_round``):
   selected after round t) receives the whole prompt once; the server's copy of an unselected layer keeps
   its last aggregated value, which is what the server's evaluation uses.
 
-Server (Algorithm 2, :mod:`fedpeft.algorithms.adaptive_server`): control variates c_i for the clients
+Server (Algorithm 2, :mod:`fedpeft.algorithms.fedpeptao.adaptive_server`): control variates c_i for the clients
 seen so far only (none for clients never selected), a global c, momentum, the previous aggregated
 update and the decaying server learning rate; all over the exchanged arrays. Clients train with the run's
 ``train`` optimizer (Adam/AdamW for the method; SGD, with or without momentum, for the MomD/FedAvg
@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from fedpeft.algorithms import adaptive_server as AS
 from fedpeft.algorithms import aggregate as A
 from fedpeft.algorithms.base import (
     ClientAlgorithm,
@@ -44,9 +43,18 @@ from fedpeft.algorithms.base import (
     finite_number,
     log,
 )
-from fedpeft.algorithms.layer_selection import aggregate_scores, layer_order, select_layers
+from fedpeft.algorithms.fedpeptao import adaptive_server as AS
+from fedpeft.algorithms.fedpeptao.layer_selection import (
+    aggregate_scores,
+    layer_order,
+    select_layers,
+)
+from fedpeft.algorithms.fedpeptao.prompt_probes import (
+    client_kept_ratio,
+    client_layer_scores,
+    sample_batch,
+)
 from fedpeft.algorithms.privacy import l2_norm
-from fedpeft.algorithms.prompt_probes import client_kept_ratio, client_layer_scores, sample_batch
 from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload
 

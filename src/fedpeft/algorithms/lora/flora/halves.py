@@ -13,7 +13,6 @@ rounds the client missed. The backbone cannot be quantized (the product is added
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -22,23 +21,11 @@ import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.common import pairs_in, round_meta
 from fedpeft.algorithms.lora.factors import stack, sum_norm
+from fedpeft.algorithms.lora.flora.options import NAME, FLoraOptions
 from fedpeft.algorithms.lora.merge import (
-    MERGED_ADAPTER,
-    MergingOptions,
     MergingServer,
     merge_missing,
 )
-
-NAME = "flora"
-
-
-class FLoraOptions(MergingOptions):
-    """algorithm: {name: flora}: stacking aggregation, merged into the backbone every round."""
-
-    name: Literal["flora"] = "flora"
-    adapter_incomplete: ClassVar[str | None] = MERGED_ADAPTER.format(name="flora")
-    update_poisoning_unavailable: ClassVar[str | None] = (
-        "its clients train fresh LoRA factors the server never sends, so there is no received tensor to change")
 
 
 class FLoraServer(MergingServer):
@@ -90,4 +77,3 @@ class FLoraClient(fedpeft.ClientAlgorithm):
         return fedpeft.Payload(state, round_meta(payload, ctx, result, merged_through=held))
 
 
-fedpeft.register_algorithm(NAME, options=FLoraOptions, server=FLoraServer, client=FLoraClient)

@@ -10,7 +10,6 @@ The residual travels in low rank: stacked as [w_1 B_1, ..., w_K B_K, -B_mean] ti
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -18,21 +17,11 @@ import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.common import pairs_in, round_meta
 from fedpeft.algorithms.lora.factors import aggregation_error, stack, sum_norm
+from fedpeft.algorithms.lora.fedex.options import NAME, FedExLoraOptions
 from fedpeft.algorithms.lora.merge import (
-    MERGED_ADAPTER,
-    MergingOptions,
     MergingServer,
     merge_missing,
 )
-
-NAME = "fedex_lora"
-
-
-class FedExLoraOptions(MergingOptions):
-    """algorithm: {name: fedex_lora}: FedAvg of A and B with the residual merged into the backbone."""
-
-    name: Literal["fedex_lora"] = "fedex_lora"
-    adapter_incomplete: ClassVar[str | None] = MERGED_ADAPTER.format(name="fedex_lora")
 
 
 class FedExLoraServer(MergingServer):
@@ -69,4 +58,3 @@ class FedExLoraClient(fedpeft.ClientAlgorithm):
         return fedpeft.Payload(ctx.tuned.state(), round_meta(payload, ctx, result, merged_through=held))
 
 
-fedpeft.register_algorithm(NAME, options=FedExLoraOptions, server=FedExLoraServer, client=FedExLoraClient)

@@ -164,3 +164,8 @@ class FedAvgClient(ClientAlgorithm):
             delta = clip(A.deltas(payload.arrays, state), self.clip_norm)
             state = {k: (payload.arrays[k].astype(np.float32) + delta[k]).astype(np.float32) for k in payload.arrays}
         return Payload(state, meta)
+
+
+def fedavg_client(options: Any) -> FedAvgClient:
+    """The client half of the FedAvg family: plain local training, clipped when ``options.dp`` asks."""
+    return FedAvgClient(options.dp)

@@ -1,0 +1,22 @@
+"""The FedAvg family (McMahan et al. 2017; Reddi et al. 2021): ``fedavg``, ``fedavgm``, ``fedadam``, ``fedyogi``.
+
+:mod:`.options` holds their options, :mod:`.halves` the server halves (a server step on the clients'
+weighted mean change) and the client half they share (plain local training, clipped under ``dp``).
+"""
+
+from fedpeft.algorithms.fedavg.options import (
+                   FedAdamOptions,
+                   FedAvgMOptions,
+                   FedAvgOptions,
+                   FedYogiOptions,
+)
+from fedpeft.algorithms.registry import register_algorithm
+
+HALVES = "fedpeft.algorithms.fedavg.halves"
+register_algorithm("fedavg", options=FedAvgOptions, server=f"{HALVES}:FedAvgServer", client=f"{HALVES}:fedavg_client")
+register_algorithm("fedavgm", options=FedAvgMOptions, server=f"{HALVES}:FedAvgMServer",
+                   client=f"{HALVES}:fedavg_client")
+register_algorithm("fedadam", options=FedAdamOptions, server=f"{HALVES}:FedAdamServer",
+                   client=f"{HALVES}:fedavg_client")
+register_algorithm("fedyogi", options=FedYogiOptions, server=f"{HALVES}:FedYogiServer",
+                   client=f"{HALVES}:fedavg_client")

@@ -1,0 +1,48 @@
+"""The options of ``algorithm.name: fedavg`` (and its family)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from fedpeft.config.adversarial import ROBUST_DESCRIPTION, RobustRule
+from fedpeft.config.privacy import PrivacyOptions
+from fedpeft.config.schema import AlgorithmOptions
+
+
+class FedAvgOptions(AlgorithmOptions):
+    """FedAvg with a server learning rate: x += server_lr * weighted mean of client deltas (Eq. 5)."""
+
+    name: Literal["fedavg"] = "fedavg"
+    supports_secure_aggregation: ClassVar[bool] = True
+    supports_personalized_eval: ClassVar[bool] = True
+    server_lr: float = Field(1.0, gt=0)
+    dp: PrivacyOptions | None = Field(None, description="Client-level differential privacy (off by default).")
+    robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
+
+
+class FedAvgMOptions(AlgorithmOptions):
+    name: Literal["fedavgm"] = "fedavgm"
+    supports_secure_aggregation: ClassVar[bool] = True
+    supports_personalized_eval: ClassVar[bool] = True
+    server_lr: float = Field(1.0, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    dp: PrivacyOptions | None = None
+    robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
+
+
+class FedAdamOptions(AlgorithmOptions):
+    name: Literal["fedadam"] = "fedadam"
+    supports_secure_aggregation: ClassVar[bool] = True
+    supports_personalized_eval: ClassVar[bool] = True
+    dp: PrivacyOptions | None = None
+    robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
+    server_lr: float = Field(1e-2, gt=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.99, ge=0, lt=1)
+    tau: float = Field(1e-3, gt=0, description="Adaptivity (epsilon) of the server optimizer.")
+
+
+class FedYogiOptions(FedAdamOptions):
+    name: Literal["fedyogi"] = "fedyogi"  # type: ignore[assignment]

@@ -1,0 +1,8 @@
+"""Paper 003 (FedSP): the server keeps the large model; clients tune prefix prompts on an auxiliary model
+distilled from it (:mod:`.halves`; the auxiliary model is built by :mod:`fedpeft.models.auxiliary`)."""
+
+from fedpeft.algorithms.fedsp.options import FedSPOptions
+from fedpeft.algorithms.registry import register_algorithm
+
+register_algorithm("fedsp", options=FedSPOptions, server="fedpeft.algorithms.fedsp.halves:FedSPServer",
+                   client="fedpeft.algorithms.fedsp.halves:FedSPClient")

@@ -1,0 +1,10 @@
+"""FedEx-LoRA (Singhal et al., "FedEx-LoRA: Exact Aggregation for Federated and Efficient Fine-Tuning of
+
+:mod:`.options` holds its options, :mod:`.halves` its server and client halves (written against the public
+API, as a user's plugin is)."""
+
+import fedpeft
+from fedpeft.algorithms.lora.fedex.options import FedExLoraOptions
+
+fedpeft.register_algorithm("fedex_lora", options=FedExLoraOptions, server="fedpeft.algorithms.lora.fedex.halves:FedExLoraServer",
+                           client="fedpeft.algorithms.lora.fedex.halves:FedExLoraClient")

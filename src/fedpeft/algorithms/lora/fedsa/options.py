@@ -1,0 +1,27 @@
+"""The options of the fedsa federated LoRA method."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fedpeft.algorithms.lora.options import (
+    LoraFedAvgOptions,
+)
+
+NAME = "fedsa_lora"
+
+
+KEPT = "lora_B"  # ctx.state key of the client's own B factors
+
+
+class FedSaLoraOptions(LoraFedAvgOptions):
+    """algorithm: {name: fedsa_lora, server_lr: 1.0}: LoRA with A and the head federated, B personal."""
+
+    name: Literal["fedsa_lora"] = "fedsa_lora"
+
+    def check(self, run: Any) -> None:
+        super().check(run)
+        if not run.eval.personalized:
+            raise ValueError("algorithm fedsa_lora keeps each client's B on the client, so the server's global model "
+                             "has none and its score is not the method's: set eval.personalized: true to score the "
+                             "clients' own models")

@@ -1,0 +1,53 @@
+"""Options the federated LoRA methods share: FedAvg-style ones and merging ones, and their config check."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from fedpeft.config.adversarial import RobustRule
+from fedpeft.config.schema import AlgorithmOptions
+
+MERGED_ADAPTER = ("a {name} run merges the clients' LoRA products into the backbone every round, and its adapter "
+                  "holds the LoRA factors and head without them; load the run's checkpoint history onto the backbone "
+                  "instead (see the README's Federated LoRA section)")
+
+
+class LoraFedAvgOptions(AlgorithmOptions):
+    """Options of a LoRA method that averages what travels (FedAvg with a server step on the mean change)."""
+
+    supports_personalized_eval: ClassVar[bool] = True
+    server_lr: float = Field(1.0, gt=0, description="Step on the clients' sample-weighted mean change.")
+    robust: RobustRule | None = Field(None, description="A Byzantine-robust rule in place of the weighted "
+                                              "mean of what travels (see fedpeft.config.adversarial).")
+
+    def check(self, run: Any) -> None:
+        require_lora(run, self.name)
+
+
+def require_lora(run: Any, algorithm: str) -> None:
+    """Refuse a run whose PEFT method is not LoRA (the config check of every method here)."""
+    if run.peft.method != "lora":
+        raise ValueError(f"algorithm {algorithm} aggregates LoRA's A and B factors: set peft.method: lora "
+                         f"(the config has peft.method: {run.peft.method})")
+
+
+class MergingOptions(AlgorithmOptions):
+    """What the merging methods share: LoRA on an unquantized float32 backbone, personalized scores (the merged
+    global model), and an adapter that is not the run's model (subclasses set ``adapter_incomplete``)."""
+
+    supports_personalized_eval: ClassVar[bool] = True
+    robust_unavailable: ClassVar[str] = ("it combines every client's factors exactly (stacked or as a residual), "
+                                         "so nothing is averaged that a robust rule could replace")
+
+    def check(self, run: Any) -> None:
+        require_lora(run, self.name)
+        if run.model.quantization is not None:
+            raise ValueError(f"model.quantization: algorithm {self.name} adds the clients' LoRA products to the "
+                             "backbone's weights, which are frozen in 4 or 8 bits; remove model.quantization or use "
+                             "another algorithm")
+        if run.model.dtype != "float32":
+            raise ValueError(f"model.dtype: algorithm {self.name} adds small LoRA products to the backbone's weights, "
+                             f"which in {run.model.dtype} would round most of each update away; set model.dtype: "
+                             "float32")

@@ -1,0 +1,8 @@
+"""BitFit (Ben Zaken et al. 2022): only the biases train (:mod:`.apply`)."""
+
+import fedpeft
+from fedpeft.tuners.bitfit.options import BitFitOptions
+from fedpeft.tuners.registry import BACKBONE_OPS
+
+fedpeft.register_peft_method("bitfit", options=BitFitOptions, apply="fedpeft.tuners.bitfit.apply:apply_bitfit",
+                             analytic_ops=BACKBONE_OPS)

@@ -1,0 +1,10 @@
+"""Bottleneck adapters: Houlsby (after attention and feed-forward) and Pfeiffer (after feed-forward) (:mod:`.apply`)."""
+
+import fedpeft
+from fedpeft.tuners.bottleneck.options import HoulsbyOptions, PfeifferOptions
+from fedpeft.tuners.registry import BACKBONE_OPS
+
+fedpeft.register_peft_method("houlsby", options=HoulsbyOptions, apply="fedpeft.tuners.bottleneck.apply:apply_bottleneck",
+                             analytic_ops=BACKBONE_OPS)
+fedpeft.register_peft_method("pfeiffer", options=PfeifferOptions, apply="fedpeft.tuners.bottleneck.apply:apply_bottleneck",
+                             analytic_ops=BACKBONE_OPS)

@@ -1,0 +1,8 @@
+"""Full fine-tuning: every weight of the backbone trains and travels (:mod:`.apply`)."""
+
+import fedpeft
+from fedpeft.tuners.full.options import FullFineTuning
+from fedpeft.tuners.registry import BACKBONE_OPS
+
+fedpeft.register_peft_method("full", options=FullFineTuning, apply="fedpeft.tuners.full.apply:apply_full",
+                             save_format="model", analytic_ops=BACKBONE_OPS)

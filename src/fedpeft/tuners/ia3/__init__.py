@@ -1,0 +1,9 @@
+"""(IA)^3 (Liu et al. 2022) through Hugging Face PEFT (:mod:`.apply`)."""
+
+import fedpeft
+from fedpeft.tuners.ia3.options import IA3Options
+from fedpeft.tuners.registry import BACKBONE_OPS
+
+fedpeft.register_peft_method("ia3", options=IA3Options, apply="fedpeft.tuners.ia3.apply:apply_ia3",
+                             save_format="peft", trains_task_head=True, analytic_ops=(*BACKBONE_OPS, "ia3"),
+                             head_params="fedpeft.heads.layout:qkv_head_params")

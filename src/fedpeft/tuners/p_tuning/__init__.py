@@ -1,0 +1,9 @@
+"""P-tuning (Liu et al. 2021) through Hugging Face PEFT (:mod:`.apply`)."""
+
+import fedpeft
+from fedpeft.tuners.p_tuning.options import PTuningOptions
+from fedpeft.tuners.registry import INPUT_PROMPT_OPS
+
+fedpeft.register_peft_method("p_tuning", options=PTuningOptions, apply="fedpeft.tuners.p_tuning.apply:apply_p_tuning",
+                             save_format="peft", trains_task_head=True,
+                             analytic_ops=INPUT_PROMPT_OPS, head_params="fedpeft.heads.layout:prompt_head_params")

@@ -1,0 +1,9 @@
+"""Prefix tuning / P-tuning v2 (deep prompts) through Hugging Face PEFT (:mod:`.apply`), with the
+initialisation from a text's keys and values (:mod:`.prefix_init`)."""
+
+import fedpeft
+from fedpeft.tuners.prefix_tuning.options import PrefixTuningOptions
+
+fedpeft.register_peft_method("prefix_tuning", options=PrefixTuningOptions, apply="fedpeft.tuners.prefix_tuning.apply:apply_prefix_tuning",
+                             save_format="peft", trains_task_head=True,
+                             analytic_ops=("qkv", "fc", "p_tuning"), head_params="fedpeft.heads.layout:prefix_head_params")
