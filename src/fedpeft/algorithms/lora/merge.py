@@ -28,7 +28,7 @@ MERGED_ATTR = "_fedpeft_merged_through"  # on the torch module: the last round m
 PREFIX = "merge/"
 MERGED_ADAPTER = ("a {name} run merges the clients' LoRA products into the backbone every round, and its adapter "
                   "holds the LoRA factors and head without them; load the run's checkpoint history onto the backbone "
-                  "instead (see the README's Federated LoRA section)")
+                  "instead (see docs/guide/federated-lora.md)")
 
 
 def merged_through(tuned: Any) -> int:
