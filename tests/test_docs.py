@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from docs_samples import MARKER, Sample, all_blocks, docs_sample, named_python_samples
+from docs_samples import MARKER, Sample, all_blocks, doc_pages, docs_sample, named_python_samples
 
 import fedpeft
 from fedpeft.cli import build_parser
@@ -159,3 +159,33 @@ def test_the_readme_test_command_is_the_one_ci_runs():
     assert ci.startswith("bash scripts/install.sh test && ") and "mkdocs build --strict" in ci
     for page in ("README.md", "docs/getting-started.md"):
         assert ci in (REPO / page).read_text().splitlines(), f"{page} shows another test command than .ci/run"
+
+
+# -- the files the docs name exist ---------------------------------------------------------------------------
+
+REPO_PATH = re.compile(r"(?:\./)?((?:src|configs|examples|benchmarks|tests|scripts)/[\w./*-]+?)[,;:)]?")
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """A code span naming a file of the repository (src/..., configs/..., examples/..., benchmarks/..., tests/...,
+    scripts/...; globs allowed) names one that exists, so a moved module or config fails here until the page
+    that names it moves with it."""
+    for page in doc_pages():
+        for span in re.findall(r"`([^`\n]+)`", page.read_text()):
+            for word in span.split():
+                found = REPO_PATH.fullmatch(word)
+                if found and not list(REPO.glob(found.group(1).rstrip("/"))):
+                    pytest.fail(f"{page.relative_to(REPO)} names {found.group(1)}, which does not exist")
+
+
+def test_the_architecture_tables_name_modules_and_tests_that_exist():
+    """The module map and the papers' map of docs/architecture.md: every file or folder in a table row exists
+    (paths there are relative to src/fedpeft/, tests to tests/)."""
+    rows = [line for line in (REPO / "docs" / "architecture.md").read_text().splitlines() if line.startswith("|")]
+    named = {span for row in rows for span in re.findall(r"`([^`\n]+)`", row)
+             if re.fullmatch(r"[\w/.*-]+(\.py|\.json|/)", span)}
+    assert len(named) > 40
+    for name in sorted(named):
+        places = [REPO / "src" / "fedpeft", REPO / "tests", REPO]
+        assert any(list(place.glob(name.rstrip("/"))) for place in places), (
+            f"docs/architecture.md names {name}, which is neither in src/fedpeft/ nor in tests/")
