@@ -1,16 +1,16 @@
 """A run's adapters outside the run: `fedpeft eval` repeats the run's own figures for the best and the last
-round, and the README's loading samples (bottleneck adapters through fedpeft, BitFit through plain
-transformers) run as written, on real MiniLM runs."""
+round, and the loading samples of docs/guide/adapters.md (bottleneck adapters through fedpeft, BitFit through
+plain transformers) run as written, on real MiniLM runs."""
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import REPO
+from docs_samples import docs_sample
 
 from fedpeft.adapters import load_adapter
 from fedpeft.cli import main
@@ -21,14 +21,6 @@ pytestmark = pytest.mark.needs_data  # every test here reads the real datasets
 SMALL = ["--set", "model.name=minilm-l6", "--set", "task.max_train_examples=96", "--set", "eval.max_examples=64",
          "--set", "federation.num_clients=3", "--set", "federation.clients_per_round=2", "--set", "federation.rounds=2",
          "--set", "task.max_length=48", "--set", "train.lr=0.003", "--no-progress"]
-
-
-def readme_samples() -> list[str]:
-    text = (REPO / "README.md").read_text()
-    marker = text.index("<!-- the two samples below run in tests/test_adapter_loading.py -->")
-    blocks = re.findall(r"```python\n(.*?)```", text[marker:], flags=re.DOTALL)[:2]
-    assert len(blocks) == 2
-    return blocks
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +62,13 @@ def test_any_split_can_be_scored_including_train(runs, capsys):
     assert out["split"] == "train[:40]" and out["examples"] == 40
 
 
-def test_the_readme_samples_run_as_written(runs, monkeypatch, capsys):
+def test_the_docs_loading_samples_run_as_written(runs, monkeypatch, capsys):
     monkeypatch.chdir(runs)
-    bottleneck, bitfit = readme_samples()
-    exec(compile(bottleneck, "README bottleneck sample", "exec"), {})  # noqa: S102 (runs the README's sample)
+    bottleneck, bitfit = docs_sample("adapter-bottleneck"), docs_sample("adapter-bitfit")
+    exec(compile(bottleneck, "docs bottleneck sample", "exec"), {})  # noqa: S102 (runs the docs' sample)
     assert capsys.readouterr().out.strip() in ("negative", "positive")
     namespace: dict = {}
-    exec(compile(bitfit, "README BitFit sample", "exec"), namespace)  # noqa: S102 (runs the README's sample)
+    exec(compile(bitfit, "docs BitFit sample", "exec"), namespace)  # noqa: S102 (runs the docs' sample)
     plain = namespace["model"]
     ours = load_adapter("runs/bitfit/adapter").model
     batch = load_adapter("runs/bitfit/adapter").tokenizer(["a gripping film", "dull"], return_tensors="pt",

@@ -1,6 +1,6 @@
 """fedpeft: federated parameter-efficient fine-tuning of transformer language models.
 
-The public API (see README, "Python API"); names load on first use, so ``import fedpeft`` stays light:
+The public API (see docs/guide/python-api.md and docs/api/index.md); names load on first use, so ``import fedpeft`` stays light:
 
 * configs: :class:`RunConfig`, :func:`load_config`, :func:`validate_config`, :func:`dump_config`;
 * runs: :func:`run`, :func:`resume`, :class:`RunObserver` (watching a run in this process), and reading a run directory back: :func:`read_metrics`,

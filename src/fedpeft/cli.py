@@ -299,6 +299,21 @@ def cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_methods(args: argparse.Namespace) -> int:
+    """List the registered algorithms and PEFT methods (built-in and the given plugins')."""
+    import fedpeft.config  # noqa: F401 (registers the built-ins)
+    from fedpeft import listing
+    from fedpeft.plugins import load_plugins, resolve_plugin
+
+    load_plugins([resolve_plugin(x) for x in args.plugin])
+    kinds = listing.KINDS if args.kind is None else (args.kind,)
+    if args.markdown:
+        print("\n\n".join(listing.markdown_table(kind) for kind in kinds))
+    else:
+        print(listing.text_table(kinds), end="")
+    return 0
+
+
 def cmd_model(args: argparse.Namespace) -> int:
     _quiet_libraries()
     from fedpeft.config.schema import TaskConfig
@@ -541,6 +556,14 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pa.add_argument("--rows", type=int, default=20, help="clients to list")
     pa.set_defaults(func=cmd_partition)
+
+    me = sub.add_parser("methods", help="list the registered algorithms and PEFT methods (with --plugin: a "
+                        "plugin's too): name, what it is, where it lives")
+    me.add_argument("--kind", choices=["peft", "algorithm"], help="only PEFT methods or only algorithms")
+    me.add_argument("--markdown", action="store_true", help="print markdown tables (as the docs show them)")
+    me.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                    help="load a plugin first; its methods are listed too (repeatable)")
+    me.set_defaults(func=cmd_methods)
 
     m = sub.add_parser("model", help="a backbone's layout and, per PEFT method, trainable parameters, upload per "
                        "client and round, and analytic OPs, from its architecture config alone (offline, no weights)")

@@ -1,6 +1,6 @@
 """Known datasets: the same short name resolves to local files offline and to a Hub id online.
 
-Local files follow one schema (see README, "Data"):
+Local files follow one schema (see docs/guide/data.md):
 
 * classification: ``{"text", ["text_pair"], "label": int, ["label_text"]}`` (label -1 = unlabeled)
 * generation: ``{"input", "target", ["references": [str]]}``

@@ -1,7 +1,7 @@
 """Checks of every row a run reads, before any subsetting: one pass over the row dicts, no tokenization.
 
 A problem is one line that names the file (or Hub split), the split as written, the 1-based row in that
-file and the fix. The rules ("Data checks" in the README):
+file and the fix. The rules ("Data checks" in docs/guide/data.md):
 
 * Text fields (``text``, ``input``, ``target``, ``question``, every entry of ``choices``, each of
   ``references``) must be non-empty strings: null, numbers, lists and empty or blank strings are refused.

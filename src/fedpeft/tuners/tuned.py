@@ -77,7 +77,7 @@ class TunedModel:
     # -- export -----------------------------------------------------------------------------------
     def save_adapter(self, directory: str | Path, base_model: str, extra: dict[str, Any] | None = None) -> None:
         """By the method's save format: HF PEFT format ("peft"), a complete HF model directory ("model") or a
-        safetensors file of the trainable state ("state"); always with a JSON description (see README), written
+        safetensors file of the trainable state ("state"); always with a JSON description (docs/guide/adapters.md), written
         last, which holds the SHA-256 of every other file and its own (fedpeft.integrity)."""
         from fedpeft.durable import atomic_write
         from fedpeft.integrity import PLACEHOLDER, seal, sha256_file

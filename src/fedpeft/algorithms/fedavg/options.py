@@ -23,6 +23,8 @@ class FedAvgOptions(AlgorithmOptions):
 
 
 class FedAvgMOptions(AlgorithmOptions):
+    """FedAvgM: FedAvg with momentum on the server step (Hsu et al. 2019)."""
+
     name: Literal["fedavgm"] = "fedavgm"
     supports_secure_aggregation: ClassVar[bool] = True
     supports_personalized_eval: ClassVar[bool] = True
@@ -33,6 +35,8 @@ class FedAvgMOptions(AlgorithmOptions):
 
 
 class FedAdamOptions(AlgorithmOptions):
+    """FedAdam (Reddi et al. 2021): an Adam step on the server, the clients' mean change as its gradient."""
+
     name: Literal["fedadam"] = "fedadam"
     supports_secure_aggregation: ClassVar[bool] = True
     supports_personalized_eval: ClassVar[bool] = True
@@ -45,4 +49,6 @@ class FedAdamOptions(AlgorithmOptions):
 
 
 class FedYogiOptions(FedAdamOptions):
+    """FedYogi (Reddi et al. 2021): FedAdam with Yogi's additive second-moment update."""
+
     name: Literal["fedyogi"] = "fedyogi"  # type: ignore[assignment]

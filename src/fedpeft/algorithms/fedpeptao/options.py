@@ -10,8 +10,10 @@ from fedpeft.config.schema import AlgorithmOptions, RunConfig
 
 
 class FedPepTAOOptions(AlgorithmOptions):
-    """Paper 002 (FedPepTAO): deep prompts (peft.method prefix_tuning, projection: false) of which only
-    the selected layers travel, with Adam on the clients (train.optimizer) and momentum plus control
+    """Paper 002 (FedPepTAO): deep prompts of which only the selected layers travel, Adam on the clients,
+    momentum and control variates on the server.
+
+    Deep prompts (peft.method prefix_tuning, projection: false) of which only the selected layers travel, with Adam on the clients (train.optimizer) and momentum plus control
     variates on the server (Algorithm 2). Rounds 1..selection_round exchange every layer; clients report
     layer scores (Eq. 2-3) in those rounds and, at selection_round, the share of their prompt Hessian's
     spectrum worth keeping (Algorithm 1); the server then fixes the layers for the rest of the run. The

@@ -10,7 +10,10 @@ from fedpeft.config.schema import AlgorithmOptions, RunConfig, refuse_quantized_
 
 
 class FedSPOptions(AlgorithmOptions):
-    """Paper 003 (FedSP): the global model stays on the server; clients receive once an auxiliary model built
+    """Paper 003 (FedSP): the server keeps the large model; clients tune prefix prompts on a small auxiliary model
+    distilled from it.
+
+    The global model stays on the server; clients receive once an auxiliary model built
     from k of its blocks (applied cyclically at its L positions with cross-layer sharing) and distilled from
     it on the server's data shard, then only prefix prompts (peft.method prefix_tuning). Each round a client
     trains its auxiliary model with the prompts frozen, then the prompts with the model frozen, and returns them;

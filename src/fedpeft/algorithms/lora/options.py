@@ -11,7 +11,7 @@ from fedpeft.config.schema import AlgorithmOptions
 
 MERGED_ADAPTER = ("a {name} run merges the clients' LoRA products into the backbone every round, and its adapter "
                   "holds the LoRA factors and head without them; load the run's checkpoint history onto the backbone "
-                  "instead (see the README's Federated LoRA section)")
+                  "instead (see docs/guide/federated-lora.md)")
 
 
 class LoraFedAvgOptions(AlgorithmOptions):

@@ -48,7 +48,9 @@ class HeteroRankOptions(AlgorithmOptions):
 
 
 class HetLoraOptions(HeteroRankOptions):
-    """algorithm: {name: hetlora, rank_groups: [...], weighting: norm}"""
+    """HetLoRA: clients of different LoRA ranks, zero-padded and averaged with norm weights.
+
+    algorithm: {name: hetlora, rank_groups: [...], weighting: norm}"""
 
     name: Literal["hetlora"] = "hetlora"
     weighting: Literal["norm", "examples"] = Field(
@@ -57,6 +59,8 @@ class HetLoraOptions(HeteroRankOptions):
 
 
 class FlexLoraOptions(HeteroRankOptions):
-    """algorithm: {name: flexlora, rank_groups: [...]}"""
+    """FlexLoRA: clients of different LoRA ranks; the averaged product is redistributed by SVD.
+
+    algorithm: {name: flexlora, rank_groups: [...]}"""
 
     name: Literal["flexlora"] = "flexlora"

@@ -1,0 +1,247 @@
+"""One method, one place: a built-in method is a package that owns its options, code and registration, and the
+registries are the only lists of methods (the config, `fedpeft methods`, `fedpeft model` and the docs read them).
+
+The contract tests at the end iterate over the registries, so every registered method (built-in or added
+later) is held to them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import fedpeft
+import fedpeft.config
+from fedpeft import builtins
+from fedpeft.algorithms.base import ClientAlgorithm, ServerAlgorithm
+from fedpeft.cli import main
+from fedpeft.config import load_config
+from fedpeft.config.schema import AlgorithmOptions, PeftOptions, refresh_choices
+from fedpeft.registry import ALGORITHMS, PEFT_METHODS, CodeRef
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src" / "fedpeft"
+
+ALGORITHM_PACKAGE = {
+    "__init__.py": '''"""Throwaway: FedAvg under another name, to show that a built-in needs only its folder."""
+
+from fedpeft.algorithms.registry import register_algorithm
+from fedpeft.algorithms.throwaway.options import ThrowawayOptions
+
+register_algorithm("throwaway", options=ThrowawayOptions, server="fedpeft.algorithms.throwaway.halves:ThrowawayServer",
+                   client="fedpeft.algorithms.fedavg.halves:fedavg_client")
+''',
+    "options.py": '''from typing import Literal
+
+from pydantic import Field
+
+from fedpeft.config.schema import AlgorithmOptions
+
+
+class ThrowawayOptions(AlgorithmOptions):
+    """Throwaway: FedAvg under another name."""
+
+    name: Literal["throwaway"] = "throwaway"
+    server_lr: float = Field(1.0, gt=0)
+    dp: None = None
+''',
+    "halves.py": '''from fedpeft.algorithms.fedavg.halves import FedAvgServer
+
+
+class ThrowawayServer(FedAvgServer):
+    pass
+''',
+}
+
+PEFT_PACKAGE = {
+    "__init__.py": '''"""Throwaway: only the biases train, under another name."""
+
+import fedpeft
+from fedpeft.tuners.throwaway_peft.options import ThrowawayPeftOptions
+
+fedpeft.register_peft_method("throwaway_peft", options=ThrowawayPeftOptions,
+                             apply="fedpeft.tuners.bitfit.apply:apply_bitfit")
+''',
+    "options.py": '''from typing import Literal
+
+from fedpeft.config.schema import PeftOptions
+
+
+class ThrowawayPeftOptions(PeftOptions):
+    """Throwaway: only the biases train."""
+
+    method: Literal["throwaway_peft"] = "throwaway_peft"
+''',
+}
+
+
+def _write_package(root: Path, name: str, files: dict[str, str]) -> None:
+    (root / name).mkdir(parents=True)
+    for file, text in files.items():
+        (root / name / file).write_text(text)
+
+
+@pytest.fixture
+def throwaway_built_ins(tmp_path, monkeypatch):
+    """A new built-in algorithm and PEFT method, each in its own folder and nowhere else: the folders are
+    added to the fedpeft.algorithms / fedpeft.tuners packages' search paths, as if they sat in src/."""
+    import fedpeft.algorithms
+    import fedpeft.tuners
+
+    _write_package(tmp_path / "algorithms", "throwaway", ALGORITHM_PACKAGE)
+    _write_package(tmp_path / "tuners", "throwaway_peft", PEFT_PACKAGE)
+    monkeypatch.setattr(fedpeft.algorithms, "__path__", [*fedpeft.algorithms.__path__, str(tmp_path / "algorithms")])
+    monkeypatch.setattr(fedpeft.tuners, "__path__", [*fedpeft.tuners.__path__, str(tmp_path / "tuners")])
+    builtins.register()  # what fedpeft's entry point runs: it finds the new folders by itself
+    yield
+    ALGORITHMS.remove("throwaway")
+    PEFT_METHODS.remove("throwaway_peft")
+    refresh_choices("algorithm")
+    refresh_choices("peft")
+    for name in [m for m in sys.modules if ".throwaway" in m]:
+        del sys.modules[name]
+
+
+def test_a_new_built_in_needs_only_its_own_folder(throwaway_built_ins, capsys):
+    # the config accepts both names, with their options
+    cfg = load_config(None, ["algorithm={name: throwaway, server_lr: 0.5}", "peft.method=throwaway_peft"])
+    assert type(cfg.algorithm).__name__ == "ThrowawayOptions" and cfg.algorithm.server_lr == 0.5
+    assert cfg.peft.method == "throwaway_peft"
+    assert ALGORITHMS["throwaway"].server.__name__ == "ThrowawayServer"  # its code, imported on first use
+    # the CLI's listing
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^  throwaway +Throwaway: FedAvg under another name\. +\[fedpeft\.algorithms\.throwaway\]$", out,
+                     re.MULTILINE), out
+    assert re.search(r"^  throwaway_peft +Throwaway: only the biases train\. +\[fedpeft\.tuners\.throwaway_peft\]$",
+                     out, re.MULTILINE), out
+    # fedpeft model counts the new PEFT method on a real architecture
+    assert main(["model", "tiny-bert", "--methods", "bitfit,throwaway_peft", "--json"]) == 0
+    import json
+
+    rows = {row["method"]: row for row in json.loads(capsys.readouterr().out)["methods"]}
+    assert rows["throwaway_peft"]["trainable"] == rows["bitfit"]["trainable"] > 0
+    # the docs' method table and options reference, as the site's build fills them in
+    hooks = _docs_hooks()
+    page = (REPO / "docs" / "methods" / "index.md").read_text()
+    filled = hooks.on_page_markdown(page)
+    assert "| `throwaway` | Throwaway: FedAvg under another name. | `server_lr`, `dp`" in filled
+    assert "| `throwaway_peft` | Throwaway: only the biases train. | none | `fedpeft.tuners.throwaway_peft` |" in filled
+    options_page = hooks.on_page_markdown((REPO / "docs" / "api" / "options.md").read_text())
+    assert "::: fedpeft.algorithms.throwaway.options.ThrowawayOptions" in options_page
+    assert "::: fedpeft.tuners.throwaway_peft.options.ThrowawayPeftOptions" in options_page
+
+
+def _docs_hooks():
+    spec = importlib.util.spec_from_file_location("fedpeft_docs_hooks", REPO / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_docs_list_every_registered_method():
+    hooks = _docs_hooks()
+    filled = hooks.on_page_markdown((REPO / "docs" / "methods" / "index.md").read_text())
+    for name in [*ALGORITHMS, *PEFT_METHODS]:
+        assert f"| `{name}` |" in filled
+    assert "<!-- fedpeft:" not in filled
+
+
+def test_no_static_list_of_built_in_options_remains():
+    """The config's choices are the registries': the schema holds no table of method options and names no
+    method's options class, and each built-in's options live in its own package."""
+    schema = (SRC / "config" / "schema.py").read_text()
+    for entry in [*ALGORITHMS.values(), *PEFT_METHODS.values()]:
+        assert entry.options.__name__ not in schema
+    assert not hasattr(fedpeft.config.schema, "PEFT_OPTIONS") and not hasattr(fedpeft.config.schema,
+                                                                               "ALGORITHM_OPTIONS")
+
+
+def test_registering_every_built_in_imports_no_torch():
+    probe = ("import sys, fedpeft.config; from fedpeft.registry import ALGORITHMS, PEFT_METHODS; "
+             "print(len(ALGORITHMS), len(PEFT_METHODS), 'torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    algorithms, methods, torch, transformers = out.stdout.split()
+    assert (int(algorithms), int(methods)) == (len(ALGORITHMS), len(PEFT_METHODS)) and (torch, transformers) == (
+        "False", "False")
+
+
+def test_the_built_ins_come_through_the_entry_point_group():
+    from importlib.metadata import entry_points
+
+    from fedpeft.plugins import ENTRY_POINT_GROUP
+
+    own = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.dist is not None and ep.dist.name == "fedpeft"]
+    assert [ep.value for ep in own] == ["fedpeft.builtins:register"]
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][ENTRY_POINT_GROUP]
+    assert declared == {"fedpeft": "fedpeft.builtins:register"}
+
+
+def test_the_architecture_page_shows_the_ladder_the_contracts_enforce():
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["id"] == "ladder")["layers"]
+    expected = [sorted(m.strip().removeprefix("fedpeft.") for m in layer.split("|")) for layer in layers]
+    page = (REPO / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", page[page.index("## The import ladder"):], re.MULTILINE)
+    shown = [sorted(m.strip(" `") for m in cells.split(",")) for _, cells in rows]
+    assert shown == expected
+
+
+def test_every_top_level_module_is_on_the_ladder():
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["id"] == "ladder")["layers"]
+    placed = {m.strip().removeprefix("fedpeft.") for layer in layers for m in layer.split("|")}
+    present = {p.stem for p in SRC.glob("*.py") if p.stem != "__init__"} | {
+        p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
+    assert present == placed
+
+
+# --- contract tests over the registries ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALGORITHMS.names())
+def test_every_algorithm_registers_options_and_halves_that_fit(name):
+    entry = ALGORITHMS[name]
+    assert issubclass(entry.options, AlgorithmOptions) and entry.options().name == name
+    assert isinstance(entry.server, type) and issubclass(entry.server, ServerAlgorithm)
+    client = entry.client(entry.options())
+    assert isinstance(client, ClientAlgorithm)
+
+
+@pytest.mark.parametrize("name", PEFT_METHODS.names())
+def test_every_peft_method_registers_options_and_code_that_fit(name):
+    entry = PEFT_METHODS[name]
+    assert issubclass(entry.options, PeftOptions) and entry.options().method == name
+    assert callable(entry.apply)
+    assert (entry.head_params is not None) == entry.options.maps_to_heads
+
+
+@pytest.mark.parametrize("entry", [*ALGORITHMS.values(), *PEFT_METHODS.values()], ids=lambda e: e.name)
+def test_every_built_in_lives_in_its_own_package(entry):
+    """A built-in's options sit in its package's options.py, and that package's __init__ registers it."""
+    module = entry.options.__module__
+    if not module.startswith("fedpeft."):
+        pytest.skip("a plugin's method")
+    package = module.removesuffix(".options")
+    assert module.endswith(".options") and package.count(".") >= 2
+    code = entry.server_code if hasattr(entry, "server_code") else entry.apply_code
+    assert isinstance(code, CodeRef) and code.path.startswith(("fedpeft.algorithms.", "fedpeft.tuners."))
+    init = (SRC.parent / Path(*package.split(".")) / "__init__.py").read_text()
+    assert f'"{entry.name}"' in init
+
+
+def test_a_code_reference_is_checked_when_registered():
+    from typing import Literal
+
+    class BadRef(fedpeft.PeftOptions):
+        method: Literal["badref"] = "badref"
+
+    with pytest.raises(ValueError, match="write it as 'package.module:attribute'"):
+        fedpeft.register_peft_method("badref", options=BadRef, apply="no_colon_here")
+    assert "badref" not in PEFT_METHODS
