@@ -1,5 +1,6 @@
-"""Loading plugins: Python modules that register algorithms or PEFT methods through the public API
-(``fedpeft.register_algorithm``, ``fedpeft.register_peft_method``).
+"""Loading plugins: Python modules that register algorithms, PEFT methods, datasets, experiment trackers or
+runtimes through the public API (``fedpeft.register_algorithm``, ``fedpeft.register_peft_method``,
+``fedpeft.register_dataset``, ``fedpeft.register_tracker``, ``fedpeft.register_runtime``).
 
 A plugin is named in a config (``plugins: [my_package.fl, ./my_plugin.py]``), on the command line
 (``fedpeft run CONFIG --plugin ./my_plugin.py``, which adds it to the config) or by an installed package
@@ -21,6 +22,10 @@ from fedpeft.errors import UserError
 
 ENTRY_POINT_GROUP = "fedpeft.plugins"
 _installed_loaded = False
+# the modules that register the built-in datasets, trackers and runtimes through the public functions, as a
+# plugin does; each is light (no torch, no Flower, no fedpeft.runtime), so validating a config may load them
+BUILT_IN_MODULES = ("fedpeft.data.catalog", "fedpeft.tracking.backends", "fedpeft.launchers")
+_built_ins_loaded = False
 
 
 class PluginError(UserError, ImportError):
@@ -68,10 +73,22 @@ def load_plugin(spec: str) -> ModuleType:
         raise
 
 
+def load_built_ins() -> None:
+    """Register (once per process) the built-in entries of the open registries: import :data:`BUILT_IN_MODULES`."""
+    global _built_ins_loaded
+    if _built_ins_loaded:
+        return
+    for module in BUILT_IN_MODULES:
+        importlib.import_module(module)
+    _built_ins_loaded = True
+
+
 def load_installed_plugins() -> list[str]:
     """Load (once per process) every plugin that installed packages declare in the ``fedpeft.plugins``
-    entry-point group: the entry point's object is imported and, when it is a function, called."""
+    entry-point group: the entry point's object is imported and, when it is a function, called. The
+    built-ins are registered first (:func:`load_built_ins`), so that a plugin cannot take their names."""
     global _installed_loaded
+    load_built_ins()
     if _installed_loaded:
         return []
     _installed_loaded = True

@@ -11,7 +11,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:  # the entry types live with their register functions, in layers above this one
+    from fedpeft.data.catalog import DatasetEntry
+    from fedpeft.launchers import RuntimeEntry
+    from fedpeft.tracking.backends import TrackerEntry
 
 Entry = TypeVar("Entry")
 Code = TypeVar("Code")
@@ -34,6 +39,11 @@ class CodeRef:
         for part in attribute.split("."):
             target = getattr(target, part)
         return target
+
+
+def code_ref(code: Code | CodeRef | str) -> Code | CodeRef:
+    """``code`` as a registry keeps it: a ``"package.module:attribute"`` string becomes a :class:`CodeRef`."""
+    return CodeRef(code) if isinstance(code, str) else code
 
 
 def resolve(code: Code | CodeRef) -> Code:
@@ -92,3 +102,10 @@ class Registry(Generic[Entry]):
 def _origin(entry: object) -> str:
     module = getattr(entry, "__module__", None)
     return f"from {module}" if module else repr(entry)
+
+
+# --- the open seams: registered through fedpeft.register_dataset / register_tracker / register_runtime ---
+
+DATASETS: Registry[DatasetEntry] = Registry("dataset", "task.dataset")
+TRACKERS: Registry[TrackerEntry] = Registry("tracker", "runtime.loggers")
+RUNTIMES: Registry[RuntimeEntry] = Registry("runtime", "runtime.name")
