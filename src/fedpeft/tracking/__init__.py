@@ -20,12 +20,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from fedpeft.config import RunConfig
 from fedpeft.errors import UserError
 from fedpeft.registry import TRACKERS, resolve
 from fedpeft.tracking.backends import TrackerEntry, register_tracker
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # neither is imported here: the config's validation registers the built-in trackers
+    from fedpeft.config import RunConfig
     from fedpeft.tracking.base import Tracker
 
 log = logging.getLogger("fedpeft")
