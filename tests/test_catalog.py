@@ -4,41 +4,42 @@ The Hub is unreachable here, so each converter is checked on a row shaped like i
 
 import pytest
 
-from fedpeft.data.catalog import CATALOG
+from fedpeft.data.catalog import prompt_template  # noqa: F401 (importing it registers the built-in datasets)
+from fedpeft.registry import DATASETS
 
 
 def test_glue_pairs():
-    row = CATALOG["rte"].convert({"sentence1": "A", "sentence2": "B", "label": 1, "idx": 0})
+    row = DATASETS.get("rte").convert({"sentence1": "A", "sentence2": "B", "label": 1, "idx": 0})
     assert row == {"text": "A", "text_pair": "B", "label": 1}
-    assert CATALOG["sst2"].convert({"sentence": "fun", "label": 1, "idx": 3}) == {"text": "fun", "label": 1}
-    assert CATALOG["mnli"].convert({"premise": "p", "hypothesis": "h", "label": 2})["text_pair"] == "h"
+    assert DATASETS.get("sst2").convert({"sentence": "fun", "label": 1, "idx": 3}) == {"text": "fun", "label": 1}
+    assert DATASETS.get("mnli").convert({"premise": "p", "hypothesis": "h", "label": 2})["text_pair"] == "h"
 
 
 def test_multiple_choice_converters():
-    arc = CATALOG["arc_easy"].convert({"question": "Q?", "choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]},
+    arc = DATASETS.get("arc_easy").convert({"question": "Q?", "choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]},
                                        "answerKey": "C"})
     assert arc == {"question": "Q?", "choices": ["a", "b", "c"], "label": 2}
-    arc_digits = CATALOG["arc_challenge"].convert({"question": "Q", "choices": {"text": ["x", "y"], "label": ["1", "2"]},
+    arc_digits = DATASETS.get("arc_challenge").convert({"question": "Q", "choices": {"text": ["x", "y"], "label": ["1", "2"]},
                                                    "answerKey": "2"})
     assert arc_digits["label"] == 1
-    obqa = CATALOG["openbookqa"].convert({"question_stem": "S", "choices": {"text": ["a", "b"], "label": ["A", "B"]},
+    obqa = DATASETS.get("openbookqa").convert({"question_stem": "S", "choices": {"text": ["a", "b"], "label": ["A", "B"]},
                                           "answerKey": "B"})
     assert obqa == {"question": "S", "choices": ["a", "b"], "label": 1}
-    piqa = CATALOG["piqa"].convert({"goal": "g", "sol1": "s1", "sol2": "s2", "label": 0})
+    piqa = DATASETS.get("piqa").convert({"goal": "g", "sol1": "s1", "sol2": "s2", "label": 0})
     assert piqa == {"question": "g", "choices": ["s1", "s2"], "label": 0}
-    hs = CATALOG["hellaswag"].convert({"activity_label": "Cooking", "ctx": "He", "endings": ["a", "b", "c", "d"], "label": "3"})
+    hs = DATASETS.get("hellaswag").convert({"activity_label": "Cooking", "ctx": "He", "endings": ["a", "b", "c", "d"], "label": "3"})
     assert hs == {"question": "Cooking: He", "choices": ["a", "b", "c", "d"], "label": 3}
-    race = CATALOG["race"].convert({"article": "Art", "question": "Q", "options": ["a", "b", "c", "d"], "answer": "B"})
+    race = DATASETS.get("race").convert({"article": "Art", "question": "Q", "options": ["a", "b", "c", "d"], "answer": "B"})
     assert race == {"context": "Art", "question": "Q", "choices": ["a", "b", "c", "d"], "label": 1}
 
 
 def test_other_converters_and_split_aliases():
-    assert CATALOG["boolq"].convert({"question": "q", "passage": "p", "answer": True}) == {"text": "q", "text_pair": "p", "label": 1}
-    assert CATALOG["e2e_nlg"].convert({"meaning_representation": "name[X]", "human_reference": "X."}) == {
+    assert DATASETS.get("boolq").convert({"question": "q", "passage": "p", "answer": True}) == {"text": "q", "text_pair": "p", "label": 1}
+    assert DATASETS.get("e2e_nlg").convert({"meaning_representation": "name[X]", "human_reference": "X."}) == {
         "input": "name[X]", "target": "X."}
-    assert CATALOG["mnli"].hub_splits["heldout_subset"] == "validation_matched"
-    assert CATALOG["cola"].default_metric == "mcc"
-    assert {e.task for e in CATALOG.values()} == {"classification", "generation", "multiple_choice"}
+    assert DATASETS.get("mnli").hub_splits["heldout_subset"] == "validation_matched"
+    assert DATASETS.get("cola").default_metric == "mcc"
+    assert {e.task for e in DATASETS.values()} == {"classification", "generation", "multiple_choice"}
 
 
 @pytest.mark.needs_data

@@ -119,7 +119,7 @@ def test_headprune_with_a_method_without_heads_fails_before_loading(tmp_path, ca
     cfg = write_config(tmp_path / "tiny.yaml")
     assert main(["run", str(cfg), "--set", "algorithm.name=headprune", "--set", "peft={method: houlsby}"]) == 2
     err = capsys.readouterr().err
-    assert "headprune" in err and "set peft.method to one of lora" in err
+    assert "headprune" in err and "set peft.method to one of ia3, lora" in err
     assert not (tmp_path / "runs").exists()
 
 

@@ -10,6 +10,8 @@ The public API (see docs/guide/python-api.md and docs/api/index.md); names load 
   update must carry, checked with :func:`check_update_meta`), :func:`register_algorithm`, and Byzantine-robust
   aggregation for them: :data:`RobustRule` (the ``robust`` option), :func:`robust_aggregate`;
 * your own PEFT methods: :class:`PeftOptions`, :class:`TunerContext`, :func:`register_peft_method`;
+* your own datasets, experiment trackers and runtimes: :func:`register_dataset`, :func:`register_tracker`,
+  :func:`register_runtime`;
 * plugins: :func:`load_plugin`;
 * errors about the user's input: :class:`UserError`.
 """
@@ -49,6 +51,9 @@ _EXPORTS = {
     "Payload": "fedpeft.wire",
     "register_algorithm": "fedpeft.algorithms.registry",
     "register_peft_method": "fedpeft.tuners.registry",
+    "register_dataset": "fedpeft.data.catalog",
+    "register_tracker": "fedpeft.tracking.backends",
+    "register_runtime": "fedpeft.launchers",
     "TunerContext": "fedpeft.tuners.registry",
     "load_plugin": "fedpeft.plugins",
     "UserError": "fedpeft.errors",

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedpeft.config import ConfigError, RunConfig, load_config, validate_config
+from fedpeft.config import RunConfig, load_config, validate_config
 
 
 def _as_config(config: RunConfig | dict[str, Any] | str | Path) -> RunConfig:
@@ -23,21 +23,12 @@ def _as_config(config: RunConfig | dict[str, Any] | str | Path) -> RunConfig:
 def run(config: RunConfig | dict[str, Any] | str | Path, run_dir: str | Path | None = None, *,
         observers: Sequence[Any] = ()) -> dict[str, Any]:
     """Run a federated fine-tuning (a RunConfig, a mapping as in YAML, or a YAML path) in the runtime its
-    ``runtime.name`` names, then draw RUN_DIR/plots; returns the run's summary (also in RUN_DIR/summary.json).
-    ``observers`` (fedpeft.RunObserver) watch the run's rounds; the embedded runtime only."""
-    cfg = _as_config(config)
-    if cfg.runtime.name == "flower":
-        if observers:
-            raise ConfigError("observers watch a run in this process; runtime.name flower runs its server and "
-                             "clients in other processes: use runtime.name embedded, or read RUN_DIR/metrics.jsonl")
-        from fedpeft.plugins import check_reachable_elsewhere
-        from fedpeft.runtime.flower.launch import run_flower
+    ``runtime.name`` names (see fedpeft.launchers.run_config), then draw RUN_DIR/plots; returns the run's summary
+    (also in RUN_DIR/summary.json). ``observers`` (fedpeft.RunObserver) watch the run's rounds; a runtime that
+    runs in this process only (embedded, not flower)."""
+    from fedpeft.launchers import run_config
 
-        check_reachable_elsewhere(cfg)
-        return plotted(run_flower(cfg, run_dir))
-    from fedpeft.runtime.embedded import EmbeddedRuntime
-
-    return plotted(EmbeddedRuntime(cfg, run_dir, observers=observers).run())
+    return plotted(run_config(_as_config(config), run_dir, observers=observers))
 
 
 def plotted(summary: dict[str, Any]) -> dict[str, Any]:
@@ -54,18 +45,10 @@ def plotted(summary: dict[str, Any]) -> dict[str, Any]:
 def resume(run_dir: str | Path, *, rounds: int | None = None, observers: Sequence[Any] = ()) -> dict[str, Any]:
     """Continue the run in ``run_dir`` from its last checkpoint (``rounds``: a new federation.rounds, which
     also extends a finished run); returns its summary. ``observers`` as in :func:`run`."""
+    from fedpeft.launchers import run_config
     from fedpeft.runtime.resume import resume_config
 
-    cfg = resume_config(run_dir, rounds)
-    if cfg.runtime.name == "flower":
-        if observers:
-            raise ConfigError("observers watch a run in this process; this run's runtime is flower")
-        from fedpeft.runtime.flower.launch import run_flower
-
-        return plotted(run_flower(cfg, run_dir, resume=True))
-    from fedpeft.runtime.embedded import EmbeddedRuntime
-
-    return plotted(EmbeddedRuntime(cfg, run_dir, resume=True, observers=observers).run())
+    return plotted(run_config(resume_config(run_dir, rounds), run_dir, resume=True, observers=observers))
 
 
 def read_partition(run_dir: str | Path) -> dict[str, Any]:

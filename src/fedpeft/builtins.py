@@ -1,4 +1,4 @@
-"""fedpeft's own algorithms and PEFT methods, registered as any installed plugin is.
+"""fedpeft's own algorithms, PEFT methods, datasets, trackers and runtimes, registered as any installed plugin is.
 
 fedpeft's package metadata declares :func:`register` in the ``fedpeft.plugins`` entry-point group
 (``pyproject.toml``), the door an installed plugin package uses; :mod:`fedpeft.plugins` calls it before
@@ -14,10 +14,16 @@ import importlib
 import pkgutil
 
 METHOD_PACKAGES = ("fedpeft.algorithms", "fedpeft.tuners")
+# the modules that register the built-in datasets, trackers and runtimes through the public functions
+# (fedpeft.register_dataset, register_tracker, register_runtime); each is light (no torch, no Flower)
+SEAM_MODULES = ("fedpeft.data.catalog", "fedpeft.tracking.backends", "fedpeft.launchers")
 
 
 def register() -> None:
-    """Register every built-in algorithm and PEFT method (importing a package twice does nothing)."""
+    """Register every built-in algorithm, PEFT method, dataset, tracker and runtime (importing a module twice
+    does nothing)."""
+    for module in SEAM_MODULES:
+        importlib.import_module(module)
     for root in METHOD_PACKAGES:
         package = importlib.import_module(root)
         for found in pkgutil.walk_packages(package.__path__, prefix=f"{root}."):

@@ -64,26 +64,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     registry.check_available(cfg.model.name)  # an unknown name fails here, in milliseconds, before the
     check_available(cfg.task.dataset, cfg.task.data_dir, cfg.task.dataset_config)  # libraries load
     _quiet_libraries()
+    from fedpeft.launchers import run_config
+
     run_dir = args.resume or args.run_dir
-    runtime = None
+    started: list[Path] = []  # the run directory, once it exists
     try:
-        if cfg.runtime.name == "flower":
-            from fedpeft.rundir import new_run_dir
-            from fedpeft.runtime.flower.launch import run_flower
-
-            if not args.resume:  # made here so that Ctrl-C can name it (a Flower run makes it before its data loads)
-                run_dir = str(new_run_dir(cfg, run_dir))
-            summary = run_flower(cfg, run_dir, resume=bool(args.resume), log=lambda m: print(m, file=sys.stderr))
-            run_dir = summary["run_dir"]
-        else:
-            from fedpeft.runtime.embedded import EmbeddedRuntime
-
-            runtime = EmbeddedRuntime(cfg, run_dir, resume=bool(args.resume))
-            print(f"run directory: {runtime.run_dir}", file=sys.stderr)
-            summary = runtime.run()
-            run_dir = runtime.run_dir
+        summary = run_config(cfg, run_dir, resume=bool(args.resume), log=lambda m: print(m, file=sys.stderr),
+                             on_run_dir=started.append)
+        run_dir = summary["run_dir"]
     except KeyboardInterrupt:
-        where = getattr(runtime, "run_dir", None) or run_dir
+        where = started[-1] if started else run_dir
         if where is None or not (Path(where) / "config.yaml").is_file():
             print("\ninterrupted before the run started; nothing was written", file=sys.stderr)
         else:
@@ -235,14 +225,17 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     """Splits, sizes, fields and labels, and every row a run would refuse (``problem:`` lines, exit code 2)."""
     from fedpeft.data import validate
-    from fedpeft.data.catalog import CATALOG, prompt_template
+    from fedpeft.data.catalog import dataset_entry, prompt_template
     from fedpeft.data.sources import describe_splits, load_rows
+    from fedpeft.plugins import load_installed_plugins
+
+    load_installed_plugins()  # an installed package's datasets are named datasets here too
 
     info = describe_splits(args.dataset, args.data_dir)
     print(f"dataset: {args.dataset}  source: {info['source']}")
     for note in info["notes"]:
         print(f"  note: {note}")
-    entry = CATALOG.get(args.dataset)
+    entry = dataset_entry(args.dataset)
     splits = [args.split] if args.split else info["splits"]
     found = 0
     for split in splits:

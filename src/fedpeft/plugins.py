@@ -1,5 +1,6 @@
-"""Loading plugins: Python modules that register algorithms or PEFT methods through the public API
-(``fedpeft.register_algorithm``, ``fedpeft.register_peft_method``).
+"""Loading plugins: Python modules that register algorithms, PEFT methods, datasets, experiment trackers or
+runtimes through the public API (``fedpeft.register_algorithm``, ``fedpeft.register_peft_method``,
+``fedpeft.register_dataset``, ``fedpeft.register_tracker``, ``fedpeft.register_runtime``).
 
 A plugin is named in a config (``plugins: [my_package.fl, ./my_plugin.py]``), on the command line
 (``fedpeft run CONFIG --plugin ./my_plugin.py``, which adds it to the config) or by an installed package
@@ -108,6 +109,7 @@ def load_installed_plugins() -> list[str]:
     """Load (once per process) every plugin that other installed packages declare in the ``fedpeft.plugins``
     entry-point group: the entry point's object is imported and, when it is a function, called."""
     global _installed_loaded
+    load_built_ins()
     if _installed_loaded:
         return []
     _installed_loaded = True

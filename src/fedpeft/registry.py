@@ -13,8 +13,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the entry types live with their register functions, in layers above this one
     from fedpeft.algorithms.registry import RegisteredAlgorithm
+    from fedpeft.data.catalog import DatasetEntry
+    from fedpeft.launchers import RuntimeEntry
+    from fedpeft.tracking.backends import TrackerEntry
     from fedpeft.tuners.registry import PeftMethod
 
 Entry = TypeVar("Entry")
@@ -38,6 +41,11 @@ class CodeRef:
         for part in attribute.split("."):
             target = getattr(target, part)
         return target
+
+
+def code_ref(code: Code | CodeRef | str) -> Code | CodeRef:
+    """``code`` as a registry keeps it: a ``"package.module:attribute"`` string becomes a :class:`CodeRef`."""
+    return CodeRef(code) if isinstance(code, str) else code
 
 
 def resolve(code: Code | CodeRef) -> Code:
@@ -111,3 +119,9 @@ def _origin(entry: object) -> str:
 # (fedpeft.register_algorithm, fedpeft.register_peft_method), which fedpeft's built-ins call as plugins do.
 ALGORITHMS: Registry[RegisteredAlgorithm] = Registry("algorithm", "algorithm.name")
 PEFT_METHODS: Registry[PeftMethod] = Registry("PEFT method", "peft.method")
+
+# --- the open seams: registered through fedpeft.register_dataset / register_tracker / register_runtime ---
+
+DATASETS: Registry[DatasetEntry] = Registry("dataset", "task.dataset")
+TRACKERS: Registry[TrackerEntry] = Registry("tracker", "runtime.loggers")
+RUNTIMES: Registry[RuntimeEntry] = Registry("runtime", "runtime.name")

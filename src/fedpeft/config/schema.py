@@ -16,8 +16,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from fedpeft.config.adversarial import AttackersConfig
-from fedpeft.config.section import Section
-from fedpeft.registry import ALGORITHMS, PEFT_METHODS, Registry
+from fedpeft.config.section import OptionValueError, Section
+from fedpeft.registry import ALGORITHMS, DATASETS, PEFT_METHODS, RUNTIMES, TRACKERS, Registry
 
 
 class PeftOptions(Section):
@@ -413,10 +413,18 @@ class TrackingConfig(Section):
         "later with `wandb sync`); online: logged in (WANDB_API_KEY) and sent as the run goes.")
 
 
+def _check_registered(registry: Registry[Any], key: str, name: str) -> None:
+    """Refuse ``name`` (the value of the section's ``key``) unless ``registry`` holds it, listing those it holds."""
+    if name not in registry:
+        choices = ", ".join(repr(n) for n in registry.names()) or "none"
+        raise OptionValueError(key, f"unknown choice {name!r}; valid choices: {choices}")
+
+
 class RuntimeConfig(Section):
-    name: Literal["embedded", "flower"] = Field(
-        "embedded", description="embedded: every client in this process (default). flower: Flower's "
-        "deployment engine (ServerApp + ClientApps on SuperNodes); see runtime.flower.",
+    name: str = Field(
+        "embedded", description="A registered runtime (fedpeft.register_runtime). embedded: every client in this "
+        "process (default). flower: Flower's deployment engine (ServerApp + ClientApps on SuperNodes); see "
+        "runtime.flower.",
     )
     flower: FlowerRuntimeConfig = Field(default_factory=FlowerRuntimeConfig)
     checkpoint_every: int = Field(
@@ -438,11 +446,19 @@ class RuntimeConfig(Section):
         "state plus 1 MiB (an algorithm may send a second state, e.g. SCAFFOLD's control variate), server "
         "payloads up to 4096 MiB (FLoRA and FedEx-LoRA send stacks of past rounds).")
     progress: bool = Field(True, description="Show a progress bar with live round metrics.")
-    loggers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+    loggers: list[str] = Field(
         default_factory=list, description="Experiment trackers that receive every metrics row, the config and the "
-        "summary: tensorboard (RUN_DIR/tensorboard), mlflow, wandb (see runtime.tracking); each an extra, e.g. "
-        "pip install 'fedpeft[tensorboard]'.")
+        "summary: tensorboard (RUN_DIR/tensorboard), mlflow, wandb (see runtime.tracking), or one a plugin "
+        "registers (fedpeft.register_tracker); each built-in one an extra, e.g. pip install 'fedpeft[tensorboard]'.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _registered_runtime_and_loggers(self) -> RuntimeConfig:
+        if "name" in self.model_fields_set:  # the default is a built-in; a name given must be registered
+            _check_registered(RUNTIMES, "name", self.name)
+        for name in self.loggers:
+            _check_registered(TRACKERS, "loggers", name)
+        return self
 
     @model_validator(mode="after")
     def _each_logger_once(self) -> RuntimeConfig:
@@ -545,9 +561,7 @@ class RunConfig(Section):
     def primary_metric(self) -> str:
         if self.task.metric:
             return self.task.metric
-        from fedpeft.data.catalog import CATALOG  # a plain table of the catalog datasets
-
-        entry = CATALOG.get(self.task.dataset)
+        entry = DATASETS.get(self.task.dataset) if self.task.dataset in DATASETS else None  # a registered dataset's
         if entry is not None and entry.default_metric and entry.task == self.task.type:
             return entry.default_metric
         return {"classification": "accuracy", "generation": "rougeL", "multiple_choice": "accuracy"}[

@@ -1,4 +1,6 @@
-"""Known datasets: the same short name resolves to local files offline and to a Hub id online.
+"""Named datasets: the same short name resolves to local files offline and to a Hub id online. Each is
+registered with :func:`register_dataset` (``fedpeft.register_dataset``), the built-in ones below included,
+in :data:`fedpeft.registry.DATASETS`.
 
 Local files follow one schema (see docs/guide/data.md):
 
@@ -12,11 +14,20 @@ A Hub row is converted to that schema by the entry's ``convert`` function.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from fedpeft.registry import DATASETS, CodeRef, code_ref, resolve
 
 Row = dict[str, Any]
+# the fields every row of a task has
+TASK_FIELDS = {
+    "classification": ("text", "label"),
+    "generation": ("input", "target"),
+    "multiple_choice": ("question", "choices", "label"),
+    "instruction": ("messages",),  # or an instruction record: instruction (or task.instruction), input, output
+}
 
 
 def _pair(a: str, b: str | None = None) -> Callable[[Row], Row]:
@@ -100,65 +111,136 @@ def _e2e_fields(row: Row) -> Row:
     return mr_fields(row["input"]) if isinstance(row.get("input"), str) else {}
 
 
+TaskType = Literal["classification", "generation", "multiple_choice", "instruction"]
+Convert = Callable[[Row], Row]
+
+
 @dataclass(frozen=True)
-class CatalogEntry:
-    task: str
+class DatasetEntry:
+    """A named dataset (``task.dataset``): how its rows are read (a local copy in fedpeft's schema, found as
+    ``<data dir>/<name>/<split>.jsonl``, else the Hub dataset ``hub_id`` converted row by row), its task,
+    default metric and schema. Registered with :func:`register_dataset`."""
+
+    name: str
+    task: TaskType
     hub_id: str
+    fields: tuple[str, ...]  # the fields its rows have in fedpeft's schema (see the module docstring)
     hub_config: str | None = None
     hub_splits: dict[str, str] = field(default_factory=dict)  # our split -> Hub split
-    convert: Callable[[Row], Row] | None = None
+    convert: Convert | CodeRef | None = None
     default_metric: str | None = None
     prompt_template: str | None = None
     note: str = ""
     # fields computed from a row in fedpeft's schema, usable as federation.partition.column (a row's own
     # field of the same name wins); ``derived_names`` lists them for messages
-    derive_fields: Callable[[Row], Row] | None = None
+    derive_fields: Convert | CodeRef | None = None
     derived_names: tuple[str, ...] = ()
 
+    def converter(self) -> Convert | None:
+        """The function that turns a Hub row into fedpeft's schema (None: the Hub rows already are)."""
+        return None if self.convert is None else resolve(self.convert)
 
-CATALOG: dict[str, CatalogEntry] = {
-    "sst2": CatalogEntry("classification", "nyu-mll/glue", "sst2", convert=_pair("sentence")),
-    "cola": CatalogEntry(
-        "classification",
-        "nyu-mll/glue",
-        "cola",
-        hub_splits={"validation_in_domain+validation_out_of_domain": "validation"},
-        convert=_pair("sentence"),
-        default_metric="mcc",
-    ),
-    "rte": CatalogEntry("classification", "nyu-mll/glue", "rte", convert=_pair("sentence1", "sentence2")),
-    "mrpc": CatalogEntry("classification", "nyu-mll/glue", "mrpc", convert=_pair("sentence1", "sentence2")),
-    "qnli": CatalogEntry("classification", "nyu-mll/glue", "qnli", convert=_pair("question", "sentence")),
-    "mnli": CatalogEntry(
-        "classification",
-        "nyu-mll/glue",
-        "mnli",
-        hub_splits={"heldout_subset": "validation_matched", "train_subset": "train"},
-        convert=_pair("premise", "hypothesis"),
-        note="Offline copy: train_subset / heldout_subset are a 10k sample of GLUE MNLI train.",
-    ),
-    "boolq": CatalogEntry("classification", "google/boolq", convert=_boolq),
-    "20newsgroups": CatalogEntry("classification", "SetFit/20_newsgroups", convert=_pair("text")),
-    "mr": CatalogEntry("classification", "cornell-movie-review-data/rotten_tomatoes", convert=_pair("text")),
-    "subj": CatalogEntry("classification", "SetFit/subj", convert=_pair("text")),
-    "e2e_nlg": CatalogEntry(
-        "generation",
-        "tuetschek/e2e_nlg",
-        hub_splits={"validation_pairs": "validation", "test_pairs": "test"},
-        convert=_e2e,
-        prompt_template="{input}\n",
-        derive_fields=_e2e_fields,
-        derived_names=E2E_ATTRIBUTES,
-    ),
-    "arc_easy": CatalogEntry("multiple_choice", "allenai/ai2_arc", "ARC-Easy", convert=_arc),
-    "arc_challenge": CatalogEntry("multiple_choice", "allenai/ai2_arc", "ARC-Challenge", convert=_arc),
-    "openbookqa": CatalogEntry("multiple_choice", "allenai/openbookqa", "main", convert=_openbookqa),
-    "piqa": CatalogEntry("multiple_choice", "ybisk/piqa", convert=_piqa),
-    "hellaswag": CatalogEntry(
-        "multiple_choice", "Rowan/hellaswag", convert=_hellaswag, prompt_template="{question}"
-    ),
-    "race": CatalogEntry("multiple_choice", "ehovy/race", "all", convert=_race),
-}
+    def deriver(self) -> Convert | None:
+        """The function that computes the derived fields of a row (None: the dataset derives none)."""
+        return None if self.derive_fields is None else resolve(self.derive_fields)
+
+
+def register_dataset(
+    name: str,
+    *,
+    task: TaskType,
+    hub_id: str,
+    fields: Sequence[str] | None = None,
+    hub_config: str | None = None,
+    hub_splits: Mapping[str, str] | None = None,
+    convert: Convert | CodeRef | str | None = None,
+    default_metric: str | None = None,
+    prompt_template: str | None = None,
+    note: str = "",
+    derive_fields: Convert | CodeRef | str | None = None,
+    derived_names: Sequence[str] = (),
+) -> DatasetEntry:
+    """Make ``name`` a named dataset of ``task.dataset`` in every config from now on; returns its entry.
+
+    Its rows are read from a local copy in fedpeft's schema when a data directory holds ``name/`` (see
+    ``task.data_dir``), else from the Hugging Face Hub dataset ``hub_id`` (``hub_config``; ``hub_splits`` maps
+    a split name of ours to the Hub's), each Hub row turned into fedpeft's schema by ``convert``.
+
+    Args:
+        name: the name a config gives as ``task.dataset``.
+        task: classification, generation, multiple_choice or instruction.
+        hub_id: the Hub dataset read when no local copy exists.
+        fields: the fields its rows have (default: the fields every row of ``task`` needs, e.g. text and
+            label); they must include those.
+        convert: a Hub row -> a row in fedpeft's schema; a function or ``"package.module:function"``
+            (imported when first used).
+        default_metric: the primary metric of a run that sets no ``task.metric`` (default: the task's).
+        prompt_template: the prompt of a generation or multiple-choice task that sets no ``task.prompt_template``.
+        note: a remark shown with the dataset (e.g. how the offline copy was made).
+        derive_fields: a row -> extra fields usable as ``federation.partition.column`` (named in
+            ``derived_names``); a function or ``"package.module:function"``.
+
+    Registering the same entry again is a no-op; another dataset under a taken name is refused.
+    """
+    if task not in TASK_FIELDS:
+        raise ValueError(f"dataset {name!r}: task {task!r} is not one of {', '.join(TASK_FIELDS)}")
+    if not isinstance(hub_id, str) or not hub_id:
+        raise ValueError(f"dataset {name!r}: give the Hub dataset its rows come from as hub_id, e.g. 'nyu-mll/glue'")
+    schema = tuple(fields) if fields is not None else TASK_FIELDS[task]
+    missing = [f for f in TASK_FIELDS[task] if f not in schema]
+    if missing:
+        raise ValueError(f"dataset {name!r}: fields lacks {', '.join(missing)}, which every {task} row has")
+    entry = DatasetEntry(
+        name, task, hub_id, schema, hub_config=hub_config, hub_splits=dict(hub_splits or {}),
+        convert=None if convert is None else code_ref(convert), default_metric=default_metric,
+        prompt_template=prompt_template, note=note,
+        derive_fields=None if derive_fields is None else code_ref(derive_fields), derived_names=tuple(derived_names),
+    )
+    DATASETS.add(name, entry)
+    return entry
+
+
+def dataset_entry(name: str) -> DatasetEntry | None:
+    """The registered dataset ``name`` (None: a local path or a Hub id, not a registered name)."""
+    return DATASETS.get(name) if name in DATASETS else None
+
+
+# --- the built-in datasets, registered like a plugin's --------------------------------------------
+
+_PAIR = ("text", "text_pair", "label")
+
+register_dataset("sst2", task="classification", hub_id="nyu-mll/glue", hub_config="sst2", convert=_pair("sentence"))
+register_dataset("cola", task="classification", hub_id="nyu-mll/glue", hub_config="cola",
+                 hub_splits={"validation_in_domain+validation_out_of_domain": "validation"},
+                 convert=_pair("sentence"), default_metric="mcc")
+register_dataset("rte", task="classification", hub_id="nyu-mll/glue", hub_config="rte", fields=_PAIR,
+                 convert=_pair("sentence1", "sentence2"))
+register_dataset("mrpc", task="classification", hub_id="nyu-mll/glue", hub_config="mrpc", fields=_PAIR,
+                 convert=_pair("sentence1", "sentence2"))
+register_dataset("qnli", task="classification", hub_id="nyu-mll/glue", hub_config="qnli", fields=_PAIR,
+                 convert=_pair("question", "sentence"))
+register_dataset("mnli", task="classification", hub_id="nyu-mll/glue", hub_config="mnli", fields=_PAIR,
+                 hub_splits={"heldout_subset": "validation_matched", "train_subset": "train"},
+                 convert=_pair("premise", "hypothesis"),
+                 note="Offline copy: train_subset / heldout_subset are a 10k sample of GLUE MNLI train.")
+register_dataset("boolq", task="classification", hub_id="google/boolq", fields=_PAIR, convert=_boolq)
+register_dataset("20newsgroups", task="classification", hub_id="SetFit/20_newsgroups", convert=_pair("text"))
+register_dataset("mr", task="classification", hub_id="cornell-movie-review-data/rotten_tomatoes",
+                 convert=_pair("text"))
+register_dataset("subj", task="classification", hub_id="SetFit/subj", convert=_pair("text"))
+register_dataset("e2e_nlg", task="generation", hub_id="tuetschek/e2e_nlg",
+                 hub_splits={"validation_pairs": "validation", "test_pairs": "test"}, convert=_e2e,
+                 prompt_template="{input}\n", derive_fields=_e2e_fields, derived_names=E2E_ATTRIBUTES)
+register_dataset("arc_easy", task="multiple_choice", hub_id="allenai/ai2_arc", hub_config="ARC-Easy", convert=_arc)
+register_dataset("arc_challenge", task="multiple_choice", hub_id="allenai/ai2_arc", hub_config="ARC-Challenge",
+                 convert=_arc)
+register_dataset("openbookqa", task="multiple_choice", hub_id="allenai/openbookqa", hub_config="main",
+                 convert=_openbookqa)
+register_dataset("piqa", task="multiple_choice", hub_id="ybisk/piqa", convert=_piqa)
+register_dataset("hellaswag", task="multiple_choice", hub_id="Rowan/hellaswag", convert=_hellaswag,
+                 prompt_template="{question}")
+register_dataset("race", task="multiple_choice", hub_id="ehovy/race", hub_config="all",
+                 fields=("context", "question", "choices", "label"), convert=_race)
 
 DEFAULT_GENERATION_TEMPLATE = "{input}\n"
 DEFAULT_CHOICE_TEMPLATE = "Question: {question}\nAnswer:"
@@ -166,9 +248,9 @@ DEFAULT_CHOICE_TEMPLATE_WITH_CONTEXT = "{context}\nQuestion: {question}\nAnswer:
 
 
 def prompt_template(task_type: str, dataset: str, train_rows: list[Row], given: str | None = None) -> str | None:
-    """The prompt of a generation or multiple-choice task: ``given``, else the catalog entry's, else the
+    """The prompt of a generation or multiple-choice task: ``given``, else the registered dataset's, else the
     default (for multiple choice, with the context when the first train row has one). None for classification."""
-    entry = CATALOG.get(dataset)
+    entry = dataset_entry(dataset)
     given = given or (entry.prompt_template if entry else None)
     if task_type == "generation":
         return given or DEFAULT_GENERATION_TEMPLATE

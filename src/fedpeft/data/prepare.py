@@ -273,14 +273,14 @@ def train_column(task: TaskConfig, column: str, seed: int) -> np.ndarray:
     (e2e_nlg: the MR attributes, e.g. ``eat_type``). Null, blank or absent values are the category
     :data:`~fedpeft.data.partition.MISSING`; a list or object is refused (file, split, row and fix), and so
     is a column that no row has."""
-    from fedpeft.data.catalog import CATALOG
+    from fedpeft.data.catalog import dataset_entry
     from fedpeft.data.partition import MISSING
 
     origins: list[V.Origin] = []
     rows = load_rows(task.dataset, task.train_split, dataset_config=task.dataset_config, data_dir=task.data_dir,
                      columns=task.columns, shuffle_seed=task.split_shuffle_seed, origins=origins)
-    entry = CATALOG.get(task.dataset)
-    derive = entry.derive_fields if entry is not None else None
+    entry = dataset_entry(task.dataset)
+    derive = entry.deriver() if entry is not None else None
     values: list[str] = []
     found = False
     for row, origin in zip(rows, origins):

@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from fedpeft.data.catalog import CATALOG, Row
+from fedpeft.data.catalog import Row, dataset_entry
 from fedpeft.data.files import FILE_SUFFIXES, DataError, read_file
 from fedpeft.data.validate import Origin
 from fedpeft.errors import first_line
+from fedpeft.registry import DATASETS
 
 
 def data_dirs(explicit: str | None = None) -> list[Path]:
@@ -96,7 +97,7 @@ def _load_local_split(location: Path, split: str, label_column: str) -> list[Row
 
 def local_catalog_names(data_dir: str | None = None) -> list[str]:
     """Catalog datasets that have a folder in the local data directories."""
-    return [name for name in CATALOG if any((base / name).is_dir() for base in data_dirs(data_dir))]
+    return [name for name in DATASETS if any((base / name).is_dir() for base in data_dirs(data_dir))]
 
 
 def _not_local(dataset: str, data_dir: str | None, why: str) -> DataError:
@@ -121,16 +122,16 @@ def check_available(dataset: str, data_dir: str | None = None, config: str | Non
 
 
 def _hub_target(dataset: str, config: str | None) -> tuple[str, str | None]:
-    entry = CATALOG.get(dataset)
+    entry = dataset_entry(dataset)
     return (entry.hub_id, config or entry.hub_config) if entry is not None else (dataset, config)
 
 
 def _load_hub_split(dataset: str, config: str | None, split: str, data_dir: str | None = None) -> list[Row]:
     from fedpeft.hub import hub_unavailable
 
-    entry = CATALOG.get(dataset)
+    entry = dataset_entry(dataset)
     hub_id, hub_config = _hub_target(dataset, config)
-    convert = entry.convert if entry is not None else None
+    convert = entry.converter() if entry is not None else None
     if entry is not None:
         split = entry.hub_splits.get(split, split)
     why = hub_unavailable(hub_id, "dataset")
@@ -259,7 +260,7 @@ def _source_key(dataset: str, config: str | None, location: Path | None, name: s
     """Where the rows of split ``name`` come from: two names with the same key read the same rows."""
     if location is not None:
         return str(location if location.is_file() else _split_file(location, name) or location / name)
-    entry = CATALOG.get(dataset)
+    entry = dataset_entry(dataset)
     if entry is not None:
         return f"hub:{entry.hub_id}:{config or entry.hub_config}:{entry.hub_splits.get(name, name)}"
     return f"hub:{dataset}:{config}:{name}"

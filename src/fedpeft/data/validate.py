@@ -30,15 +30,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from fedpeft.data.catalog import Row
+from fedpeft.data.catalog import TASK_FIELDS, Row
 
 Origin = tuple[str, str, int]  # (file or Hub split, split part as written, 1-based row in that file)
-TASK_FIELDS = {
-    "classification": ("text", "label"),
-    "generation": ("input", "target"),
-    "multiple_choice": ("question", "choices", "label"),
-    "instruction": ("messages",),  # or an instruction record: instruction (or task.instruction), input, output
-}
 ROLES = ("system", "user", "assistant")
 RECORD_FIELDS = ("instruction", "input", "output", "target")  # an instruction record's fields
 

@@ -610,3 +610,15 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
 
 def resume(run_dir: str | Path) -> dict[str, Any]:
     return EmbeddedRuntime.resume(run_dir).run()
+
+
+def launch(cfg: RunConfig, run_dir: str | Path | None, *, resume: bool, observers: Sequence[RunObserver],
+           log: Callable[[str], None] | None, on_run_dir: Callable[[Path], None] | None) -> dict[str, Any]:
+    """The embedded runtime's launch (``runtime.name: embedded``, see :class:`fedpeft.launchers.Launch`): every
+    client in this process; the run directory is named on ``log`` once it exists (none by default)."""
+    runtime = EmbeddedRuntime(cfg, run_dir, resume=resume, observers=observers)
+    if on_run_dir is not None:
+        on_run_dir(runtime.run_dir)
+    if log is not None:
+        log(f"run directory: {runtime.run_dir}")
+    return runtime.run()

@@ -4,47 +4,63 @@ sent to TensorBoard, MLflow and/or Weights & Biases as the run goes.
 A tracker is a :class:`fedpeft.RunObserver` the runtime adds to a run's observers; what it must keep to
 continue the same tracked run after ``fedpeft run --resume`` (a run id) it keeps in RUN_DIR/tracking.json.
 Each backend is an optional extra (``pip install 'fedpeft[tensorboard]'``, ``[mlflow]``, ``[wandb]``); a
-config that names a missing one is refused before the model loads, with the command that installs it.
+config that names a missing one is refused before the model loads, with the command that installs it. A
+plugin adds its own with ``fedpeft.register_tracker`` (see :mod:`fedpeft.tracking.backends`).
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import logging
 import numbers
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from fedpeft.config import RunConfig
 from fedpeft.errors import UserError
-from fedpeft.tracking.base import Tracker
+from fedpeft.registry import TRACKERS, resolve
+from fedpeft.tracking.backends import TrackerEntry, register_tracker
+
+if TYPE_CHECKING:  # neither is imported here: the config's validation registers the built-in trackers
+    from fedpeft.config import RunConfig
+    from fedpeft.tracking.base import Tracker
 
 log = logging.getLogger("fedpeft")
 STATE_FILE = "tracking.json"
-# logger name -> (module of its Tracker, the package it needs, the extra that installs it)
-BACKENDS = {
-    "tensorboard": ("fedpeft.tracking.tensorboard_tracker", "tensorboard", "tensorboard"),
-    "mlflow": ("fedpeft.tracking.mlflow_tracker", "mlflow", "mlflow"),
-    "wandb": ("fedpeft.tracking.wandb_tracker", "wandb", "wandb"),
-}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Tracker":  # the base class imports the algorithms' contract (torch): only when asked for
+        from fedpeft.tracking.base import Tracker
+
+        return Tracker
+    raise AttributeError(f"module 'fedpeft.tracking' has no attribute {name!r}")
 
 
 class TrackerUnavailable(UserError, ImportError):
     """A logger of runtime.loggers whose package is not installed."""
 
 
+def tracker_entry(name: str) -> TrackerEntry:
+    """The registered tracker ``name`` (a one-line ConfigError listing the registered ones otherwise)."""
+    try:
+        return TRACKERS.get(name)
+    except ValueError as exc:
+        from fedpeft.config import ConfigError
+
+        raise ConfigError(str(exc)) from None
+
+
 def check_available(names: list[str]) -> None:
     """Raise TrackerUnavailable (one line, with the install command) for a logger whose package is missing."""
     for name in names:
-        _, package, extra = BACKENDS[name]
-        if importlib.util.find_spec(package) is None:
-            raise TrackerUnavailable(f"runtime.loggers: {name} needs the {package} package, which is not installed: "
-                              f"pip install 'fedpeft[{extra}]' (or remove {name} from runtime.loggers)")
+        entry = tracker_entry(name)
+        if entry.package is not None and importlib.util.find_spec(entry.package) is None:
+            raise TrackerUnavailable(f"runtime.loggers: {name} needs the {entry.package} package, which is not "
+                                     f"installed: {entry.install_command()} (or remove {name} from runtime.loggers)")
 
 
 def open_trackers(cfg: RunConfig, run_dir: Path, *, resume: bool, start_round: int) -> list[Tracker]:
@@ -58,8 +74,8 @@ def open_trackers(cfg: RunConfig, run_dir: Path, *, resume: bool, start_round: i
     trackers: list[Tracker] = []
     try:
         for name in names:
-            module = importlib.import_module(BACKENDS[name][0])
-            trackers.append(module.TRACKER(cfg, run_dir, saved.get(name), start_round=start_round))
+            tracker = resolve(tracker_entry(name).tracker)
+            trackers.append(tracker(cfg, run_dir, saved.get(name), start_round=start_round))
     except BaseException:
         for tracker in trackers:
             tracker.close()
@@ -122,5 +138,5 @@ def flat_config(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
-__all__ = ["BACKENDS", "Tracker", "TrackerUnavailable", "check_available", "flat_config", "open_trackers",
-           "scalars", "tracked_config"]
+__all__ = ["Tracker", "TrackerEntry", "TrackerUnavailable", "check_available", "flat_config", "open_trackers",
+           "register_tracker", "scalars", "tracked_config", "tracker_entry"]

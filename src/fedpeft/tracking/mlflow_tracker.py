@@ -69,6 +69,3 @@ class MlflowTracker(Tracker):
             return
         self.closed = True
         self.client.set_terminated(self.run_id, status="FINISHED" if self.finished else "FAILED")
-
-
-TRACKER = MlflowTracker

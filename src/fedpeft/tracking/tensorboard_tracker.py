@@ -52,6 +52,3 @@ class TensorBoardTracker(Tracker):
 
     def close(self) -> None:
         self.writer.close()
-
-
-TRACKER = TensorBoardTracker

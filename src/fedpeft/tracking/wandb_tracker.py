@@ -50,6 +50,3 @@ class WandbTracker(Tracker):
             return
         self.closed = True
         self.run.finish(exit_code=0 if self.finished else 1)
-
-
-TRACKER = WandbTracker

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -332,6 +332,17 @@ def run_flower(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: boo
         return _run_flower(cfg, Path(run_dir).resolve(), resume, deployment, log)
     finally:
         lock.release()
+
+
+def launch(cfg: RunConfig, run_dir: str | Path | None, *, resume: bool, observers: Sequence[Any],
+           log: Callable[[str], None] | None, on_run_dir: Callable[[Path], None] | None) -> dict[str, Any]:
+    """The Flower runtime's launch (``runtime.name: flower``, see :class:`fedpeft.launchers.Launch`; registered
+    with in_process=False, so ``observers`` is empty): with ``on_run_dir``, a new run's directory is made before
+    its SuperNodes start, so that an interrupted launch can name it. ``log``: print by default."""
+    if not resume and on_run_dir is not None:
+        run_dir = new_run_dir(cfg, run_dir)
+        on_run_dir(run_dir)
+    return run_flower(cfg, run_dir, resume=resume, log=print if log is None else log)
 
 
 def _run_flower(cfg: RunConfig, run_dir: Path, resume: bool, deployment: LocalDeployment | None,
