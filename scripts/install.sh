@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs fedpeft with pinned, tested dependency versions.
 #   bash scripts/install.sh         # runtime only
-#   bash scripts/install.sh test    # plus pytest, hypothesis, ruff and the docs site's tools (mkdocs)
+#   bash scripts/install.sh test    # plus pytest, hypothesis, ruff, import-linter, mypy and the docs site's tools (mkdocs)
 # torch 2.13.0 is installed first: on CPU-only machines that have a local CPU wheel, pip takes it;
 # anywhere else pip picks the build that fits the machine.
 set -euo pipefail

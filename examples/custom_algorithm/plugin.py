@@ -24,7 +24,7 @@ class MedianOptions(fedpeft.AlgorithmOptions):
     server_lr: float = Field(1.0, gt=0, description="Step along the median update (1.0 = take it).")
 
 
-class MedianServer(fedpeft.ServerAlgorithm):
+class MedianServer(fedpeft.ServerAlgorithm[MedianOptions]):
     """Every client gets the global state; the new global state moves along the entry-wise median of the
     accepted clients' changes to it. Updates were checked (names, shapes, finite values) before this."""
 

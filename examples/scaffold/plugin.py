@@ -29,14 +29,14 @@ class ScaffoldOptions(fedpeft.AlgorithmOptions):
     name: Literal["scaffold"] = "scaffold"
     server_lr: float = Field(1.0, gt=0, description="Global step size on the mean model change.")
 
-    def check(self, run: Any) -> None:
+    def check(self, run: fedpeft.RunConfig) -> None:
         t = run.train
         if t.optimizer != "sgd" or t.scheduler != "constant" or t.momentum or t.warmup_ratio:
             raise ValueError("algorithm scaffold corrects plain SGD steps: set train.optimizer: sgd, "
                              "train.scheduler: constant, train.momentum: 0 and train.warmup_ratio: 0")
 
 
-class ScaffoldServer(fedpeft.ServerAlgorithm):
+class ScaffoldServer(fedpeft.ServerAlgorithm[ScaffoldOptions]):
     state_attrs = ("global_state", "control")
 
     def __init__(self, options: ScaffoldOptions, initial_state: dict[str, np.ndarray], **kwargs: Any):

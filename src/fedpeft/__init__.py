@@ -19,7 +19,35 @@ The public API (see docs/guide/python-api.md and docs/api/index.md); names load 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker sees of the lazy exports below (a test checks that they agree)
+    from fedpeft.adapters import load_adapter
+    from fedpeft.algorithms.base import (
+        ClientAlgorithm,
+        ClientContext,
+        RuntimeNeeds,
+        ServerAlgorithm,
+        UpdateMeta,
+        UpdateRejected,
+        check_update,
+        check_update_meta,
+    )
+    from fedpeft.algorithms.registry import register_algorithm
+    from fedpeft.algorithms.robust import robust_aggregate
+    from fedpeft.api import read_partition, resume, run
+    from fedpeft.config.adversarial import RobustRule
+    from fedpeft.config.load import ConfigError, dump_config, load_config, validate_config
+    from fedpeft.config.schema import AlgorithmOptions, PeftOptions, RunConfig
+    from fedpeft.data.catalog import register_dataset
+    from fedpeft.errors import UserError
+    from fedpeft.launchers import register_runtime
+    from fedpeft.observer import RunObserver
+    from fedpeft.plugins import load_plugin
+    from fedpeft.rundir import read_metrics, read_summary
+    from fedpeft.tracking.backends import register_tracker
+    from fedpeft.tuners.registry import TunerContext, register_peft_method
+    from fedpeft.wire import Payload
 
 __version__ = "0.1.0"
 
@@ -58,7 +86,15 @@ _EXPORTS = {
     "load_plugin": "fedpeft.plugins",
     "UserError": "fedpeft.errors",
 }
-__all__ = sorted(_EXPORTS)  # noqa: PLE0605
+__all__ = [  # sorted(_EXPORTS), written out for type checkers and linters (a test checks)
+    "AlgorithmOptions", "ClientAlgorithm", "ClientContext", "ConfigError", "Payload",
+    "PeftOptions", "RobustRule", "RunConfig", "RunObserver", "RuntimeNeeds", "ServerAlgorithm",
+    "TunerContext", "UpdateMeta", "UpdateRejected", "UserError", "check_update",
+    "check_update_meta", "dump_config", "load_adapter", "load_config", "load_plugin",
+    "read_metrics", "read_partition", "read_summary", "register_algorithm", "register_dataset",
+    "register_peft_method", "register_runtime", "register_tracker", "resume", "robust_aggregate", "run",
+    "validate_config",
+]
 
 
 def __getattr__(name: str) -> Any:

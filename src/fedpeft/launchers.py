@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fedpeft.registry import RUNTIMES, CodeRef, code_ref, resolve
 
 if TYPE_CHECKING:
-    from fedpeft.algorithms.base import RunObserver
     from fedpeft.config import RunConfig
+    from fedpeft.observer import RunObserver
 
 
 class Launch(Protocol):

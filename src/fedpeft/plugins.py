@@ -17,6 +17,7 @@ import sys
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
+from typing import Protocol
 
 from fedpeft.errors import UserError
 
@@ -128,13 +129,23 @@ def load_plugins(specs: list[str]) -> None:
         load_plugin(spec)
 
 
-def check_reachable_elsewhere(cfg) -> None:
+class RunSections(Protocol):
+    """The sections of a run's config that name registered methods (fedpeft.config.RunConfig has them)."""
+
+    @property
+    def algorithm(self) -> object: ...
+
+    @property
+    def peft(self) -> object: ...
+
+
+def check_reachable_elsewhere(cfg: RunSections) -> None:
     """Refuse a config whose algorithm or PEFT method was registered in the running script itself
     (``__main__``, e.g. a notebook): other processes (Flower's ServerApp and ClientApps, a later
     ``fedpeft run --resume``) find methods only through the config's plugins or installed packages."""
     for section, options in (("algorithm.name", cfg.algorithm), ("peft.method", cfg.peft)):
         if type(options).__module__ == "__main__":
-            name = getattr(options, "name", None) or options.method
+            name = getattr(options, "name", None) or getattr(options, "method", None)
             raise PluginError(f"{section} {name!r} is registered in your script (__main__), which Flower's "
                               "apps in other processes cannot load: move the registration to a .py file or "
                               "module and name it in the config's plugins (or --plugin)")

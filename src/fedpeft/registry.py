@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:  # the entry types live with their register functions, in layers above this one
     from fedpeft.algorithms.registry import RegisteredAlgorithm
@@ -117,8 +117,8 @@ def _origin(entry: object) -> str:
 
 # The registries of fedpeft's kinds; their entries are added by the public registration functions
 # (fedpeft.register_algorithm, fedpeft.register_peft_method), which fedpeft's built-ins call as plugins do.
-ALGORITHMS: Registry[RegisteredAlgorithm] = Registry("algorithm", "algorithm.name")
-PEFT_METHODS: Registry[PeftMethod] = Registry("PEFT method", "peft.method")
+ALGORITHMS: Registry[RegisteredAlgorithm[Any]] = Registry("algorithm", "algorithm.name")
+PEFT_METHODS: Registry[PeftMethod[Any]] = Registry("PEFT method", "peft.method")
 
 # --- the open seams: registered through fedpeft.register_dataset / register_tracker / register_runtime ---
 

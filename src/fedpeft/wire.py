@@ -17,6 +17,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 META_KEY = "fedpeft"
+Arrays = dict[str, np.ndarray]  # named arrays, the payload's tensors
 
 
 class PayloadError(ValueError):
@@ -25,7 +26,10 @@ class PayloadError(ValueError):
 
 @dataclass
 class Payload:
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    """What travels between the halves: named arrays and JSON metadata (plain JSON values: numbers, strings,
+    booleans, None, lists and objects of them)."""
+
+    arrays: Arrays = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -122,8 +126,8 @@ def encoded_size(spec: dict[str, tuple[tuple[int, ...], str]], meta: dict[str, A
     entries.sort(key=lambda e: (-_DTYPE_ORDER.index(e[1]), e[0]))
     header: dict[str, Any] = {"__metadata__": {META_KEY: json.dumps(meta, allow_nan=False, separators=(",", ":"))}}
     offset = 0
-    for name, code, shape, nbytes in entries:
-        header[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+    for name, code, dims, nbytes in entries:
+        header[name] = {"dtype": code, "shape": dims, "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return 8 + len(text) + (-len(text)) % 8 + offset

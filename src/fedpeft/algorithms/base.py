@@ -14,16 +14,29 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypedDict, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from fedpeft.errors import first_line
-from fedpeft.wire import Payload
+from fedpeft.wire import Arrays, Payload
+
+if TYPE_CHECKING:  # the types of the contract; importing this module loads none of them (no torch)
+    import torch
+
+    from fedpeft.config.schema import AlgorithmOptions, PeftOptions
+    from fedpeft.data.batching import Encoded
+    from fedpeft.heads.layout import HeadLayout
+    from fedpeft.training.local import TrainResult
+    from fedpeft.training.server import ServerModel
+    from fedpeft.tuners.prefix_layers import PrefixLayout
+    from fedpeft.tuners.tuned import TunedModel
 
 log = logging.getLogger("fedpeft")
-Arrays = dict[str, np.ndarray]
+
+# The options model a server half reads (``ServerAlgorithm[MyOptions]`` makes ``self.options`` a ``MyOptions``)
+OptionsT = TypeVar("OptionsT", bound="AlgorithmOptions")
 
 
 def random_selection(num_clients: int, k: int, seed: int, rnd: int) -> list[int]:
@@ -154,31 +167,70 @@ def check_arrays(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[
             raise UpdateRejected(f"{name}: contains NaN or Inf")
 
 
+class LocalTrain(Protocol):
+    """``ClientContext.train``: local training on this client's data, seeded by (seed, round, client). The
+    keyword arguments are :meth:`fedpeft.training.local.LocalTrainer.train`'s: ``tuned`` (default: the shared
+    model, ``ctx.tuned``), ``extra_loss`` (a term added to the loss, e.g. FedProx's proximal term),
+    ``before_step``/``after_step`` (hooks around each optimizer step), ``head_fraction`` (the share of attention
+    heads trained, for the analytic OPs), ``optimizer_state`` (Adam moments to start from, updated in place) and
+    ``lr`` (in place of train.lr)."""
+
+    def __call__(
+        self,
+        *,
+        tuned: TunedModel | None = None,
+        extra_loss: Callable[[], torch.Tensor] | None = None,
+        before_step: Callable[[], None] | None = None,
+        after_step: Callable[[], None] | None = None,
+        head_fraction: float = 1.0,
+        optimizer_state: dict[str, dict[str, np.ndarray]] | None = None,
+        lr: float | None = None,
+    ) -> TrainResult: ...
+
+
+class ClientResources(TypedDict, total=False):
+    """``ClientContext.resources``: what a client half may need besides its data (see
+    ``fedpeft.runtime.setup.Experiment.client_resources``)."""
+
+    layout: HeadLayout | PrefixLayout | None  # what the server half's RuntimeNeeds asked for
+    pad_id: int  # the tokenizer's padding token
+    exclude_token_ids: set[int]  # the tokenizer's end-of-sequence and separator tokens
+    device: torch.device  # where the model lives
+    batch_size: int  # eval.batch_size, for the client's own evaluation passes
+    seed: int  # the run's seed
+    client_lr: float  # train.lr
+    peft: PeftOptions  # the run's PEFT options
+
+
+def _no_report(name: str, value: Any) -> None:
+    """The default of ``ClientContext.report``: a runtime without observers ignores reports."""
+
+
+def _no_personal_evaluation() -> dict[str, Any] | None:
+    """The default of ``ClientContext.evaluate_personal``: nothing is due."""
+    return None
+
+
 @dataclass
 class ClientContext:
     """What the runtime hands a client half for one round."""
 
     client_id: int
     round: int
-    tuned: Any  # fedpeft.tuners.TunedModel
-    # train(tuned=None, **options) -> fedpeft.training.TrainResult: local training of ``tuned`` (default: the
-    # shared model) on this client's data; options are fedpeft.training.local.LocalTrainer.train's keyword
-    # arguments (extra_loss, before_step, after_step, head_fraction, optimizer_state, lr)
-    train: Callable[..., Any]
+    tuned: TunedModel  # the model with the PEFT method applied (shared by the clients a process runs)
+    train: LocalTrain  # local training of ``tuned`` (or another TunedModel) on this client's data
     num_examples: int
     state: dict[str, Any] = field(default_factory=dict)  # per-client state kept between rounds
-    data: Any = None  # the client's tokenised examples (fedpeft.data.batching.Encoded)
-    # layout (what RuntimeNeeds asked for), pad_id, exclude_token_ids, device, batch_size (evaluation), seed,
-    # client_lr (train.lr), peft (the PEFT options): see fedpeft.runtime.setup.Experiment.client_resources
-    resources: dict[str, Any] = field(default_factory=dict)
+    data: Encoded | None = None  # the client's tokenised examples
+    resources: ClientResources = field(default_factory=ClientResources)
     # report(name, value): hand a value to the run's observers (RunObserver.on_client_report) for analysis;
     # it stays in this process and never travels (a runtime without observers ignores it)
-    report: Callable[[str, Any], None] = field(default=lambda name, value: None)
+    report: Callable[[str, Any], None] = field(default=_no_report)
     # evaluate_personal(): under eval.personalized, in the rounds the global model is evaluated, score the
     # model as ctx.tuned holds it now on this client's held-out slice and report it with the update; the client
     # half calls it once its personalized model is assembled (the global part it received plus what it keeps),
     # before training. Returns the metrics, or None when nothing is due (the runtime's answer, not an error).
-    evaluate_personal: Callable[[], dict[str, Any] | None] = field(default=lambda: None)
+    evaluate_personal: Callable[[], dict[str, Any] | None] = field(default=_no_personal_evaluation)
 
 
 @dataclass(frozen=True)
@@ -188,7 +240,7 @@ class RuntimeNeeds:
 
     head_layout: bool = False  # a fedpeft.heads.HeadLayout of the PEFT method's tensors, passed as ``layout``
     prefix_layout: bool = False  # a fedpeft.tuners.prefix_layers.PrefixLayout, passed as ``layout``
-    server_model: bool = False  # a fedpeft.runtime.setup.ServerModel (global model + server shard), as ``server_model``
+    server_model: bool = False  # a fedpeft.training.server.ServerModel (global model + server shard), as ``server_model``
     server_data_fraction: float = 0.0  # share of the training split the server keeps; no client gets it
 
     def __post_init__(self) -> None:
@@ -198,18 +250,21 @@ class RuntimeNeeds:
             raise ValueError(f"server_data_fraction {self.server_data_fraction} must lie in [0, 1)")
 
 
-class ServerAlgorithm(ABC):
-    """Holds the global trainable state; subclasses define how updates are combined."""
+class ServerAlgorithm(ABC, Generic[OptionsT]):
+    """Holds the global trainable state; subclasses define how updates are combined. Parametrize it with the
+    algorithm's options model, ``class MyServer(fedpeft.ServerAlgorithm[MyOptions])``, and ``self.options`` is
+    a ``MyOptions`` to a type checker."""
 
     @classmethod
-    def runtime_needs(cls, options: Any) -> RuntimeNeeds:
+    def runtime_needs(cls, options: OptionsT) -> RuntimeNeeds:
         """What this algorithm, with these options, needs from the runtime (default: nothing more)."""
         return RuntimeNeeds()
 
-    def __init__(self, options: Any, initial_state: Arrays, *, num_clients: int, clients_per_round: int, seed: int,
-                 layout: Any = None, client_lr: float | None = None, server_model: Any = None):
-        self.options = options
-        self.layout = layout
+    def __init__(self, options: OptionsT, initial_state: Arrays, *, num_clients: int, clients_per_round: int,
+                 seed: int, layout: HeadLayout | PrefixLayout | None = None, client_lr: float | None = None,
+                 server_model: ServerModel | None = None) -> None:
+        self.options: OptionsT = options
+        self.layout = layout  # what runtime_needs asked for: a head layout, a prefix layout, or None
         self.server_model = server_model  # the server's own model and data shard (FedSP), else None
         self.client_lr = client_lr  # the run's train.lr, for algorithms whose server maths uses it
         self.global_state: Arrays = {k: v.astype(np.float32).copy() for k, v in initial_state.items()}
@@ -239,7 +294,8 @@ class ServerAlgorithm(ABC):
     def accept(self, rnd: int, updates: dict[int, Payload]) -> tuple[dict[int, Payload], dict[int, str]]:
         """Split updates into accepted and rejected (client -> reason); rejections are logged. The metadata is
         checked first (:attr:`update_meta`), then the update (:meth:`validate_from`)."""
-        ok, rejected = {}, {}
+        ok: dict[int, Payload] = {}
+        rejected: dict[int, str] = {}
         for cid, p in updates.items():
             try:
                 check_update_meta(p.meta, self.update_meta, client=cid)
@@ -294,6 +350,10 @@ class ServerAlgorithm(ABC):
 
 
 class ClientAlgorithm(ABC):
+    """The client half: :meth:`fit` turns the payload a client received into its update. How it is built is
+    the algorithm's choice: ``register_algorithm(client=...)`` takes a factory ``options -> ClientAlgorithm``
+    (a subclass whose ``__init__`` takes the options is one)."""
+
     @abstractmethod
     def fit(self, payload: Payload, ctx: ClientContext) -> Payload:
         """Local work on one client; returns the update payload (arrays + meta incl. num_examples)."""

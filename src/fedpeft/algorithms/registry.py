@@ -9,38 +9,43 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from fedpeft.algorithms.base import ClientAlgorithm, RuntimeNeeds, ServerAlgorithm
+from fedpeft.algorithms.base import ClientAlgorithm, OptionsT, RuntimeNeeds, ServerAlgorithm
 from fedpeft.config.schema import AlgorithmOptions, check_options_model, refresh_choices
 from fedpeft.registry import ALGORITHMS, CodeRef, resolve
+from fedpeft.wire import Arrays
 
 if TYPE_CHECKING:
     from fedpeft.heads.layout import HeadLayout
+    from fedpeft.training.server import ServerModel
+    from fedpeft.tuners.prefix_layers import PrefixLayout
 
-ClientFactory = Callable[[Any], ClientAlgorithm]  # the algorithm's options -> its client half
+# The algorithm's options -> its client half (a ClientAlgorithm subclass whose __init__ takes the options is one)
+ClientFactory = Callable[[OptionsT], ClientAlgorithm]
+Code = TypeVar("Code")
 
 
 @dataclass(frozen=True)
-class RegisteredAlgorithm:
+class RegisteredAlgorithm(Generic[OptionsT]):
     """One registered algorithm (see :func:`register_algorithm`); ``server`` and ``client`` may be lazy
     :class:`~fedpeft.registry.CodeRef` references, resolved on first use."""
 
     name: str
-    options: type[AlgorithmOptions]
-    server_code: type[ServerAlgorithm] | CodeRef
-    client_code: type[ClientAlgorithm] | ClientFactory | CodeRef
+    options: type[OptionsT]
+    server_code: type[ServerAlgorithm[OptionsT]] | CodeRef
+    client_code: ClientFactory[OptionsT] | CodeRef
 
     @property
-    def server(self) -> type[ServerAlgorithm]:
-        return resolve(self.server_code)  # type: ignore[return-value]
+    def server(self) -> type[ServerAlgorithm[OptionsT]]:
+        return resolve(self.server_code)
 
     @property
-    def client(self) -> ClientFactory:
-        return resolve(self.client_code)  # type: ignore[return-value]
+    def client(self) -> ClientFactory[OptionsT]:
+        return resolve(self.client_code)
 
 
-def _code(value: object, what: str, name: str) -> Any:
+def _code(value: Code | str, what: str, name: str) -> Code | CodeRef:
     if isinstance(value, str):
         try:
             return CodeRef(value)
@@ -49,9 +54,9 @@ def _code(value: object, what: str, name: str) -> Any:
     return value
 
 
-def register_algorithm(name: str, *, options: type[AlgorithmOptions],
-                       server: type[ServerAlgorithm] | CodeRef | str,
-                       client: type[ClientAlgorithm] | ClientFactory | CodeRef | str) -> None:
+def register_algorithm(name: str, *, options: type[OptionsT],
+                       server: type[ServerAlgorithm[OptionsT]] | CodeRef | str,
+                       client: ClientFactory[OptionsT] | CodeRef | str) -> None:
     """Register a federated algorithm under ``name``: ``options`` is its pydantic options model (a subclass of
     AlgorithmOptions with ``name: Literal[name] = name``), ``server`` its ServerAlgorithm subclass, and
     ``client`` its ClientAlgorithm subclass (called with the options) or a factory options -> client half.
@@ -59,23 +64,24 @@ def register_algorithm(name: str, *, options: type[AlgorithmOptions],
     that validating a config that names the algorithm imports none of its code).
     From then on ``algorithm: {name: NAME, ...}`` is a valid config section."""
     check_options_model(options, "algorithm", name)
-    server = _code(server, "server", name)
-    client = _code(client, "client", name)
-    if not isinstance(server, CodeRef) and not (isinstance(server, type) and issubclass(server, ServerAlgorithm)):
+    server_code = _code(server, "server", name)
+    client_code = _code(client, "client", name)
+    if not isinstance(server_code, CodeRef) and not (isinstance(server_code, type)
+                                                     and issubclass(server_code, ServerAlgorithm)):
         raise TypeError(f"register_algorithm({name!r}): server must subclass fedpeft.ServerAlgorithm")
-    if not isinstance(client, CodeRef) and not callable(client):
+    if not isinstance(client_code, CodeRef) and not callable(client_code):
         raise TypeError(f"register_algorithm({name!r}): client must be a ClientAlgorithm subclass or a factory")
-    entry = RegisteredAlgorithm(name, options, server, client)
+    entry = RegisteredAlgorithm(name, options, server_code, client_code)
     ALGORITHMS.add(name, entry, same=_same_options)
     refresh_choices("algorithm")
 
 
-def _same_options(a: RegisteredAlgorithm, b: RegisteredAlgorithm) -> bool:
+def _same_options(a: RegisteredAlgorithm[Any], b: RegisteredAlgorithm[Any]) -> bool:
     """The same algorithm registered again (a plugin module loaded twice, or its file imported anew)."""
     return (a.options.__module__, a.options.__qualname__) == (b.options.__module__, b.options.__qualname__)
 
 
-def registered_algorithm(name: str) -> RegisteredAlgorithm:
+def registered_algorithm(name: str) -> RegisteredAlgorithm[Any]:
     """The algorithm registered under ``name``; a one-line ValueError listing the registered ones otherwise."""
     entry = ALGORITHMS.find(name)
     if entry is None:
@@ -83,11 +89,11 @@ def registered_algorithm(name: str) -> RegisteredAlgorithm:
     return entry
 
 
-def make_server(options: AlgorithmOptions, initial_state: dict[str, Any], *, num_clients: int,
-                clients_per_round: int, seed: int, layout: HeadLayout | None = None,
-                client_lr: float | None = None, server_model: Any = None) -> ServerAlgorithm:
+def make_server(options: OptionsT, initial_state: Arrays, *, num_clients: int, clients_per_round: int, seed: int,
+                layout: HeadLayout | PrefixLayout | None = None, client_lr: float | None = None,
+                server_model: ServerModel | None = None) -> ServerAlgorithm[OptionsT]:
     """The server half of the algorithm ``options`` names, started from ``initial_state``."""
-    server_cls = registered_algorithm(options.name).server
+    server_cls: type[ServerAlgorithm[OptionsT]] = registered_algorithm(options.name).server
     return server_cls(options, initial_state, num_clients=num_clients, clients_per_round=clients_per_round, seed=seed,
                       layout=layout, client_lr=client_lr, server_model=server_model)
 

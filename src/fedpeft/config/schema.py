@@ -569,7 +569,7 @@ class RunConfig(Section):
         ]
 
 
-_SECTIONS = {"peft": (PEFT_METHODS, "method"), "algorithm": (ALGORITHMS, "name")}
+_SECTIONS: dict[str, tuple[Registry[Any], str]] = {"peft": (PEFT_METHODS, "method"), "algorithm": (ALGORITHMS, "name")}
 _refresh_deferred: set[str] = set()
 _deferring = False
 
@@ -623,4 +623,5 @@ def options_for(section: str, name: str) -> type[BaseModel]:
     registry, tag = _SECTIONS["peft" if section == "peft" else "algorithm"]
     if name not in registry:
         raise ValueError(f"{section}.{tag}: unknown choice {name!r}; valid choices: {', '.join(sorted(registry))}")
-    return registry.get(name).options
+    model: type[BaseModel] = registry.get(name).options
+    return model

@@ -21,7 +21,8 @@ from fedpeft.heads import build_layout
 from fedpeft.metrics.ops import rows_ops
 from fedpeft.models import registry
 from fedpeft.models.layout import ModelShape, model_shape
-from fedpeft.training.local import LocalTrainer, TrainResult
+from fedpeft.training.local import LocalTrainer
+from fedpeft.training.server import ServerModel
 from fedpeft.tuners import TunedModel, apply_tuner, registered_peft_method
 from fedpeft.tuners.prefix_layers import prefix_layout
 
@@ -86,39 +87,6 @@ class Experiment:
         if self.personal_parts is None or self.data.train_eval is None or not len(self.personal_parts[cid]):
             return None
         return replace(self.data, eval=subset_eval(self.data.train_eval, self.personal_parts[cid]))
-
-
-@dataclass
-class ServerModel:
-    """The global model on the server, with the server's shard of the training data (FedSP)."""
-
-    cfg: RunConfig
-    tuned: TunedModel
-    data: Any  # fedpeft.data.batching.Encoded
-    pad_id: int
-    device: torch.device
-
-    @property
-    def seed(self) -> int:
-        return self.cfg.seed
-
-    def base_model(self) -> torch.nn.Module:
-        """The backbone without the PEFT method's additions (the prompts are not applied through it)."""
-        module = self.tuned.module
-        return module.get_base_model() if hasattr(module, "get_base_model") else module
-
-    def tune(self, state: dict[str, np.ndarray], steps: int, rnd: int) -> dict[str, Any]:
-        """Train the trainable state (e.g. prompts) for ``steps`` steps on the server's shard; returns the new
-        state as "state" plus the loss and seconds."""
-        if len(self.data) == 0:
-            raise ValueError("the server holds no training data; set a server data share")
-        train = self.cfg.train.model_copy(update={"local_steps": steps})
-        trainer = LocalTrainer(train, device=self.device, pad_id=self.pad_id, precision=self.cfg.runtime.precision,
-                               flops_sample_steps=0)
-        self.tuned.load_state(state)
-        torch.manual_seed(int(np.random.SeedSequence([self.cfg.seed, rnd, 0x5E4]).generate_state(1)[0]))
-        result: TrainResult = trainer.train(self.tuned, self.data, np.random.default_rng([self.cfg.seed, rnd, 0x5E4]))
-        return {"state": self.tuned.state(), "server_train_loss": result.loss, "server_train_seconds": result.seconds}
 
 
 def partition_column(cfg: RunConfig) -> np.ndarray | None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from fedpeft.config.schema import PeftOptions, check_options_model, refresh_choices
 from fedpeft.registry import PEFT_METHODS, CodeRef, resolve
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the types of the contract; importing this module loads none of them (no torch)
     from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
     from fedpeft.heads.layout import HeadGeometry, HeadParam
     from fedpeft.models.layout import ArchSpec
@@ -29,7 +30,12 @@ ANALYTIC_ROWS = ("qkv", "attention", "fc", "lora", "ia3", "prompt_tuning", "p_tu
 BACKBONE_OPS = ("qkv", "attention", "fc")
 INPUT_PROMPT_OPS = ("qkv", "fc", "prompt_tuning")  # the prompt row replaces the attention row
 
-Apply = Callable[["nn.Module", Any, "TunerContext"], "nn.Module"]
+# The options model a PEFT method's ``apply`` reads (``register_peft_method(options=MyOptions, apply=f)`` checks
+# that ``f`` takes a ``MyOptions``)
+PeftOptionsT = TypeVar("PeftOptionsT", bound=PeftOptions)
+# apply(model, options, ctx) -> the module to train
+Apply = Callable[["nn.Module", PeftOptionsT, "TunerContext"], "nn.Module"]
+# head_params(spec, geometry) -> which trainable tensors hold which attention heads' slices
 HeadParams = Callable[[Mapping[str, tuple[tuple[int, ...], str]], "HeadGeometry"], "dict[str, HeadParam]"]
 
 
@@ -41,8 +47,8 @@ class TunerContext:
     spec: ArchSpec | None  # fedpeft's layout of the architecture (attention/feed-forward names), None if unknown
     spec_error: str | None  # why ``spec`` is None (the message to raise when a method needs it)
     head_modules: tuple[str, ...]  # top-level task-head modules of a classifier ("classifier", "score", ...)
-    tokenizer: Any = None
-    tokenizer_path: str | None = None
+    tokenizer: PreTrainedTokenizerBase | None = None  # the run's tokenizer (prompt tuning's text initialisation)
+    tokenizer_path: str | None = None  # where the tokenizer was loaded from (HF peft's tokenizer_name_or_path)
 
     def require_spec(self, method: str) -> ArchSpec:
         """The architecture layout, or a one-line error saying that ``method`` needs one."""
@@ -52,32 +58,32 @@ class TunerContext:
 
 
 @dataclass(frozen=True)
-class PeftMethod:
+class PeftMethod(Generic[PeftOptionsT]):
     """One registered PEFT method (see :func:`register_peft_method`); ``apply`` and ``head_params`` may be lazy
     :class:`~fedpeft.registry.CodeRef` references, resolved on first use."""
 
     name: str
-    options: type[PeftOptions]
-    apply_code: Apply | CodeRef
+    options: type[PeftOptionsT]
+    apply_code: Apply[PeftOptionsT] | CodeRef
     save_format: SaveFormat = "state"
     trains_task_head: bool = False
     analytic_ops: tuple[str, ...] | None = None
     head_params_code: HeadParams | CodeRef | None = None
 
     @property
-    def apply(self) -> Apply:
-        return resolve(self.apply_code)  # type: ignore[return-value]
+    def apply(self) -> Apply[PeftOptionsT]:
+        return resolve(self.apply_code)
 
     @property
     def head_params(self) -> HeadParams | None:
-        return None if self.head_params_code is None else resolve(self.head_params_code)  # type: ignore[return-value]
+        return None if self.head_params_code is None else resolve(self.head_params_code)
 
 
 def register_peft_method(
     name: str,
     *,
-    options: type[PeftOptions],
-    apply: Apply | CodeRef | str,
+    options: type[PeftOptionsT],
+    apply: Apply[PeftOptionsT] | CodeRef | str,
     save_format: SaveFormat = "state",
     trains_task_head: bool = False,
     analytic_ops: tuple[str, ...] | None = None,
@@ -105,11 +111,9 @@ def register_peft_method(
     (fedpeft's built-ins do, so that validating a config imports no torch).
     """
     check_options_model(options, "peft", name)
-    if isinstance(apply, str):
-        apply = CodeRef(apply)
-    if isinstance(head_params, str):
-        head_params = CodeRef(head_params)
-    if not isinstance(apply, CodeRef) and not callable(apply):
+    apply_code = CodeRef(apply) if isinstance(apply, str) else apply
+    head_params_code = CodeRef(head_params) if isinstance(head_params, str) else head_params
+    if not isinstance(apply_code, CodeRef) and not callable(apply_code):
         raise TypeError(f"register_peft_method({name!r}): apply must be a function (model, options, ctx) -> module")
     if save_format not in SAVE_FORMATS:
         raise ValueError(f"register_peft_method({name!r}): save_format {save_format!r}; choose one of "
@@ -120,15 +124,15 @@ def register_peft_method(
             raise ValueError(f"register_peft_method({name!r}): analytic_ops {tuple(analytic_ops)!r}; give rows of "
                              f"{', '.join(ANALYTIC_ROWS)}, or None for unknown OPs")
         analytic_ops = tuple(analytic_ops)
-    if bool(options.maps_to_heads) != (head_params is not None):
+    if bool(options.maps_to_heads) != (head_params_code is not None):
         raise ValueError(f"register_peft_method({name!r}): give head_params exactly when {options.__name__} sets "
                          "maps_to_heads = True (the config checks it before anything loads)")
-    method = PeftMethod(name, options, apply, save_format, trains_task_head, analytic_ops, head_params)
+    method = PeftMethod(name, options, apply_code, save_format, trains_task_head, analytic_ops, head_params_code)
     PEFT_METHODS.add(name, method)
     refresh_choices("peft")
 
 
-def registered_peft_method(name: str) -> PeftMethod:
+def registered_peft_method(name: str) -> PeftMethod[Any]:
     """The PEFT method registered under ``name``; a one-line ValueError listing the registered ones otherwise."""
     entry = PEFT_METHODS.find(name)
     if entry is None:

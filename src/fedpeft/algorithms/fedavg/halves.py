@@ -8,26 +8,32 @@ delta (paper 000, Eq. 5) and applies its optimizer.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from fedpeft.algorithms import aggregate as A
 from fedpeft.algorithms.base import (
+    Arrays,
     ClientAlgorithm,
     ClientContext,
     ServerAlgorithm,
     UpdateRejected,
     check_arrays,
 )
+from fedpeft.algorithms.fedavg.options import FedAdamOptions, FedAvgMOptions, FedAvgOptions
 from fedpeft.algorithms.lora.factors import aggregation_error, lora_pairs
 from fedpeft.algorithms.privacy import PrivateMean, clip, l2_norm
 from fedpeft.algorithms.robust import robust_aggregate, round_report
+from fedpeft.config.schema import AlgorithmOptions
 from fedpeft.wire import Payload
 
+# The options of a FedAvg-family algorithm (server_lr, dp, robust): FedAvg's, FedAvgM's, FedAdam's, FedProx's, ...
+FedAvgFamilyT = TypeVar("FedAvgFamilyT", bound=AlgorithmOptions)
 
-class FedAvgServer(ServerAlgorithm):
-    def __init__(self, options: Any, initial_state, **kwargs: Any):
+
+class FedAvgServer(ServerAlgorithm[FedAvgFamilyT]):
+    def __init__(self, options: FedAvgFamilyT, initial_state: Arrays, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
         dp = getattr(options, "dp", None)
         self.private = (PrivateMean(dp, num_clients=self.num_clients, clients_per_round=self.clients_per_round)
@@ -110,7 +116,7 @@ class FedAvgServer(ServerAlgorithm):
         return {"update_norm": l2_norm(mean_update)}
 
 
-class FedAvgMServer(FedAvgServer):
+class FedAvgMServer(FedAvgServer[FedAvgMOptions]):
     state_attrs = ("global_state", "momentum_buffer")
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -123,7 +129,7 @@ class FedAvgMServer(FedAvgServer):
         )
 
 
-class FedAdamServer(FedAvgServer):
+class FedAdamServer(FedAvgServer[FedAdamOptions]):
     rule = staticmethod(A.fedadam_step)
     state_attrs = ("global_state", "m", "v")
 
@@ -166,6 +172,6 @@ class FedAvgClient(ClientAlgorithm):
         return Payload(state, meta)
 
 
-def fedavg_client(options: Any) -> FedAvgClient:
+def fedavg_client(options: FedAvgOptions | FedAvgMOptions | FedAdamOptions) -> FedAvgClient:
     """The client half of the FedAvg family: plain local training, clipped when ``options.dp`` asks."""
     return FedAvgClient(options.dp)

@@ -49,6 +49,7 @@ from fedpeft.algorithms.fedpeptao.layer_selection import (
     layer_order,
     select_layers,
 )
+from fedpeft.algorithms.fedpeptao.options import FedPepTAOOptions
 from fedpeft.algorithms.fedpeptao.prompt_probes import (
     client_kept_ratio,
     client_layer_scores,
@@ -78,15 +79,15 @@ def to_blocks(arrays: Mapping[str, np.ndarray], layout: PrefixLayout) -> Arrays:
     return out
 
 
-class FedPepTAOServer(ServerAlgorithm):
+class FedPepTAOServer(ServerAlgorithm[FedPepTAOOptions]):
     @classmethod
-    def runtime_needs(cls, options: Any) -> RuntimeNeeds:
+    def runtime_needs(cls, options: FedPepTAOOptions) -> RuntimeNeeds:
         return RuntimeNeeds(prefix_layout=True)
 
     state_attrs = ("global_state", "selected", "c_clients", "c_global", "momentum", "prev_update", "score_reports",
                    "ratio", "holders")
 
-    def __init__(self, options: Any, initial_state, **kwargs: Any):
+    def __init__(self, options: FedPepTAOOptions, initial_state: Arrays, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
         layout = self.layout
         if not isinstance(layout, PrefixLayout) or layout.name not in self.global_state:
@@ -277,7 +278,7 @@ class FedPepTAOClient(ClientAlgorithm):
     """Assemble the prompt (received layers over the personal copy), optionally score the layers, train,
     optionally measure the Hessian ratio, keep the full prompt, and send back the exchanged layers."""
 
-    def __init__(self, options: Any):
+    def __init__(self, options: FedPepTAOOptions):
         self.options = options
 
     def fit(self, payload: Payload, ctx: ClientContext) -> Payload:

@@ -10,10 +10,11 @@ import torch
 
 from fedpeft.algorithms.base import ClientContext
 from fedpeft.algorithms.fedavg.halves import FedAvgClient, FedAvgServer
+from fedpeft.algorithms.fedprox.options import FedProxOptions
 from fedpeft.wire import Payload
 
 
-class FedProxServer(FedAvgServer):
+class FedProxServer(FedAvgServer[FedProxOptions]):
     pass
 
 
@@ -34,6 +35,6 @@ class FedProxClient(FedAvgClient):
         return proximal
 
 
-def fedprox_client(options) -> FedProxClient:
+def fedprox_client(options: FedProxOptions) -> FedProxClient:
     """FedProx's client half: local training with the proximal term of weight ``options.mu``."""
     return FedProxClient(options.mu, options.dp)

@@ -39,6 +39,7 @@ from fedpeft.algorithms.base import (
     ServerAlgorithm,
     check_update,
 )
+from fedpeft.algorithms.fedsp.options import FedSPOptions
 from fedpeft.algorithms.privacy import l2_norm
 from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload
@@ -62,14 +63,14 @@ def tile_layers(prefix: np.ndarray, layout: PrefixLayout, k: int) -> np.ndarray:
                           axis=1).astype(np.float32)
 
 
-class FedSPServer(ServerAlgorithm):
+class FedSPServer(ServerAlgorithm[FedSPOptions]):
     @classmethod
-    def runtime_needs(cls, options: Any) -> RuntimeNeeds:
+    def runtime_needs(cls, options: FedSPOptions) -> RuntimeNeeds:
         return RuntimeNeeds(server_model=True, server_data_fraction=options.server_data_fraction)
 
     state_attrs = ("global_state", "aux_state", "aux_info")
 
-    def __init__(self, options: Any, initial_state, **kwargs: Any):
+    def __init__(self, options: FedSPOptions, initial_state: Arrays, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
         if self.server_model is None:
             raise ValueError("fedsp needs the server's model (the runtime passes it as server_model)")
@@ -179,7 +180,7 @@ class FedSPServer(ServerAlgorithm):
 class FedSPClient(ClientAlgorithm):
     """Keeps one auxiliary model per process (built from the first payload) and each client's trained part."""
 
-    def __init__(self, options: Any):
+    def __init__(self, options: FedSPOptions):
         self.options = options
         self.aux = None  # fedpeft.tuners.TunedModel over the auxiliary model; the parameters no client trains
         # keep the values received with the auxiliary model, so only each client's trained part is swapped in

@@ -47,6 +47,7 @@ from pydantic import Field
 from fedpeft.algorithms import aggregate as A
 from fedpeft.algorithms.base import (
     MAX_EXAMPLES,
+    Arrays,
     ClientAlgorithm,
     ClientContext,
     ClockValue,
@@ -56,6 +57,7 @@ from fedpeft.algorithms.base import (
     UpdateRejected,
     check_update,
 )
+from fedpeft.algorithms.headprune.options import HeadPruneOptions
 from fedpeft.heads import (
     ALPHA_KEY,
     KEPT_KEY,
@@ -95,16 +97,16 @@ class HeadPruneMeta(UpdateMeta):
     importance_examples: int | None = Field(None, ge=0, le=MAX_EXAMPLES)
 
 
-class HeadPruneServer(ServerAlgorithm):
+class HeadPruneServer(ServerAlgorithm[HeadPruneOptions]):
     update_meta = HeadPruneMeta
 
     @classmethod
-    def runtime_needs(cls, options: Any) -> RuntimeNeeds:
+    def runtime_needs(cls, options: HeadPruneOptions) -> RuntimeNeeds:
         return RuntimeNeeds(head_layout=True)
 
     state_attrs = ("global_state", "last_loss", "global_loss", "failures", "backoff_until")
 
-    def __init__(self, options: Any, initial_state, **kwargs: Any):
+    def __init__(self, options: HeadPruneOptions, initial_state: Arrays, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
         if self.layout is None:
             raise ValueError("headprune needs the model's head layout")
@@ -260,7 +262,7 @@ def _slice(param, unit, ndim: int) -> tuple:
 
 
 class HeadPruneClient(ClientAlgorithm):
-    def __init__(self, options: Any):
+    def __init__(self, options: HeadPruneOptions):
         self.options = options
 
     def fit(self, payload: Payload, ctx: ClientContext) -> Payload:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.factors import LoraPair, lora_pairs
+from fedpeft.algorithms.lora.options import LoraFedAvgOptions
 from fedpeft.algorithms.robust import robust_aggregate, round_report
+from fedpeft.wire import Arrays
 
 
 def pairs_in(names: Iterable[str], algorithm: str) -> list[LoraPair]:
@@ -51,11 +53,14 @@ def mean_step(global_state: Mapping[str, np.ndarray], updates: Mapping[int, fedp
     return state, norm, report
 
 
-class MeanStepServer(fedpeft.ServerAlgorithm):
+LoraFedAvgOptionsT = TypeVar("LoraFedAvgOptionsT", bound=LoraFedAvgOptions)
+
+
+class MeanStepServer(fedpeft.ServerAlgorithm[LoraFedAvgOptionsT]):
     """A server that moves some of the trainable tensors by the clients' mean change (:func:`mean_step`), robust
     when its options say so (``algorithm.robust``), and reports what the robust rule did."""
 
-    def __init__(self, options: Any, initial_state: Any, **kwargs: Any):
+    def __init__(self, options: LoraFedAvgOptionsT, initial_state: Arrays, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
         self.robust_report: dict[str, Any] = {}
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -23,7 +23,11 @@ import torch
 import fedpeft
 from fedpeft.algorithms.lora.common import pairs_in
 from fedpeft.algorithms.lora.factors import LoraPair
-from fedpeft.algorithms.lora.options import MERGED_ADAPTER  # noqa: F401 (re-exported)
+from fedpeft.algorithms.lora.options import (
+    MERGED_ADAPTER,  # noqa: F401 (re-exported)
+    MergingOptions,
+)
+from fedpeft.wire import Arrays
 
 MERGED_ATTR = "_fedpeft_merged_through"  # on the torch module: the last round merged into its backbone
 PREFIX = "merge/"
@@ -59,17 +63,20 @@ def merge_round(tuned: Any, pairs: list[LoraPair], factors: Mapping[str, np.ndar
     return math.sqrt(err / ref) if ref > 0 else 0.0
 
 
-class MergingServer(fedpeft.ServerAlgorithm):
+MergingOptionsT = TypeVar("MergingOptionsT", bound=MergingOptions)
+
+
+class MergingServer(fedpeft.ServerAlgorithm[MergingOptionsT]):
     """Keeps the history of merged rounds, merges each into the server's model, serves clients the rounds
     they lack; subclasses say what each round stacks (:meth:`round_stack`) and what else travels."""
 
     state_attrs = ("global_state", "history", "synced", "stateless")
 
     @classmethod
-    def runtime_needs(cls, options: Any) -> fedpeft.RuntimeNeeds:
+    def runtime_needs(cls, options: MergingOptionsT) -> fedpeft.RuntimeNeeds:
         return fedpeft.RuntimeNeeds(server_model=True)  # the global model is the merged backbone
 
-    def __init__(self, options: Any, initial_state: Any, **kwargs: Any):
+    def __init__(self, options: MergingOptionsT, initial_state: Arrays, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
         if self.server_model is None:
             raise ValueError(f"{options.name} needs the server's model (the runtime passes it as server_model)")

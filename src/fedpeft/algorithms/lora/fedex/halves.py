@@ -24,7 +24,7 @@ from fedpeft.algorithms.lora.merge import (
 )
 
 
-class FedExLoraServer(MergingServer):
+class FedExLoraServer(MergingServer[FedExLoraOptions]):
     def aggregate(self, rnd: int, updates: dict[int, fedpeft.Payload]) -> dict[str, float]:
         if not updates:
             return {}

@@ -21,12 +21,13 @@ from fedpeft.algorithms.lora.common import (
     round_meta,
 )
 from fedpeft.algorithms.lora.fedsa.options import KEPT, NAME, FedSaLoraOptions
+from fedpeft.wire import Arrays
 
 
-class FedSaLoraServer(MeanStepServer):
+class FedSaLoraServer(MeanStepServer[FedSaLoraOptions]):
     state_attrs = ("global_state", "served")
 
-    def __init__(self, options: FedSaLoraOptions, initial_state: Any, **kwargs: Any):
+    def __init__(self, options: FedSaLoraOptions, initial_state: Arrays, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
         self.kept = {p.b for p in pairs_in(self.global_state, NAME)}
         self.shared = {k: spec for k, spec in self.expected.items() if k not in self.kept}

@@ -19,10 +19,11 @@ from fedpeft.algorithms.lora.common import (
 )
 from fedpeft.algorithms.lora.factors import aggregation_error
 from fedpeft.algorithms.lora.ffa.options import NAME, FfaLoraOptions
+from fedpeft.wire import Arrays
 
 
-class FfaLoraServer(MeanStepServer):
-    def __init__(self, options: FfaLoraOptions, initial_state: Any, **kwargs: Any):
+class FfaLoraServer(MeanStepServer[FfaLoraOptions]):
+    def __init__(self, options: FfaLoraOptions, initial_state: Arrays, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
         self.pairs = pairs_in(self.global_state, NAME)
         self.frozen = {p.a for p in self.pairs}

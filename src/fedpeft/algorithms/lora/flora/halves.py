@@ -28,7 +28,7 @@ from fedpeft.algorithms.lora.merge import (
 )
 
 
-class FLoraServer(MergingServer):
+class FLoraServer(MergingServer[FLoraOptions]):
     def sent_state(self) -> dict[str, np.ndarray]:
         """The head only: clients start each round from fresh LoRA factors."""
         return {k: v for k, v in self.global_state.items() if k not in self.factor_names}

@@ -24,7 +24,7 @@ or ``client_ranks`` (client id -> rank, for the clients it names).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -40,7 +40,13 @@ from fedpeft.algorithms.lora.factors import (
     truncate_rank,
     weighted_product,
 )
-from fedpeft.algorithms.lora.hetero.options import HeteroRankOptions, RankGroup
+from fedpeft.algorithms.lora.hetero.options import (
+    FlexLoraOptions,
+    HeteroRankOptions,
+    HetLoraOptions,
+    RankGroup,
+)
+from fedpeft.wire import Arrays
 
 
 def assign_ranks(num_clients: int, groups: Sequence[RankGroup], seed: int,
@@ -62,11 +68,14 @@ def assign_ranks(num_clients: int, groups: Sequence[RankGroup], seed: int,
     return out
 
 
-class HeteroRankServer(fedpeft.ServerAlgorithm):
+HeteroRankOptionsT = TypeVar("HeteroRankOptionsT", bound=HeteroRankOptions)
+
+
+class HeteroRankServer(fedpeft.ServerAlgorithm[HeteroRankOptionsT]):
     """Shared by hetlora and flexlora: per-client ranks, truncated payloads, per-client update shapes; the
     tensors that are not LoRA factors (the task head) are averaged by examples."""
 
-    def __init__(self, options: HeteroRankOptions, initial_state: Any, **kwargs: Any):
+    def __init__(self, options: HeteroRankOptionsT, initial_state: Arrays, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
         self.pairs = pairs_in(self.global_state, options.name)
         self.max_rank = int(self.global_state[self.pairs[0].a].shape[0])
@@ -133,7 +142,7 @@ class HeteroRankServer(fedpeft.ServerAlgorithm):
         raise NotImplementedError
 
 
-class HetLoraServer(HeteroRankServer):
+class HetLoraServer(HeteroRankServer[HetLoraOptions]):
     def combine(self, states: list[dict[str, np.ndarray]], examples: list[int]) -> dict[str, float]:
         err = ref = 0.0
         for p in self.pairs:
@@ -152,7 +161,7 @@ class HetLoraServer(HeteroRankServer):
         return {"lora_aggregation_error": float(np.sqrt(err / ref)) if ref > 0 else 0.0}
 
 
-class FlexLoraServer(HeteroRankServer):
+class FlexLoraServer(HeteroRankServer[FlexLoraOptions]):
     def combine(self, states: list[dict[str, np.ndarray]], examples: list[int]) -> dict[str, float]:
         err = ref = 0.0
         for p in self.pairs:
