@@ -23,7 +23,8 @@ from fedpeft.algorithms.base import ClientAlgorithm, ServerAlgorithm
 from fedpeft.cli import main
 from fedpeft.config import load_config
 from fedpeft.config.schema import AlgorithmOptions, PeftOptions, refresh_choices
-from fedpeft.registry import ALGORITHMS, PEFT_METHODS, CodeRef
+from fedpeft.plugins import BUILT_INS_ENTRY_POINT
+from fedpeft.registry import ALGORITHMS, DATASETS, PEFT_METHODS, RUNTIMES, TRACKERS, CodeRef
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src" / "fedpeft"
@@ -171,7 +172,8 @@ def test_registering_every_built_in_imports_no_torch():
     def built_in(registry):  # this process may hold plugins' methods too
         return sum(e.options.__module__.startswith("fedpeft.") for e in registry.values())
 
-    assert (int(algorithms), int(methods)) == (built_in(ALGORITHMS), built_in(PEFT_METHODS)) == (14, 9)
+    assert (int(algorithms), int(methods)) == (built_in(ALGORITHMS), built_in(PEFT_METHODS))
+    assert built_in(ALGORITHMS) >= 14 and built_in(PEFT_METHODS) >= 9
     assert (torch, transformers) == ("False", "False")
 
 
@@ -181,9 +183,39 @@ def test_the_built_ins_come_through_the_entry_point_group():
     from fedpeft.plugins import ENTRY_POINT_GROUP
 
     own = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.dist is not None and ep.dist.name == "fedpeft"]
-    assert [ep.value for ep in own] == ["fedpeft.builtins:register"]
+    assert [ep.value for ep in own] == [BUILT_INS_ENTRY_POINT] == ["fedpeft.builtins:register"]
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][ENTRY_POINT_GROUP]
-    assert declared == {"fedpeft": "fedpeft.builtins:register"}
+    assert declared == {"fedpeft": BUILT_INS_ENTRY_POINT}
+
+
+def test_without_the_entry_point_in_the_metadata_the_built_ins_still_register_with_a_warning():
+    """An install older than the source (its metadata lacks the entry point) or a bare source tree: the same
+    entry point is called, and the log says to reinstall."""
+    probe = ("import logging, importlib.metadata as md; logging.basicConfig(level=logging.WARNING); "
+             "real = md.entry_points; "
+             "md.entry_points = lambda group: [e for e in real(group=group) if e.dist is None or e.dist.name != 'fedpeft']; "
+             "import fedpeft.plugins as P; P.entry_points = md.entry_points; "
+             "import fedpeft.config; from fedpeft.registry import ALGORITHMS; print(len(ALGORITHMS))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert int(out.stdout) >= 14
+    assert "lacks its fedpeft.plugins entry point" in out.stderr and "reinstall" in out.stderr
+
+
+def test_a_failing_built_in_registration_is_retried_rather_than_forgotten(monkeypatch):
+    from fedpeft import plugins
+
+    calls = []
+
+    def failing(entry_point):
+        calls.append(entry_point.value)
+        raise plugins.PluginError("boom")
+
+    monkeypatch.setattr(plugins, "_built_ins_loaded", False)
+    monkeypatch.setattr(plugins, "_call", failing)
+    for _ in range(2):
+        with pytest.raises(plugins.PluginError, match="boom"):
+            plugins.load_built_ins()
+    assert calls == [BUILT_INS_ENTRY_POINT] * 2 and plugins._built_ins_loaded is False
 
 
 def test_the_architecture_page_shows_the_ladder_the_contracts_enforce():
@@ -248,3 +280,50 @@ def test_a_code_reference_is_checked_when_registered():
     with pytest.raises(ValueError, match="write it as 'package.module:attribute'"):
         fedpeft.register_peft_method("badref", options=BadRef, apply="no_colon_here")
     assert "badref" not in PEFT_METHODS
+
+
+def test_a_taken_name_is_refused_naming_who_registered_it(tmp_path):
+    from fedpeft.plugins import PluginError, load_plugin
+
+    text = "import fedpeft\nfedpeft.register_dataset('twice_registered', task='classification', hub_id='org/{}')\n"
+    first, second = tmp_path / "first.py", tmp_path / "second.py"
+    first.write_text(text.format("a"))
+    second.write_text(text.format("b"))
+    try:
+        load_plugin(str(first))
+        with pytest.raises(PluginError, match=rf"task.dataset 'twice_registered' is already registered \(by "
+                                             rf"{re.escape(str(first))}\); choose another name"):
+            load_plugin(str(second))
+    finally:
+        DATASETS.remove("twice_registered")
+
+
+@pytest.mark.parametrize("registry", [TRACKERS, RUNTIMES, DATASETS], ids=lambda r: r.kind)
+def test_every_built_in_code_reference_of_the_seams_resolves(registry):
+    """A typo in a built-in's "module:attribute" would otherwise surface only when that entry is first used."""
+    checked = 0
+    for name, entry in registry.items():
+        for field in vars(entry).values():
+            if isinstance(field, CodeRef):
+                assert callable(field.load()), f"{registry.kind} {name}: {field.path}"
+                checked += 1
+    assert checked >= (1 if registry is not DATASETS else 0)
+
+
+# FedProx is FedAvg with a proximal term: its halves build on FedAvg's
+ALLOWED_BETWEEN_METHODS = {("fedpeft.algorithms.fedprox", "fedpeft.algorithms.fedavg")}
+
+
+def test_no_built_in_method_package_reaches_into_another():
+    """Over every registered built-in (so a new one is covered without a list to edit): the package of one
+    method imports nothing of another's, directly or through a chain."""
+    import grimp
+
+    graph = grimp.build_graph("fedpeft", exclude_type_checking_imports=True)
+    packages = sorted({e.options.__module__.removesuffix(".options") for e in [*ALGORITHMS.values(),
+                                                                                *PEFT_METHODS.values()]
+                       if e.options.__module__.startswith("fedpeft.") and e.options.__module__.endswith(".options")})
+    assert len(packages) >= 14
+    reaching = [(a, b) for a in packages for b in packages
+                if a != b and (a, b) not in ALLOWED_BETWEEN_METHODS and graph.chain_exists(a, b, as_packages=True)]
+    assert reaching == []

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpeft.config import RunConfig, load_config, validate_config
+from fedpeft.observer import RunObserver
 
 
 def _as_config(config: RunConfig | dict[str, Any] | str | Path) -> RunConfig:
@@ -21,7 +22,7 @@ def _as_config(config: RunConfig | dict[str, Any] | str | Path) -> RunConfig:
 
 
 def run(config: RunConfig | dict[str, Any] | str | Path, run_dir: str | Path | None = None, *,
-        observers: Sequence[Any] = ()) -> dict[str, Any]:
+        observers: Sequence[RunObserver] = ()) -> dict[str, Any]:
     """Run a federated fine-tuning (a RunConfig, a mapping as in YAML, or a YAML path) in the runtime its
     ``runtime.name`` names (see fedpeft.launchers.run_config), then draw RUN_DIR/plots; returns the run's summary
     (also in RUN_DIR/summary.json). ``observers`` (fedpeft.RunObserver) watch the run's rounds; a runtime that
@@ -42,7 +43,7 @@ def plotted(summary: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def resume(run_dir: str | Path, *, rounds: int | None = None, observers: Sequence[Any] = ()) -> dict[str, Any]:
+def resume(run_dir: str | Path, *, rounds: int | None = None, observers: Sequence[RunObserver] = ()) -> dict[str, Any]:
     """Continue the run in ``run_dir`` from its last checkpoint (``rounds``: a new federation.rounds, which
     also extends a finished run); returns its summary. ``observers`` as in :func:`run`."""
     from fedpeft.launchers import run_config
@@ -56,4 +57,5 @@ def read_partition(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / "partition.json"
     if not path.is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no partition.json)")
-    return json.loads(path.read_text())
+    partition: dict[str, Any] = json.loads(path.read_text())
+    return partition

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import logging
 import sys
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
@@ -21,7 +22,11 @@ from typing import Protocol
 
 from fedpeft.errors import UserError
 
+log = logging.getLogger("fedpeft")
+
 ENTRY_POINT_GROUP = "fedpeft.plugins"
+# what fedpeft's pyproject.toml declares in that group for its own methods (a test checks they agree)
+BUILT_INS_ENTRY_POINT = "fedpeft.builtins:register"
 _installed_loaded = False
 _built_ins_loaded = False
 
@@ -89,21 +94,27 @@ def _call(entry_point: EntryPoint) -> None:
 
 
 def load_built_ins() -> None:
-    """Register (once per process) fedpeft's own algorithms and PEFT methods: the entry points that fedpeft's
-    package itself declares in the ``fedpeft.plugins`` group (``fedpeft.builtins.register``), the door an
-    installed plugin package uses too. fedpeft.config calls it when imported."""
+    """Register (once per process) fedpeft's own algorithms, PEFT methods, datasets, trackers and runtimes: the
+    entry point that fedpeft's package itself declares in the ``fedpeft.plugins`` group
+    (:data:`BUILT_INS_ENTRY_POINT`), the door an installed plugin package uses too. fedpeft.config calls it when
+    imported. Package metadata that lacks it (an install older than this source, or a source tree on the path)
+    gets the same entry point, with a warning to reinstall."""
     global _built_ins_loaded
     if _built_ins_loaded:
         return
-    _built_ins_loaded = True
     own = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if _is_fedpeft_own(ep)]
     if not own:
-        _built_ins_loaded = False
-        raise PluginError(f"fedpeft's built-in methods register through its package's entry point (group "
-                          f"{ENTRY_POINT_GROUP}), which this environment lacks: install fedpeft (bash "
-                          "scripts/install.sh, or pip install -e .) rather than only putting src/ on the path")
-    for entry_point in own:
-        _call(entry_point)
+        log.warning("fedpeft's package metadata lacks its %s entry point (an install older than this source?): "
+                    "registering the built-ins directly; reinstall with bash scripts/install.sh or pip install -e .",
+                    ENTRY_POINT_GROUP)
+        own = [EntryPoint(name="fedpeft", value=BUILT_INS_ENTRY_POINT, group=ENTRY_POINT_GROUP)]
+    _built_ins_loaded = True  # before the calls: a built-in's registration may validate a config
+    try:
+        for entry_point in own:
+            _call(entry_point)
+    except BaseException:
+        _built_ins_loaded = False  # a later attempt tries again rather than running without built-ins
+        raise
 
 
 def load_installed_plugins() -> list[str]:

@@ -9,8 +9,10 @@ needs neither torch nor Flower: the code is imported when it is first used.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:  # the entry types live with their register functions, in layers above this one
@@ -61,6 +63,7 @@ class Registry(Generic[Entry]):
         self.kind = kind
         self.key = key
         self._entries: dict[str, Entry] = {}
+        self._origins: dict[str, str] = {}  # name -> the module (or plugin file) that registered it
 
     def add(self, name: str, entry: Entry, *, same: Callable[[Entry, Entry], bool] | None = None) -> None:
         """Register ``entry`` under ``name``. Registering an equal entry again (a plugin module loaded twice)
@@ -69,8 +72,10 @@ class Registry(Generic[Entry]):
             raise ValueError(f"a {self.kind} needs a non-empty name, got {name!r}")
         known = self._entries.get(name)
         if known is not None and not (same or (lambda a, b: a == b))(known, entry):
-            raise ValueError(f"{self.key} {name!r} is already registered ({_origin(known)}); choose another name")
+            raise ValueError(f"{self.key} {name!r} is already registered (by {self._origins[name]}); choose another "
+                             "name")
         self._entries[name] = entry
+        self._origins[name] = _registering_module()
 
     def find(self, name: str) -> Entry | None:
         """The entry registered under ``name``, or None."""
@@ -99,6 +104,7 @@ class Registry(Generic[Entry]):
     def remove(self, name: str) -> None:
         """Forget ``name`` (tests that register a throwaway entry clean up with this)."""
         self._entries.pop(name, None)
+        self._origins.pop(name, None)
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
@@ -110,9 +116,17 @@ class Registry(Generic[Entry]):
         return len(self._entries)
 
 
-def _origin(entry: object) -> str:
-    module = getattr(getattr(entry, "options", entry), "__module__", None)  # a method: where its options live
-    return f"from {module}" if module else repr(entry)
+def _registering_module() -> str:
+    """The module that called a ``register_*`` function (for messages): the first frame outside this module and
+    the registration functions; a plugin loaded from a file is named by its path."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and (frame.f_globals.get("__name__") == __name__
+                                 or frame.f_code.co_name.startswith("register")):
+        frame = frame.f_back
+    if frame is None:
+        return "an unknown module"
+    module = str(frame.f_globals.get("__name__", "?"))
+    return str(frame.f_globals.get("__file__", module)) if module.startswith("fedpeft_plugin_") else module
 
 
 # The registries of fedpeft's kinds; their entries are added by the public registration functions

@@ -36,6 +36,7 @@ from typing import Any
 
 from fedpeft.errors import UserError
 from fedpeft.models.layout import arch_spec, model_shape
+from fedpeft.registry import PEFT_METHODS
 
 _LAYER_INDEX = re.compile(r"\.(?:layer|layers|block|h)\.(\d+)\.")
 _CROSS_MARKERS = ("EncDecAttention", "encoder_attn", "crossattention")
@@ -238,9 +239,10 @@ def prompt_head_params(spec: Mapping[str, tuple[tuple[int, ...], str]], geo: Hea
 def build_layout(spec: Mapping[str, tuple[tuple[int, ...], str]], config, method: str) -> HeadLayout:
     """Map the trainable parameters ``spec`` (name -> (shape, dtype)) of the registered PEFT ``method`` to heads,
     with the ``head_params`` it registered."""
-    from fedpeft.tuners import PEFT_METHODS, registered_peft_method
-
-    mapper = registered_peft_method(method).head_params
+    entry = PEFT_METHODS.find(method)
+    if entry is None:
+        raise ValueError(f"peft method {method!r} is not registered; registered: {', '.join(PEFT_METHODS) or 'none'}")
+    mapper = entry.head_params
     if mapper is None:
         heads = ", ".join(name for name, m in PEFT_METHODS.items() if m.head_params is not None)
         raise LayoutError(f"peft method {method!r} has no head layout; use one of {heads}")

@@ -33,7 +33,7 @@ STATE_FILE = "tracking.json"
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Tracker":  # the base class imports the algorithms' contract (torch): only when asked for
+    if name == "Tracker":  # the base class imports the config: only when asked for
         from fedpeft.tracking.base import Tracker
 
         return Tracker

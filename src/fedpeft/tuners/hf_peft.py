@@ -1,8 +1,9 @@
-"""The PEFT methods HF peft provides: LoRA, IA3, prompt tuning, P-tuning and prefix tuning.
+"""What the PEFT methods HF peft provides share: LoRA, IA3, prompt tuning, P-tuning and prefix tuning.
 
-Each ``apply_*`` builds the method's peft config from fedpeft's options and wraps the backbone with
-``peft.get_peft_model``; a classifier's task head goes into peft's ``modules_to_save`` (so it trains and is
-saved in the adapter). Registered in :mod:`fedpeft.tuners` with ``save_format="peft"``.
+Each of those methods' packages (``fedpeft/tuners/<method>/apply.py``) builds its peft config from fedpeft's
+options with :func:`config_kwargs` (or :func:`prompt_config_kwargs`) and wraps the backbone with
+:func:`wrap` (``peft.get_peft_model``); a classifier's task head goes into peft's ``modules_to_save`` (so it
+trains and is saved in the adapter). They register with ``save_format="peft"``.
 """
 
 from __future__ import annotations
@@ -15,36 +16,36 @@ from fedpeft.models.layout import model_shape
 from fedpeft.tuners.registry import TunerContext
 
 
-def _task_type(kind: str):
+def task_type(kind: str):
     from peft import TaskType
 
     return {"classification": TaskType.SEQ_CLS, "causal": TaskType.CAUSAL_LM, "seq2seq": TaskType.SEQ_2_SEQ_LM}[kind]
 
 
-def _common(model: nn.Module, ctx: TunerContext) -> dict[str, Any]:
-    common: dict[str, Any] = {"task_type": _task_type(ctx.kind)}
+def config_kwargs(model: nn.Module, ctx: TunerContext) -> dict[str, Any]:
+    common: dict[str, Any] = {"task_type": task_type(ctx.kind)}
     if ctx.kind == "classification":
         common["modules_to_save"] = list(ctx.head_modules) or None
     return common
 
 
-def _wrap(model: nn.Module, config) -> nn.Module:
+def wrap(model: nn.Module, config) -> nn.Module:
     import peft
 
     return peft.get_peft_model(model, config)
 
 
-def _prompt_common(model: nn.Module, method: str, ctx: TunerContext) -> dict[str, Any]:
+def prompt_config_kwargs(model: nn.Module, method: str, ctx: TunerContext) -> dict[str, Any]:
     """The shared part of the prompt methods' configs; refuses the classifiers that take no prompts."""
     if ctx.kind == "classification" and getattr(model.config, "is_encoder_decoder", False):
         raise ValueError(
             f"{method} cannot drive {type(model).__name__}: transformers' encoder-decoder classifiers take no "
             "prompt embeddings or prefixes. Use task.type generation (seq2seq) or lora / ia3 / adapters"
         )
-    return {**_common(model, ctx), **_prompt_dims(model.config)}
+    return {**config_kwargs(model, ctx), **prompt_dims(model.config)}
 
 
-def _prompt_dims(config) -> dict[str, int]:
+def prompt_dims(config) -> dict[str, int]:
     """Width, depth and heads for peft's prompt methods where peft cannot find them in the config dict under
     the names it knows (DistilBERT calls them dim, n_layers, n_heads)."""
     known = config.to_dict()

@@ -102,7 +102,7 @@ def register_peft_method(
       ``fedpeft_adapter.safetensors``; loading applies the method to the backbone again), "peft" (the
       module's ``save_pretrained``, HF PEFT format) or "model" (a complete HF model directory).
     * ``analytic_ops``: the rows of paper 000's Table 6 that count one training sequence
-      (``fedpeft.tuners`` registers the built-in ones); None: runs report the analytic OPs as
+      (the built-in methods' packages give theirs); None: runs report the analytic OPs as
       unknown (null), measured FLOPs are reported either way.
     * ``head_params(spec, geometry)``: which trainable tensors hold which attention heads' slices (see
       ``fedpeft.heads.layout``); needed by algorithms that work per head (headprune). None: no head layout.

@@ -1,4 +1,5 @@
-"""Federated LoRA methods, each a plugin registered through the public algorithm API (``import fedpeft``):
-FFA-LoRA (:mod:`.ffa`), FedSA-LoRA (:mod:`.fedsa`), FLoRA (:mod:`.flora`), FedEx-LoRA (:mod:`.fedex`),
-HetLoRA and FlexLoRA (:mod:`.hetero`). :mod:`.factors` holds the pure factor maths they share and
-:mod:`.merge` the merging of products into the backbone. Importing :mod:`fedpeft.algorithms` registers them."""
+"""Federated LoRA methods, each a package that registers itself through the public algorithm API
+(``import fedpeft``), as a user's plugin does: FFA-LoRA (:mod:`.ffa`), FedSA-LoRA (:mod:`.fedsa`), FLoRA
+(:mod:`.flora`), FedEx-LoRA (:mod:`.fedex`), HetLoRA and FlexLoRA (:mod:`.hetero`). What they share:
+:mod:`.options` (option bases and the config check), :mod:`.common` (the FedAvg-style server step),
+:mod:`.factors` (the pure factor maths) and :mod:`.merge` (merging products into the backbone)."""

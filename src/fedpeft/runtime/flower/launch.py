@@ -35,6 +35,7 @@ import tomli_w
 
 from fedpeft.config import RunConfig, dump_config
 from fedpeft.errors import UserError
+from fedpeft.observer import RunObserver
 from fedpeft.rundir import new_run_dir, read_summary
 from fedpeft.runlock import RunLock
 from fedpeft.runtime.flower.fast_supernode import DEFAULT_POLL_S
@@ -334,7 +335,7 @@ def run_flower(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: boo
         lock.release()
 
 
-def launch(cfg: RunConfig, run_dir: str | Path | None, *, resume: bool, observers: Sequence[Any],
+def launch(cfg: RunConfig, run_dir: str | Path | None, *, resume: bool, observers: Sequence[RunObserver],
            log: Callable[[str], None] | None, on_run_dir: Callable[[Path], None] | None) -> dict[str, Any]:
     """The Flower runtime's launch (``runtime.name: flower``, see :class:`fedpeft.launchers.Launch`; registered
     with in_process=False, so ``observers`` is empty): with ``on_run_dir``, a new run's directory is made before

@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from fedpeft.tuners.hf_peft import _common, _wrap
+from fedpeft.tuners.hf_peft import config_kwargs, wrap
 from fedpeft.tuners.registry import TunerContext
 
 
@@ -24,4 +24,4 @@ def apply_ia3(model: nn.Module, opts: Any, ctx: TunerContext) -> nn.Module:
         # output, IA3's original choice (peft's own defaults vary by architecture)
         kw["target_modules"] = [spec.qkv[1], spec.qkv[2], spec.ffn_out]
         kw["feedforward_modules"] = [spec.ffn_out]
-    return _wrap(model, peft.IA3Config(**kw, **_common(model, ctx)))
+    return wrap(model, peft.IA3Config(**kw, **config_kwargs(model, ctx)))

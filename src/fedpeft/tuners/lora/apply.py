@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from fedpeft.tuners.hf_peft import _common, _wrap
+from fedpeft.tuners.hf_peft import config_kwargs, wrap
 from fedpeft.tuners.registry import TunerContext
 
 
@@ -14,5 +14,5 @@ def apply_lora(model: nn.Module, opts: Any, ctx: TunerContext) -> nn.Module:
     import peft
 
     targets = opts.target_modules or list(ctx.require_spec("lora").qkv)
-    return _wrap(model, peft.LoraConfig(r=opts.r, lora_alpha=opts.alpha, lora_dropout=opts.dropout,
-                                        target_modules=targets, **_common(model, ctx)))
+    return wrap(model, peft.LoraConfig(r=opts.r, lora_alpha=opts.alpha, lora_dropout=opts.dropout,
+                                        target_modules=targets, **config_kwargs(model, ctx)))

@@ -6,15 +6,15 @@ from typing import Any
 
 from torch import nn
 
-from fedpeft.tuners.hf_peft import _prompt_common, _wrap
+from fedpeft.tuners.hf_peft import prompt_config_kwargs, wrap
 from fedpeft.tuners.registry import TunerContext
 
 
 def apply_prefix_tuning(model: nn.Module, opts: Any, ctx: TunerContext) -> nn.Module:
     import peft
 
-    common = _prompt_common(model, "prefix_tuning", ctx)
-    wrapped = _wrap(model, peft.PrefixTuningConfig(num_virtual_tokens=opts.num_virtual_tokens,
+    common = prompt_config_kwargs(model, "prefix_tuning", ctx)
+    wrapped = wrap(model, peft.PrefixTuningConfig(num_virtual_tokens=opts.num_virtual_tokens,
                                                    prefix_projection=opts.projection,
                                                    encoder_hidden_size=opts.encoder_hidden_size, **common))
     if opts.init_text:

@@ -1,4 +1,5 @@
 """FLoRA (Wang et al., "FLoRA: Federated Fine-Tuning Large Language Models with Heterogeneous Low-Rank
+Adaptations", NeurIPS 2024): stacking aggregation, merged into the backbone every round.
 
 :mod:`.options` holds its options, :mod:`.halves` its server and client halves (written against the public
 API, as a user's plugin is)."""
