@@ -102,3 +102,17 @@ def write_flower_app(folder: Path, package: str, modules: dict[str, str], *, ser
     }
     (folder / "pyproject.toml").write_text(tomli_w.dumps(pyproject))
     return folder
+
+
+def install_entry_point_plugin(monkeypatch, folder: Path, module: str, text: str) -> None:
+    """Make ``text`` the plugin of an installed package: module ``module`` (written to ``folder``, put on the
+    path) whose ``register`` function is the only entry point of the ``fedpeft.plugins`` group, not loaded yet."""
+    from importlib.metadata import EntryPoint
+
+    from fedpeft import plugins
+
+    (folder / f"{module}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(folder))
+    found = [EntryPoint(name=module, value=f"{module}:register", group=plugins.ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(plugins, "entry_points", lambda group: found if group == plugins.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(plugins, "_installed_loaded", False)

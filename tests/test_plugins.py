@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO
+from helpers import install_entry_point_plugin
 
 import fedpeft
 from fedpeft.algorithms.registry import ALGORITHMS
@@ -137,11 +138,9 @@ def test_the_layers_keep_to_themselves():
 
 
 def test_installed_packages_register_through_the_entry_point_group(tmp_path, monkeypatch):
-    from importlib.metadata import EntryPoint
 
-    from fedpeft import plugins
 
-    (tmp_path / "installed_fl.py").write_text(
+    install_entry_point_plugin(monkeypatch, tmp_path, "installed_fl", (
         "from typing import Literal\n"
         "import fedpeft\n"
         "from fedpeft.algorithms.registry import ALGORITHMS\n"
@@ -151,11 +150,7 @@ def test_installed_packages_register_through_the_entry_point_group(tmp_path, mon
         "    fedavg = ALGORITHMS['fedavg']\n"
         "    fedpeft.register_algorithm('installed', options=InstalledOptions, server=fedavg.server,\n"
         "                               client=lambda o: fedavg.client(fedavg.options()))\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    found = [EntryPoint(name="installed", value="installed_fl:register", group=plugins.ENTRY_POINT_GROUP)]
-    monkeypatch.setattr(plugins, "entry_points", lambda group: found if group == plugins.ENTRY_POINT_GROUP else [])
-    monkeypatch.setattr(plugins, "_installed_loaded", False)
+    ))
     cfg = load_config(None, ["algorithm.name=installed"])  # validating a config loads the installed plugins
     assert cfg.algorithm.name == "installed" and "installed" in ALGORITHMS
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from importlib.metadata import EntryPoint
 
 import pytest
 import yaml
+from helpers import install_entry_point_plugin
 
 import fedpeft
-from fedpeft import plugins
 from fedpeft.cli import main
 from fedpeft.config import ConfigError, load_config
 from fedpeft.registry import DATASETS, RUNTIMES, TRACKERS
@@ -164,18 +163,14 @@ def test_a_runtime_that_runs_elsewhere_refuses_observers_by_its_declaration(tmp_
 
 
 def test_installed_packages_register_datasets_trackers_and_runtimes(tmp_path, monkeypatch):
-    (tmp_path / "installed_seams.py").write_text(
+    install_entry_point_plugin(monkeypatch, tmp_path, "installed_seams", (
         "import fedpeft\n"
         "def register():\n"
         "    fedpeft.register_dataset('installed_ds', task='generation', hub_id='example-org/ds',\n"
         "                             default_metric='bleu')\n"
         "    fedpeft.register_tracker('installed_tr', 'installed_seams:Missing', package='no_such_package_here')\n"
         "    fedpeft.register_runtime('installed_rt', 'installed_seams:launch')\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    found = [EntryPoint(name="seams", value="installed_seams:register", group=plugins.ENTRY_POINT_GROUP)]
-    monkeypatch.setattr(plugins, "entry_points", lambda group: found if group == plugins.ENTRY_POINT_GROUP else [])
-    monkeypatch.setattr(plugins, "_installed_loaded", False)
+    ))
     cfg = load_config(None, ["task.dataset=installed_ds", "task.type=generation", "runtime.name=installed_rt",
                              "runtime.loggers=[installed_tr]"])
     assert cfg.primary_metric() == "bleu" and DATASETS.get("installed_ds").fields == ("input", "target")

@@ -18,8 +18,9 @@ The public API (see docs/guide/python-api.md and docs/api/index.md); names load 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fedpeft.lazy import lazy_getattr
 
 if TYPE_CHECKING:  # what a type checker sees of the lazy exports below (a test checks that they agree)
     from fedpeft.adapters import load_adapter
@@ -97,13 +98,7 @@ __all__ = [  # sorted(_EXPORTS), written out for type checkers and linters (a te
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fedpeft' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("fedpeft", _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:

@@ -10,12 +10,10 @@ load on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 # the config (and with it every built-in's registration) first, so that a built-in's own modules never meet
 # a half-imported sibling, whichever module of it a process imports first
 import fedpeft.config  # noqa: F401
+from fedpeft.lazy import lazy_getattr
 
 _EXPORTS = {
     **dict.fromkeys(("ClientAlgorithm", "ClientContext", "RuntimeNeeds", "ServerAlgorithm", "UpdateMeta",
@@ -28,8 +26,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fedpeft.algorithms' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr("fedpeft.algorithms", _EXPORTS, globals())
