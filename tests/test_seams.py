@@ -51,7 +51,8 @@ fedpeft.register_tracker("rows", RowsTracker)
 fedpeft.register_runtime("toy", toy_launch)
 '''
 THROWAWAY = ((DATASETS, "toy_reviews"), (TRACKERS, "rows"), (RUNTIMES, "toy"), (RUNTIMES, "remote"),
-             (DATASETS, "installed_ds"), (TRACKERS, "installed_tr"), (RUNTIMES, "installed_rt"))
+             (DATASETS, "installed_ds"), (TRACKERS, "installed_tr"), (RUNTIMES, "installed_rt"),
+             (DATASETS, "coded_reviews"))
 TINY = {"name": "seams", "model": {"name": "tiny-bert"},
         "task": {"dataset": "toy_reviews", "max_train_examples": 32, "max_length": 32},
         "federation": {"num_clients": 2, "clients_per_round": 2, "rounds": 1},
@@ -254,3 +255,47 @@ def test_each_built_in_dataset_declares_the_fields_of_its_offline_rows():
         assert set(entry.fields) <= set(row), (name, split, sorted(row))
         checked += 1
     assert checked >= 10
+
+
+LOADER_PLUGIN = '''
+import fedpeft
+
+WORDS = ["good", "bad", "great", "awful", "fine", "poor", "superb", "dull"]
+
+
+def rows(split):
+    if split == "broken":
+        return [{"text": "ok", "label": 1}, "not a row"]
+    n = {"train": 64, "validation": 16}[split]
+    return [{"text": f"a {WORDS[i % 8]} film number {i}", "label": (i % 8) % 2} for i in range(n)]
+
+
+fedpeft.register_dataset("coded_reviews", task="classification", loader="coded_reviews_plugin:rows",
+                         splits=("train", "validation", "broken"), default_metric="mcc")
+'''
+
+
+def test_a_dataset_read_by_its_own_loader_trains_and_bad_rows_are_refused(tmp_path, monkeypatch, capsys):
+    """A dataset whose rows come from code (a private database, an API): registered with a loader, it is named,
+    listed, checked and trained on like any other; a loader that returns a non-row is refused in one line."""
+    from fedpeft.data.files import DataError
+    from fedpeft.data.sources import describe_splits, load_rows
+
+    (tmp_path / "coded_reviews_plugin.py").write_text(LOADER_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    summary = fedpeft.run({**TINY, "plugins": ["coded_reviews_plugin"], "runtime": {"progress": False},
+                           "task": {"dataset": "coded_reviews", "max_train_examples": 32, "max_length": 32}},
+                          tmp_path / "run")
+    assert summary["rounds"] == 1 and summary["primary_metric"] == "mcc" and summary["dataset"] == "coded_reviews"
+    assert len(load_rows("coded_reviews", "train[:10]")) == 10
+    assert describe_splits("coded_reviews")["splits"] == ["train", "validation", "broken"]
+    with pytest.raises(DataError, match=r"^dataset 'coded_reviews' split 'broken' \(loader coded_reviews_plugin:rows\) "
+                                        r"row 2: str, not a row; return dicts"):
+        load_rows("coded_reviews", "broken")
+    with pytest.raises(DataError, match=r"^dataset 'coded_reviews' has no split 'test'; its loader serves train, "
+                                        r"validation, broken$"):
+        load_rows("coded_reviews", "test")
+    with pytest.raises(ValueError, match="give a loader or a hub_id, not both"):
+        fedpeft.register_dataset("both", task="classification", hub_id="a/b", loader="m:f", splits=("train",))
+    with pytest.raises(ValueError, match="name the splits its loader serves"):
+        fedpeft.register_dataset("nosplits", task="classification", loader="m:f")

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from fedpeft.registry import DATASETS, CodeRef, code_ref, resolve
 
 Row = dict[str, Any]
+Loader = Callable[[str], list[Row]]  # a split name -> its rows in fedpeft's schema
 # the fields every row of a task has
 TASK_FIELDS = {
     "classification": ("text", "label"),
@@ -118,12 +119,12 @@ Convert = Callable[[Row], Row]
 @dataclass(frozen=True)
 class DatasetEntry:
     """A named dataset (``task.dataset``): how its rows are read (a local copy in fedpeft's schema, found as
-    ``<data dir>/<name>/<split>.jsonl``, else the Hub dataset ``hub_id`` converted row by row), its task,
-    default metric and schema. Registered with :func:`register_dataset`."""
+    ``<data dir>/<name>/<split>.jsonl``, else its ``loader`` function, else the Hub dataset ``hub_id``
+    converted row by row), its task, default metric and schema. Registered with :func:`register_dataset`."""
 
     name: str
     task: TaskType
-    hub_id: str
+    hub_id: str | None
     fields: tuple[str, ...]  # the fields its rows have in fedpeft's schema (see the module docstring)
     hub_config: str | None = None
     hub_splits: dict[str, str] = field(default_factory=dict)  # our split -> Hub split
@@ -135,6 +136,13 @@ class DatasetEntry:
     # field of the same name wins); ``derived_names`` lists them for messages
     derive_fields: Convert | CodeRef | None = None
     derived_names: tuple[str, ...] = ()
+    # split name -> the rows of that split in fedpeft's schema, for a dataset read by code of its own
+    loader: Loader | CodeRef | None = None
+    splits: tuple[str, ...] = ()  # the splits ``loader`` serves (what `fedpeft data NAME` lists)
+
+    def row_loader(self) -> Loader | None:
+        """The function that reads a split's rows (None: local files or the Hub)."""
+        return None if self.loader is None else resolve(self.loader)
 
     def converter(self) -> Convert | None:
         """The function that turns a Hub row into fedpeft's schema (None: the Hub rows already are)."""
@@ -149,7 +157,9 @@ def register_dataset(
     name: str,
     *,
     task: TaskType,
-    hub_id: str,
+    hub_id: str | None = None,
+    loader: Loader | CodeRef | str | None = None,
+    splits: Sequence[str] = (),
     fields: Sequence[str] | None = None,
     hub_config: str | None = None,
     hub_splits: Mapping[str, str] | None = None,
@@ -163,13 +173,18 @@ def register_dataset(
     """Make ``name`` a named dataset of ``task.dataset`` in every config from now on; returns its entry.
 
     Its rows are read from a local copy in fedpeft's schema when a data directory holds ``name/`` (see
-    ``task.data_dir``), else from the Hugging Face Hub dataset ``hub_id`` (``hub_config``; ``hub_splits`` maps
-    a split name of ours to the Hub's), each Hub row turned into fedpeft's schema by ``convert``.
+    ``task.data_dir``), else by ``loader`` (code of the dataset's own: a private database, an API, generated
+    rows), else from the Hugging Face Hub dataset ``hub_id`` (``hub_config``; ``hub_splits`` maps a split name
+    of ours to the Hub's), each Hub row turned into fedpeft's schema by ``convert``. Give ``loader`` or
+    ``hub_id``.
 
     Args:
         name: the name a config gives as ``task.dataset``.
         task: classification, generation, multiple_choice or instruction.
         hub_id: the Hub dataset read when no local copy exists.
+        loader: a split name -> that split's rows in fedpeft's schema (a list of dicts); a function or
+            ``"package.module:function"`` (imported when first used). Each row is checked as a file's rows are.
+        splits: the split names ``loader`` serves.
         fields: the fields its rows have (default: the fields every row of ``task`` needs, e.g. text and
             label); they must include those.
         convert: a Hub row -> a row in fedpeft's schema; a function or ``"package.module:function"``
@@ -184,8 +199,13 @@ def register_dataset(
     """
     if task not in TASK_FIELDS:
         raise ValueError(f"dataset {name!r}: task {task!r} is not one of {', '.join(TASK_FIELDS)}")
-    if not isinstance(hub_id, str) or not hub_id:
-        raise ValueError(f"dataset {name!r}: give the Hub dataset its rows come from as hub_id, e.g. 'nyu-mll/glue'")
+    if loader is None and (not isinstance(hub_id, str) or not hub_id):
+        raise ValueError(f"dataset {name!r}: give the Hub dataset its rows come from as hub_id, e.g. 'nyu-mll/glue', "
+                         "or a loader function (split -> rows)")
+    if loader is not None and hub_id is not None:
+        raise ValueError(f"dataset {name!r}: give a loader or a hub_id, not both")
+    if loader is not None and not splits:
+        raise ValueError(f"dataset {name!r}: name the splits its loader serves, e.g. splits=('train', 'validation')")
     schema = tuple(fields) if fields is not None else TASK_FIELDS[task]
     missing = [f for f in TASK_FIELDS[task] if f not in schema]
     if missing:
@@ -195,6 +215,7 @@ def register_dataset(
         convert=None if convert is None else code_ref(convert), default_metric=default_metric,
         prompt_template=prompt_template, note=note,
         derive_fields=None if derive_fields is None else code_ref(derive_fields), derived_names=tuple(derived_names),
+        loader=None if loader is None else code_ref(loader), splits=tuple(splits),
     )
     DATASETS.add(name, entry)
     return entry

@@ -115,7 +115,8 @@ def check_available(dataset: str, data_dir: str | None = None, config: str | Non
     (in milliseconds: nothing heavy is imported)."""
     from fedpeft.hub import hub_unavailable
 
-    if locate_local(dataset, data_dir) is None:
+    entry = dataset_entry(dataset)
+    if locate_local(dataset, data_dir) is None and not (entry is not None and entry.loader is not None):
         why = hub_unavailable(_hub_target(dataset, config)[0], "dataset")
         if why is not None:
             raise _not_local(dataset, data_dir, why)
@@ -123,7 +124,30 @@ def check_available(dataset: str, data_dir: str | None = None, config: str | Non
 
 def _hub_target(dataset: str, config: str | None) -> tuple[str, str | None]:
     entry = dataset_entry(dataset)
-    return (entry.hub_id, config or entry.hub_config) if entry is not None else (dataset, config)
+    return (entry.hub_id or dataset, config or entry.hub_config) if entry is not None else (dataset, config)
+
+
+def _load_code_split(dataset: str, split: str) -> list[Row]:
+    """A split of a dataset registered with a loader: its rows, each a mapping (checked like a file's rows
+    afterwards); a failing loader or one that returns something else is refused in one line."""
+    entry = dataset_entry(dataset)
+    assert entry is not None and entry.loader is not None
+    if split not in entry.splits:
+        raise DataError(f"dataset {dataset!r} has no split {split!r}; its loader serves {', '.join(entry.splits)}")
+    where = f"dataset {dataset!r} split {split!r} (loader {getattr(entry.loader, 'path', entry.loader)})"
+    try:
+        rows = entry.row_loader()(split)  # type: ignore[misc]
+    except DataError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (the user's code: whatever it raises becomes one line)
+        raise DataError(f"{where}: the loader failed: {type(exc).__name__}: {first_line(exc, 200)}") from None
+    if not isinstance(rows, list | tuple):
+        raise DataError(f"{where}: the loader returned {type(rows).__name__}; return a list of rows (dicts)")
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise DataError(f"{where} row {number}: {type(row).__name__}, not a row; return dicts in fedpeft's "
+                            "schema, e.g. {'text': ..., 'label': 0}")
+    return [dict(row) for row in rows]
 
 
 def _load_hub_split(dataset: str, config: str | None, split: str, data_dir: str | None = None) -> list[Row]:
@@ -236,8 +260,11 @@ def load_rows(
     label_column = (columns or {}).get("label", "label")
     for part in split.split("+"):
         name, start, end = parse_split(part)
+        entry = dataset_entry(dataset)
         if location is not None:
             loaded = _load_local_split(location, name, label_column)
+        elif entry is not None and entry.loader is not None:
+            loaded = _load_code_split(dataset, name)
         else:
             loaded = _load_hub_split(dataset, dataset_config, name, data_dir)
         positions, span = _slice_positions(len(loaded), start, end, shuffle_seed, part.strip())
@@ -261,6 +288,8 @@ def _source_key(dataset: str, config: str | None, location: Path | None, name: s
     if location is not None:
         return str(location if location.is_file() else _split_file(location, name) or location / name)
     entry = dataset_entry(dataset)
+    if entry is not None and entry.loader is not None:
+        return f"loader:{dataset}:{name}"
     if entry is not None:
         return f"hub:{entry.hub_id}:{config or entry.hub_config}:{entry.hub_splits.get(name, name)}"
     return f"hub:{dataset}:{config}:{name}"
@@ -285,6 +314,10 @@ def _rename(row: Row, columns: dict[str, str]) -> Row:
 def describe_splits(dataset: str, data_dir: str | None = None) -> dict[str, Any]:
     """Where ``dataset`` is, its splits, and notes on files in its folder that are not read."""
     location = locate_local(dataset, data_dir)
+    entry = dataset_entry(dataset)
+    if location is None and entry is not None and entry.loader is not None:
+        return {"dataset": dataset, "source": f"loader {getattr(entry.loader, 'path', entry.loader)}",
+                "splits": list(entry.splits), "notes": []}
     if location is None:
         return _describe_hub(dataset, data_dir)
     if location.is_file():
