@@ -8,19 +8,21 @@ import itertools
 import re
 import sys
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from fedpeft.registry import ALGORITHMS, PEFT_METHODS
+from fedpeft.registry import ALGORITHMS, PEFT_METHODS, Registry
 
 Kind = Literal["peft", "algorithm"]
 KINDS: tuple[Kind, ...] = ("peft", "algorithm")
+# a kind's registry; its key is the config key that names a method (peft.method, algorithm.name)
+REGISTRIES: dict[Kind, Registry[Any]] = {"peft": PEFT_METHODS, "algorithm": ALGORITHMS}
 
 
 @dataclass(frozen=True)
 class MethodRow:
-    """One registered method: its config key and name, what it is (one line), its options model and the
+    """One registered method: its kind and name, what it is (one line), its options model and the
     package or module it lives in."""
 
     kind: Kind
@@ -30,9 +32,6 @@ class MethodRow:
     where: str  # the method's package (built-ins: fedpeft/algorithms/<name>/ or fedpeft/tuners/<name>/) or module
     options_fields: tuple[str, ...]
 
-    @property
-    def key(self) -> str:
-        return "peft.method" if self.kind == "peft" else "algorithm.name"
 
 
 def _home(options: type[BaseModel]) -> str:
@@ -61,8 +60,8 @@ def _summary(options: type[BaseModel]) -> str:
 
 def method_rows(kind: Kind) -> list[MethodRow]:
     """Every registered method of ``kind`` ("peft" or "algorithm"), by name."""
-    registry = PEFT_METHODS if kind == "peft" else ALGORITHMS
-    tag = "method" if kind == "peft" else "name"
+    registry = REGISTRIES[kind]
+    tag = registry.key.split(".")[1]  # "method" of peft.method, "name" of algorithm.name
     rows = []
     for name, entry in registry.items():
         options = entry.options
@@ -77,8 +76,7 @@ def _cell(text: str) -> str:
 
 def markdown_table(kind: Kind) -> str:
     """A markdown table of the registered methods of ``kind``: name, what it is, options, where it lives."""
-    key = "peft.method" if kind == "peft" else "algorithm.name"
-    lines = [f"| `{key}` | what it is | options | lives in |", "|---|---|---|---|"]
+    lines = [f"| `{REGISTRIES[kind].key}` | what it is | options | lives in |", "|---|---|---|---|"]
     for row in method_rows(kind):
         options = ", ".join(f"`{f}`" for f in row.options_fields) or "none"
         lines.append(f"| `{row.name}` | {_cell(row.summary)} | {options} | `{row.where}` |")
@@ -87,11 +85,7 @@ def markdown_table(kind: Kind) -> str:
 
 def options_reference(kind: Kind) -> str:
     """mkdocstrings directives (``::: path``) for the options model of every registered method of ``kind``."""
-    seen: list[str] = []
-    for row in method_rows(kind):
-        if row.options not in seen:
-            seen.append(row.options)
-    return "\n\n".join(f"::: {path}" for path in seen)
+    return "\n\n".join(f"::: {row.options}" for row in method_rows(kind))  # each name has its own options class
 
 
 def text_table(kinds: tuple[Kind, ...] = KINDS) -> str:
@@ -99,8 +93,7 @@ def text_table(kinds: tuple[Kind, ...] = KINDS) -> str:
     out = []
     for kind in kinds:
         rows = method_rows(kind)
-        key = "peft.method" if kind == "peft" else "algorithm.name"
-        out.append(f"{key} ({len(rows)} registered)")
+        out.append(f"{REGISTRIES[kind].key} ({len(rows)} registered)")
         width = max((len(r.name) for r in rows), default=0)
         for row in rows:
             out.append(f"  {row.name:<{width}}  {row.summary}  [{row.where}]")

@@ -81,6 +81,14 @@ class Registry(Generic[Entry]):
         """The entry registered under ``name``, or None."""
         return self._entries.get(name)
 
+    def require(self, name: str, what: str) -> Entry:
+        """The entry registered under ``name``; a one-line ValueError naming it as ``what`` (e.g. "algorithm")
+        and listing the registered names otherwise (for code that looks up a name the config already checked)."""
+        entry = self._entries.get(name)
+        if entry is None:
+            raise ValueError(f"{what} {name!r} is not registered; registered: {', '.join(self.names()) or 'none'}")
+        return entry
+
     def get(self, name: str) -> Entry:
         """The entry registered under ``name``; a one-line ValueError listing the registered names otherwise."""
         entry = self._entries.get(name)

@@ -83,10 +83,7 @@ def _same_options(a: RegisteredAlgorithm[Any], b: RegisteredAlgorithm[Any]) -> b
 
 def registered_algorithm(name: str) -> RegisteredAlgorithm[Any]:
     """The algorithm registered under ``name``; a one-line ValueError listing the registered ones otherwise."""
-    entry = ALGORITHMS.find(name)
-    if entry is None:
-        raise ValueError(f"algorithm {name!r} is not registered; registered: {', '.join(sorted(ALGORITHMS)) or 'none'}")
-    return entry
+    return ALGORITHMS.require(name, "algorithm")
 
 
 def make_server(options: OptionsT, initial_state: Arrays, *, num_clients: int, clients_per_round: int, seed: int,

@@ -258,9 +258,9 @@ def load_rows(
     location = locate_local(dataset, data_dir)
     taken_spans: dict[str, list[tuple[int, int]]] = {}
     label_column = (columns or {}).get("label", "label")
+    entry = dataset_entry(dataset)
     for part in split.split("+"):
         name, start, end = parse_split(part)
-        entry = dataset_entry(dataset)
         if location is not None:
             loaded = _load_local_split(location, name, label_column)
         elif entry is not None and entry.loader is not None:

@@ -239,10 +239,7 @@ def prompt_head_params(spec: Mapping[str, tuple[tuple[int, ...], str]], geo: Hea
 def build_layout(spec: Mapping[str, tuple[tuple[int, ...], str]], config, method: str) -> HeadLayout:
     """Map the trainable parameters ``spec`` (name -> (shape, dtype)) of the registered PEFT ``method`` to heads,
     with the ``head_params`` it registered."""
-    entry = PEFT_METHODS.find(method)
-    if entry is None:
-        raise ValueError(f"peft method {method!r} is not registered; registered: {', '.join(PEFT_METHODS) or 'none'}")
-    mapper = entry.head_params
+    mapper = PEFT_METHODS.require(method, "peft method").head_params
     if mapper is None:
         heads = ", ".join(name for name, m in PEFT_METHODS.items() if m.head_params is not None)
         raise LayoutError(f"peft method {method!r} has no head layout; use one of {heads}")

@@ -134,7 +134,4 @@ def register_peft_method(
 
 def registered_peft_method(name: str) -> PeftMethod[Any]:
     """The PEFT method registered under ``name``; a one-line ValueError listing the registered ones otherwise."""
-    entry = PEFT_METHODS.find(name)
-    if entry is None:
-        raise ValueError(f"peft method {name!r} is not registered; registered: {', '.join(sorted(PEFT_METHODS)) or 'none'}")
-    return entry
+    return PEFT_METHODS.require(name, "peft method")
