@@ -16,13 +16,13 @@ TIMING_KEYS = {"time_client_s", "time_aggregation_s", "time_evaluation_s", "time
                "peak_rss_mb", "peak_accelerator_mb", "backbone_bytes"}  # and the memory figures
 
 
-def tiny_config(*overrides: str):
+def tiny_config(*overrides: str, plugins=()):
     base = [
         "model.name=tiny-bert", "task.dataset=sst2", "task.max_train_examples=64", "task.max_length=32",
         "federation.num_clients=4", "federation.clients_per_round=2", "federation.rounds=2",
         "train.batch_size=8", "eval.max_examples=32", "eval.batch_size=32", "runtime.progress=false",
     ]
-    return load_config(None, [*base, *overrides])
+    return load_config(None, [*base, *overrides], plugins=plugins)
 
 
 def without_timings(rows):

@@ -142,15 +142,52 @@ def start_participant(secured, partition: int) -> subprocess.Popen:
         log.close()
 
 
+WAITING_PLUGIN = '''
+"""FedAvg whose server waits, before configuring round 2, until the SuperNode whose log is ``wait_for`` has
+registered: the rounds after it then see that SuperNode, however long its start took."""
+import time
+from pathlib import Path
+from typing import Literal
+
+import fedpeft
+from fedpeft.algorithms.fedavg.halves import FedAvgClient, FedAvgServer
+from fedpeft.algorithms.fedavg.options import FedAvgOptions
+
+
+class WaitingOptions(FedAvgOptions):
+    name: Literal["waiting_fedavg"] = "waiting_fedavg"
+    wait_for: str = ""
+
+
+class WaitingServer(FedAvgServer):
+    def configure(self, rnd, clients):
+        deadline = time.time() + 240
+        while rnd == 2 and time.time() < deadline and not (
+                Path(self.options.wait_for).exists() and "SuperNode ID:" in Path(self.options.wait_for).read_text()):
+            time.sleep(0.1)
+        return super().configure(rnd, clients)
+
+
+fedpeft.register_algorithm("waiting_fedavg", options=WaitingOptions, server=WaitingServer,
+                           client=lambda options: FedAvgClient())
+'''
+
+
 def test_a_registered_supernode_cannot_displace_the_one_serving_a_partition(secured, tmp_path):
     """The operator runs fedpeft (registration, `flwr run`, SuperNodes: all from this machine); once round 1 is
     done a second SuperNode (another registered key) claims partition 0. It is refused and logged; every round
-    aggregates both clients from the operator's SuperNodes."""
+    aggregates both clients from the operator's SuperNodes. (The server waits in round 2 until that SuperNode
+    has registered, so a slow start cannot let the run end before the claim.)"""
     import threading
 
     dep = secured["dep"]
+    plugin = tmp_path / "waiting.py"
+    plugin.write_text(WAITING_PLUGIN)
+    participant_log = secured["root"] / "logs" / "participant.log"
+    participant_log.unlink(missing_ok=True)
     cfg = tiny_config("federation.num_clients=2", "federation.clients_per_round=2", "federation.rounds=4",
-                      "train.local_steps=1", "federation.round_timeout_s=60")
+                      "train.local_steps=1", "federation.round_timeout_s=60", "algorithm.name=waiting_fedavg",
+                      f"algorithm.wait_for={participant_log}", plugins=[str(plugin)])
     done: dict = {}
     run = threading.Thread(target=lambda: done.update(s=run_flower(cfg, tmp_path / "run", deployment=dep,
                                                                    log=lambda m: None)))
