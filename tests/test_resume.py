@@ -48,7 +48,8 @@ def test_damaged_or_missing_checkpoint_is_refused_and_never_loaded(tmp_path):
         checkpoint.load(tmp_path)
 
 
-@pytest.mark.parametrize("algorithm", ["algorithm.name=fedavgm", "algorithm.name=fedadam"])
+@pytest.mark.parametrize("algorithm", ["algorithm.name=fedavgm", "algorithm.name=fedadam",
+                                       "runtime.clients_per_pass=2"])  # clients trained together, dropout on
 @pytest.mark.needs_data
 def test_resume_after_a_crash_ends_like_an_uninterrupted_run(algorithm, tmp_path, monkeypatch):
     cfg = tiny_config(algorithm, "federation.rounds=4", "peft.dropout=0.1", "eval.every=1")

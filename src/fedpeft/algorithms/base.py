@@ -14,7 +14,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -352,7 +352,16 @@ class ServerAlgorithm(ABC, Generic[OptionsT]):
 class ClientAlgorithm(ABC):
     """The client half: :meth:`fit` turns the payload a client received into its update. How it is built is
     the algorithm's choice: ``register_algorithm(client=...)`` takes a factory ``options -> ClientAlgorithm``
-    (a subclass whose ``__init__`` takes the options is one)."""
+    (a subclass whose ``__init__`` takes the options is one).
+
+    Under ``runtime.clients_per_pass`` > 1 the embedded runtime runs several clients' ``fit`` interleaved: each
+    runs until its ``ctx.train(...)``, then their trainings run as one fused pass, then each resumes. A client
+    half takes part as it is when it keeps what one client's ``fit`` needs across ``ctx.train`` in locals or
+    ``ctx.state`` (not on ``self``, which all clients of a process share) and reaches the model through
+    ``ctx.tuned`` (each client's own trainable tensors); its hooks and extra loss then act on that client alone.
+    One that cannot sets ``trains_batched = False`` and its clients train one at a time."""
+
+    trains_batched: ClassVar[bool] = True
 
     @abstractmethod
     def fit(self, payload: Payload, ctx: ClientContext) -> Payload:

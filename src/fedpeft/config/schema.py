@@ -194,6 +194,10 @@ class ModelConfig(Section):
                           "transformers' default for the model (sdpa where supported).")
     quantization: QuantizationOptions | None = Field(
         None, description="Quantize the frozen backbone to 4 or 8 bits (bitsandbytes); None: dtype above.")
+    dropout: float | None = Field(
+        None, ge=0, lt=1, description="Replace every dropout probability of the backbone's config (hidden, "
+        "attention, classifier, ...) with this; None: the model's own. (A PEFT method's own dropout, e.g. "
+        "peft.dropout of LoRA, is its option.)")
 
 
 def refuse_quantized_backbone(run: RunConfig, why: str) -> None:
@@ -436,6 +440,11 @@ class RuntimeConfig(Section):
         "fp32", description="Autocast precision of local training and evaluation (fp16 needs cuda)."
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch's default).")
+    clients_per_pass: int = Field(
+        1, ge=1, description="The embedded runtime trains up to this many of a round's clients together: one "
+        "forward and backward of the frozen backbone over all their rows, each row with its own client's trainable "
+        "tensors, each client with its own loss, optimizer, schedule and steps (docs/guide/clients-per-pass.md). "
+        "1: one client after another.")
     flops_sample_steps: int = Field(
         8, ge=0, description="Measure FLOPs with torch's FlopCounterMode on this many local steps of the "
         "run (one per client training, until used up) and scale every step by its tokens (0 = off)."

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedpeft.errors import UserError
 from fedpeft.models.bnb_gate import use_bitsandbytes
@@ -255,9 +255,16 @@ def _keep_4bit_weights_trainable(model) -> None:
 QUANTIZATION_SKIPPED = [*TASK_HEADS, "lm_head", "pre_classifier"]  # kept in full precision
 
 
+def dropout_overrides(config: Any, p: float) -> dict[str, float]:
+    """Every dropout probability a transformers config sets (hidden_dropout_prob, attention_dropout, resid_pdrop,
+    classifier_dropout, ...), each set to ``p``."""
+    return {k: p for k, v in config.to_dict().items()
+            if isinstance(v, float) and not isinstance(v, bool) and ("dropout" in k or k.endswith("_pdrop"))}
+
+
 def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dtype: str = "float32",
                tokenizer=None, seed: int = 0, attn_implementation: str | None = None, quantization=None,
-               device: str | None = None) -> torch.nn.Module:
+               device: str | None = None, dropout: float | None = None) -> torch.nn.Module:
     """The backbone for ``kind``, with a freshly initialised (seeded) task head where it needs one;
     ``attn_implementation`` as transformers takes it (None: its default). ``quantization`` (a
     schema.QuantizationOptions) loads the linear layers in 4 or 8 bits with bitsandbytes, on ``device``
@@ -292,6 +299,9 @@ def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dty
         config = _tiny_config(name, tokenizer or load_tokenizer(name))
         if kind == "classification":
             config.num_labels = num_labels
+        if dropout is not None:
+            for key, value in dropout_overrides(config, dropout).items():
+                setattr(config, key, value)
         model = auto.from_config(config, dtype=torch_dtype, **({"attn_implementation": attn_implementation}
                                                                 if attn_implementation is not None else {}))
         if quantization is not None:  # bitsandbytes quantizes while loading: through a saved copy
@@ -302,6 +312,8 @@ def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dty
                                              **extra)
     else:
         options = _hub_options(src)
+        if dropout is not None:
+            extra.update(dropout_overrides(load_config(name), dropout))
         if quantization is not None:
             options = {**options, "device_map": device or "cpu",
                        "quantization_config": bitsandbytes_config(quantization, QUANTIZATION_SKIPPED)}

@@ -9,6 +9,7 @@ index list into the tokenised training set plus whatever state its algorithm kee
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -42,6 +43,7 @@ from fedpeft.rundir import (
 )
 from fedpeft.runlock import RunLock
 from fedpeft.runtime.attacks import attacker_ids, flip_labels, poison
+from fedpeft.runtime.cohort import make_cohort, pass_row
 from fedpeft.runtime.payload_limits import upload_limit
 from fedpeft.runtime.personal import PERSONAL, check_personal, personal_due, personal_row, score
 from fedpeft.runtime.resume import resume_config, resume_point
@@ -96,10 +98,15 @@ def backbone_bytes(tuned) -> int:
 
 
 def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, cid: int, received: wire.Payload,
-                 state: dict[str, Any], report: Callable[[str, Any], None] | None = None) -> wire.Payload:
+                 state: dict[str, Any], report: Callable[[str, Any], None] | None = None, *, tuned: Any = None,
+                 trainer: Callable[..., Any] | None = None) -> wire.Payload:
     """One client's local work for round ``rnd``, the same in every runtime: seeded by (seed, round, client)
     only, so a client gives the same update wherever and whenever it runs. ``state`` is the client's
-    algorithm state, updated in place."""
+    algorithm state, updated in place. ``tuned`` (default: the shared ``exp.tuned``) is the model the client
+    half gets; ``trainer(tuned, data, rng, **options)`` (default: ``exp.trainer.train``) trains it (a cohort
+    passes its own, see fedpeft.runtime.cohort)."""
+    own = exp.tuned if tuned is None else tuned
+    train_with = exp.trainer.train if trainer is None else trainer
     cfg = exp.cfg
     rng = np.random.default_rng([cfg.seed, rnd, cid])
     torch.manual_seed(client_seed(cfg.seed, rnd, cid))
@@ -109,9 +116,9 @@ def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, 
         data = flip_labels(data, exp.data.num_labels)
 
     def train(*, tuned=None, **options):  # the options of LocalTrainer.train (hooks, optimizer state, lr, ...)
-        return exp.trainer.train(tuned or exp.tuned, data, rng, **options)
+        return train_with(tuned or own, data, rng, **options)
 
-    ctx = ClientContext(client_id=cid, round=rnd, tuned=exp.tuned, train=train, num_examples=len(data), state=state,
+    ctx = ClientContext(client_id=cid, round=rnd, tuned=own, train=train, num_examples=len(data), state=state,
                         data=data, resources=exp.client_resources)
     if report is not None:
         ctx.report = report
@@ -124,7 +131,7 @@ def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, 
         if PERSONAL in personal:
             raise RuntimeError(f"algorithm {cfg.algorithm.name}: ctx.evaluate_personal() called twice in one round")
         task = exp.personal_data(cid)
-        personal[PERSONAL] = None if task is None else score(exp, (tuned or exp.tuned).module, task)
+        personal[PERSONAL] = None if task is None else score(exp, (tuned or own).module, task)
         return personal[PERSONAL]
 
     ctx.evaluate_personal = evaluate_personal
@@ -165,6 +172,8 @@ def _total_or_unknown(values) -> float | None:
 
 class EmbeddedRuntime:
     """Runs the rounds; a subclass changes where clients run by overriding :meth:`run_clients`."""
+
+    fuses_clients = True  # whether runtime.clients_per_pass > 1 trains clients together (a subclass may not)
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, experiment: Experiment | None = None,
                  resume: bool = False, lock: bool = True, observers: Sequence[RunObserver] = ()):
@@ -240,6 +249,11 @@ class EmbeddedRuntime:
                          f"{self.backbone_bytes / 2**20:.1f} MiB ({cfg.model.dtype}"
                          + (f", quantized {cfg.model.quantization.described()}" if cfg.model.quantization else "")
                          + ")")
+        self.pass_info: dict[str, Any] = {}
+        self.cohort = make_cohort(self.exp, self.client) if self.fuses_clients else None
+        if cfg.runtime.clients_per_pass > 1 and not self.fuses_clients:
+            log.warning("runtime.clients_per_pass %d applies to the embedded runtime; runtime %s trains one client "
+                        "per message", cfg.runtime.clients_per_pass, cfg.runtime.name)
         if restored is not None:
             log.warning("resumed %s after round %d (checkpoint %s)", self.run_dir, restored[0], checkpoint.FILENAME)
 
@@ -323,8 +337,10 @@ class EmbeddedRuntime:
                 out[k if k.startswith("eval_") else f"eval_{k}"] = v
         return out
 
-    def run_client(self, rnd: int, cid: int, payload: wire.Payload) -> ClientResult:
-        """(decoded update or None, bytes down, bytes up, failure reason)."""
+    def run_client(self, rnd: int, cid: int, payload: wire.Payload, *, tuned: Any = None,
+                   trainer: Callable[..., Any] | None = None) -> ClientResult:
+        """(decoded update or None, bytes down, bytes up, failure reason); ``tuned`` and ``trainer`` as
+        :func:`train_client` takes them."""
         down = wire.encode(payload)
         received = wire.decode(down)
         state = self.client_states.get(cid, {})
@@ -334,7 +350,8 @@ class EmbeddedRuntime:
                 def report(name: str, value: Any) -> None:
                     for observer in self.observers:
                         observer.on_client_report(rnd, cid, name, value)
-            update = train_client(self.exp, self.client, rnd, cid, received, state, report)
+            update = train_client(self.exp, self.client, rnd, cid, received, state, report, tuned=tuned,
+                                  trainer=trainer)
         except NonFiniteLoss as exc:
             return None, len(down), 0, str(exc)
         if state:
@@ -350,8 +367,19 @@ class EmbeddedRuntime:
         return decoded, len(down), len(up), None
 
     def run_clients(self, rnd: int, payloads: dict[int, wire.Payload]) -> dict[int, ClientResult]:
-        """Every selected client's result for the round; here one after another in this process."""
-        return {cid: self.run_client(rnd, cid, payload) for cid, payload in payloads.items()}
+        """Every selected client's result for the round, in this process: one after another, or
+        ``runtime.clients_per_pass`` at a time in one fused pass (fedpeft.runtime.cohort)."""
+        if self.cohort is None:
+            return {cid: self.run_client(rnd, cid, payload) for cid, payload in payloads.items()}
+        k = self.cfg.runtime.clients_per_pass
+        cids = list(payloads)
+        out: dict[int, ClientResult] = {}
+        before = dataclasses.replace(self.cohort.stats)
+        for i in range(0, len(cids), k):
+            out.update(self.cohort.run(cids[i:i + k], lambda cid, tuned, train: self.run_client(
+                rnd, cid, payloads[cid], tuned=tuned, trainer=train), seed=(self.cfg.seed, rnd)))
+        self.pass_info = pass_row(before, self.cohort.stats)
+        return out
 
     def train_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:
         """Send the payloads, collect and check the updates, aggregate the accepted ones."""
@@ -454,8 +482,10 @@ class EmbeddedRuntime:
         return out
 
     def runtime_round_info(self) -> dict[str, Any]:
-        """Extra per-round entries a runtime reports about itself (e.g. client process times)."""
-        return {}
+        """Extra per-round entries a runtime reports about itself (e.g. client process times; the fused passes'
+        padded-token shares)."""
+        info, self.pass_info = self.pass_info, {}
+        return info
 
     def _eval_due(self, rnd: int) -> bool:
         """Every eval.every rounds, and after the last round (the configured last, or one the algorithm ends

@@ -165,7 +165,7 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     quantization = cfg.model.quantization
     model = registry.load_model(cfg.model.name, kind, num_labels=data.num_labels, dtype=cfg.model.dtype,
                                 tokenizer=tokenizer, seed=cfg.seed, attn_implementation=cfg.model.attn_implementation,
-                                quantization=quantization, device=str(device))
+                                quantization=quantization, device=str(device), dropout=cfg.model.dropout)
     if quantization is not None:  # k-bit training preparation: norms in float32, the backbone frozen
         from peft import prepare_model_for_kbit_training
 

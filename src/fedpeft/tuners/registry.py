@@ -37,6 +37,9 @@ PeftOptionsT = TypeVar("PeftOptionsT", bound=PeftOptions)
 Apply = Callable[["nn.Module", PeftOptionsT, "TunerContext"], "nn.Module"]
 # head_params(spec, geometry) -> which trainable tensors hold which attention heads' slices
 HeadParams = Callable[[Mapping[str, tuple[tuple[int, ...], str]], "HeadGeometry"], "dict[str, HeadParam]"]
+# row_forwards: a module type (or "package.module:Class") -> its row forward (or "package.module:function"),
+# see fedpeft.tuners.row_batched
+RowForwards = Mapping[Any, Any]
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,14 @@ class PeftMethod(Generic[PeftOptionsT]):
     trains_task_head: bool = False
     analytic_ops: tuple[str, ...] | None = None
     head_params_code: HeadParams | CodeRef | None = None
+    trains_batched: bool = True
+    row_forwards_code: tuple[tuple[Any, Any], ...] = ()
+
+    @property
+    def row_forwards(self) -> dict[type, Callable[..., Any]]:
+        """The method's own row forwards (module type -> function), resolved."""
+        return {(resolve(t) if isinstance(t, CodeRef) else t): (resolve(f) if isinstance(f, CodeRef) else f)
+                for t, f in self.row_forwards_code}
 
     @property
     def apply(self) -> Apply[PeftOptionsT]:
@@ -88,6 +99,8 @@ def register_peft_method(
     trains_task_head: bool = False,
     analytic_ops: tuple[str, ...] | None = None,
     head_params: HeadParams | CodeRef | str | None = None,
+    trains_batched: bool = True,
+    row_forwards: RowForwards | None = None,
 ) -> None:
     """Register a PEFT method under ``name``; from then on ``peft: {method: NAME, ...}`` is a valid config section.
 
@@ -106,6 +119,12 @@ def register_peft_method(
       unknown (null), measured FLOPs are reported either way.
     * ``head_params(spec, geometry)``: which trainable tensors hold which attention heads' slices (see
       ``fedpeft.heads.layout``); needed by algorithms that work per head (headprune). None: no head layout.
+    * ``trains_batched``: whether the clients of a round may train together in one pass over the backbone
+      (``runtime.clients_per_pass``); False makes them train one at a time (full fine-tuning: every weight is
+      the client's own, so nothing is shared).
+    * ``row_forwards``: row forwards for modules of the method's own that hold trainable tensors (module type ->
+      ``f(module, rows, *forward_args)``, see ``fedpeft.tuners.row_batched``); ``nn.Linear``, ``nn.Embedding``,
+      ``nn.LayerNorm`` and transformers' ``Conv1D`` have theirs already.
 
     ``apply`` and ``head_params`` may also be given as ``"package.module:function"``, imported on first use
     (fedpeft's built-ins do, so that validating a config imports no torch).
@@ -127,7 +146,10 @@ def register_peft_method(
     if bool(options.maps_to_heads) != (head_params_code is not None):
         raise ValueError(f"register_peft_method({name!r}): give head_params exactly when {options.__name__} sets "
                          "maps_to_heads = True (the config checks it before anything loads)")
-    method = PeftMethod(name, options, apply_code, save_format, trains_task_head, analytic_ops, head_params_code)
+    forwards = tuple((CodeRef(t) if isinstance(t, str) else t, CodeRef(f) if isinstance(f, str) else f)
+                     for t, f in (row_forwards or {}).items())
+    method = PeftMethod(name, options, apply_code, save_format, trains_task_head, analytic_ops, head_params_code,
+                        bool(trains_batched), forwards)
     PEFT_METHODS.add(name, method)
     refresh_choices("peft")
 

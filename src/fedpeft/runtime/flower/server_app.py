@@ -46,6 +46,8 @@ NOT_ANSWERED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILAB
 
 
 class FlowerServerRuntime(EmbeddedRuntime):
+    fuses_clients = False  # each client trains in its own ClientApp, one per message
+
     def __init__(self, cfg, run_dir=None, *, grid: Grid, resume: bool = False, lock: bool = False):
         # lock: fedpeft.runtime.flower.launch.run_flower holds the run directory's lock for the whole run
         self.grid = grid

@@ -1,0 +1,318 @@
+"""Local training of several clients in one pass over the shared frozen backbone (``runtime.clients_per_pass``).
+
+Each client keeps everything the sequential :class:`~fedpeft.training.local.LocalTrainer` gives it: its own
+batches (planned with its own generator, as it would alone), its own loss (:mod:`fedpeft.training.fused_loss`),
+its own optimizer and learning-rate schedule (torch's, over its own copies of the trainable tensors), its own
+gradient clipping, hooks, extra loss and optimizer state, and its own number of steps (a client that has
+finished takes no further part). What is shared is the backbone's forward and backward: at each local step the
+clients' micro-batches are cut into sub-batches of rows of similar length (the fewest sub-batches whose padded
+tokens do not exceed what the clients would pad alone), and every sub-batch runs through the model once, each
+row with its own client's tensors (:mod:`fedpeft.tuners.row_batched`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from fedpeft.data.batching import Encoded, collate
+from fedpeft.training.fused_loss import ClientLosses, client_losses
+from fedpeft.training.local import (
+    LocalTrainer,
+    NonFiniteLoss,
+    TrainResult,
+    drops_first_label,
+    load_optimizer_state,
+    loss_terms,
+    lr_lambda,
+    make_optimizer,
+    plan_batches,
+    read_optimizer_state,
+    step_groups,
+)
+from fedpeft.tuners.row_batched import RowBatchUnsupported, RowForward, Rows, row_batched
+
+
+@dataclass
+class TrainRequest:
+    """One client's ``ctx.train(...)`` call, answered with ``result`` or ``error``."""
+
+    slot: int  # the client's slot in the pass (its index in Rows.slot_params)
+    data: Encoded
+    rng: np.random.Generator
+    params: dict[str, torch.nn.Parameter]  # the client's own trainable tensors, by TunedModel.params name
+    options: dict[str, Any] = field(default_factory=dict)  # LocalTrainer.train's keyword options
+    result: TrainResult | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class PassStats:
+    """Tokens of the fused passes so far: real ones, padded as fused, and padded as each client alone."""
+
+    real_tokens: int = 0
+    fused_tokens: int = 0
+    alone_tokens: int = 0
+    sub_batches: int = 0
+    micro_steps: int = 0
+
+    def padded_share(self) -> float | None:
+        return None if not self.fused_tokens else 1.0 - self.real_tokens / self.fused_tokens
+
+    def alone_padded_share(self) -> float | None:
+        return None if not self.alone_tokens else 1.0 - self.real_tokens / self.alone_tokens
+
+
+def pack_rows(lengths: np.ndarray, budget: int) -> list[np.ndarray]:
+    """Rows (by index into ``lengths``) cut into the fewest sub-batches, each padded to its longest row, whose
+    padded tokens total at most ``budget``; among those, the least padding. Rows are taken in order of length,
+    so the answer exists whenever ``budget`` is at least what the same rows cost in groups of any sizes."""
+    order = np.argsort(-lengths, kind="stable")
+    sorted_len = lengths[order].astype(np.int64)
+    n = len(order)
+    if n == 0:
+        return []
+    # best[j]: least padded tokens for the first j rows in g groups; cut[g][j]: where the last group starts
+    best = np.full(n + 1, np.iinfo(np.int64).max // 4, dtype=np.int64)
+    best[0] = 0
+    cuts: list[np.ndarray] = []
+    positions = np.arange(n + 1)
+    for _ in range(n):
+        nxt = np.full(n + 1, np.iinfo(np.int64).max // 4, dtype=np.int64)
+        cut = np.zeros(n + 1, dtype=np.int64)
+        for j in range(1, n + 1):
+            starts = positions[:j]
+            cost = best[:j] + (j - starts) * sorted_len[:j]
+            i = int(np.argmin(cost))
+            nxt[j], cut[j] = cost[i], i
+        best = nxt
+        cuts.append(cut)
+        if best[n] <= budget:
+            break
+    groups, j = [], n
+    for cut in reversed(cuts):
+        i = int(cut[j])
+        groups.append(order[i:j])
+        j = i
+    return groups[::-1]
+
+
+@dataclass
+class _Client:
+    request: TrainRequest
+    cfg: Any
+    steps: list[tuple[int, list[np.ndarray]]]  # (epoch, micro-batches) of each optimizer step
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    epoch_losses: dict[int, list[float]] = field(default_factory=dict)
+    examples: int = 0
+    tokens: int = 0
+    ops: float = 0.0
+    sampled: int = 0
+    failed: bool = False
+
+
+class FusedTrainer:
+    """Trains the requests of one pass together; ``activate(slot)`` puts a slot's tensors into the model
+    before its hooks and extra loss run (so they see the model as that client would)."""
+
+    def __init__(self, trainer: LocalTrainer, model: torch.nn.Module, forwards: Mapping[torch.nn.Module, RowForward],
+                 names: Mapping[tuple[int, str], str], activate: Callable[[int], None]):
+        self.trainer = trainer
+        self.model = model
+        self.forwards = forwards
+        self.names = names
+        self.activate = activate
+        self.stats = PassStats()
+
+    def train(self, requests: Sequence[TrainRequest]) -> None:
+        t = self.trainer
+        shifted = drops_first_label(self.model)
+        clients = [self._start(r) for r in requests]
+        slots = max(r.slot for r in requests) + 1
+        slot_params: list[Mapping[str, torch.Tensor]] = [{} for _ in range(slots)]
+        for r in requests:
+            slot_params[r.slot] = r.params
+        rows = Rows(slot_params=slot_params, names=self.names)
+        self.model.train()
+        start = time.perf_counter()
+        for s in range(max((len(c.steps) for c in clients), default=0)):
+            active = [c for c in clients if not c.failed and s < len(c.steps)]
+            if not active:
+                break
+            measure = t.flops_steps < t.flops_sample_steps and t.flops_sample_steps > 0
+            counter = FlopCounterMode(display=False) if measure else contextlib.nullcontext()
+            with counter:
+                fused_tokens = self._step(s, active, rows, shifted)
+            if measure:
+                t.flops_measured += counter.get_total_flops()
+                t.flops_tokens += fused_tokens
+                t.flops_steps += 1
+                for c in active:
+                    c.sampled += 1
+            for c in active:
+                if not c.failed:
+                    self._optimizer_step(c)
+        seconds = time.perf_counter() - start
+        total_tokens = sum(c.tokens for c in clients) or 1
+        rate = t.flops_per_token()
+        for c in clients:
+            if c.failed:
+                continue
+            r = c.request
+            if r.options.get("optimizer_state") is not None:
+                state = r.options["optimizer_state"]
+                state.clear()
+                state.update(read_optimizer_state(c.optimizer, r.params))
+            if c.cfg.local_steps is None:
+                last = c.epoch_losses[max(c.epoch_losses)] if c.epoch_losses else []
+            else:
+                last = [x for e in sorted(c.epoch_losses) for x in c.epoch_losses[e]]
+            r.result = TrainResult(
+                loss=float(np.mean(last)) if last else float("nan"), steps=len(c.steps), examples=c.examples,
+                tokens=c.tokens, seconds=seconds * c.tokens / total_tokens,
+                flops=rate * c.tokens if rate is not None else None, flops_sampled_steps=c.sampled,
+                ops_analytic=c.ops if t.ops_per_sequence is not None else None)
+
+    def _start(self, r: TrainRequest) -> _Client:
+        t = self.trainer
+        lr = r.options.get("lr")
+        cfg = t.cfg if lr is None else t.cfg.model_copy(update={"lr": lr})
+        epochs = step_groups(plan_batches(r.data, cfg, r.rng), cfg)
+        steps = [(e, group) for e, groups in enumerate(epochs) for group in groups]
+        optimizer = make_optimizer(list(r.params.values()), cfg)
+        if r.options.get("optimizer_state"):
+            load_optimizer_state(optimizer, r.params, r.options["optimizer_state"])
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, len(steps)))
+        return _Client(request=r, cfg=cfg, steps=steps, optimizer=optimizer, scheduler=scheduler)
+
+    def _fail(self, c: _Client, value: float, step: int) -> None:
+        c.failed = True
+        c.request.error = NonFiniteLoss(f"non-finite training loss ({value}) at local step {step + 1}")
+        c.optimizer.zero_grad(set_to_none=True)
+
+    def _step(self, s: int, active: list[_Client], rows: Rows, shifted: bool) -> int:
+        """Forward and backward of step ``s``'s micro-batches of every active client; returns the fused tokens."""
+        t = self.trainer
+        step_loss = {id(c): 0.0 for c in active}
+        batches: dict[int, list[dict[str, torch.Tensor]]] = {}
+        weights: dict[int, list[float]] = {}
+        for c in active:
+            group = c.steps[s][1]
+            batches[id(c)] = [collate(c.request.data, idx, t.pad_id) for idx in group]  # as the client alone pads
+            terms = [loss_terms(b, shifted) for b in batches[id(c)]]
+            total_terms = sum(terms) or len(terms)
+            weights[id(c)] = [n / total_terms for n in terms] if len(group) > 1 else [1.0]
+        fused_tokens = 0
+        for j in range(max(len(c.steps[s][1]) for c in active)):
+            members = [c for c in active if not c.failed and j < len(c.steps[s][1])]
+            if not members:
+                continue
+            for c in members:
+                idx, batch = c.steps[s][1][j], batches[id(c)][j]
+                n_tok = int(batch["input_ids"].numel())
+                c.examples += len(idx)
+                c.tokens += n_tok
+                self.stats.alone_tokens += n_tok
+                if t.ops_per_sequence is not None:
+                    c.ops += t._ops(len(idx), int(batch["input_ids"].shape[1]),
+                                    c.request.options.get("head_fraction", 1.0))
+            fused_tokens += self._micro_step(
+                s, j, members, rows, {id(c): weights[id(c)][j] for c in members},
+                {id(c): loss_terms(batches[id(c)][j], shifted) for c in members},
+                sum(int(batches[id(c)][j]["input_ids"].numel()) for c in members), step_loss)
+        for c in active:
+            if not c.failed:
+                c.epoch_losses.setdefault(c.steps[s][0], []).append(step_loss[id(c)])
+        return fused_tokens
+
+    def _micro_step(self, s: int, j: int, members: list[_Client], rows: Rows, weights: dict[int, float],
+                    denominators: dict[int, int], budget: int, step_loss: dict[int, float]) -> int:
+        """One micro-batch of each member, cut into sub-batches by length; returns their padded tokens."""
+        t = self.trainer
+        entries = [(c, int(i)) for c in members for i in c.steps[s][1][j]]
+        lengths = np.array([len(c.request.data.input_ids[i]) for c, i in entries], dtype=np.int64)
+        by_slot = {c.request.slot: c for c in members}
+        loss_value = {id(c): 0.0 for c in members}
+        counts = {id(c): 0 for c in members}
+        padded = 0
+        for group in pack_rows(lengths, budget):
+            chosen = sorted(group.tolist(), key=lambda k: (entries[k][0].request.slot, k))
+            data = Encoded(input_ids=[entries[k][0].request.data.input_ids[entries[k][1]] for k in chosen],
+                           labels=[entries[k][0].request.data.labels[entries[k][1]] for k in chosen],
+                           token_type_ids=None if members[0].request.data.token_type_ids is None else
+                           [entries[k][0].request.data.token_type_ids[entries[k][1]] for k in chosen])
+            batch = {k: v.to(t.device) for k, v in collate(data, np.arange(len(chosen)), t.pad_id).items()}
+            slots = [entries[k][0].request.slot for k in chosen]
+            segments, first = [], 0
+            for n in range(1, len(slots) + 1):
+                if n == len(slots) or slots[n] != slots[first]:
+                    segments.append((slots[first], first, n))
+                    first = n
+            rows.start_batch(torch.tensor(slots, dtype=torch.long, device=t.device), segments)
+            record = ClientLosses(segments=segments)
+            with row_batched(self.forwards, rows), client_losses(record, len(slots)), t._autocast():
+                self.model(**batch)
+            if set(record.sums) != {slot for slot, _, _ in segments}:
+                raise RowBatchUnsupported("the model's forward computed no loss through the functions a fused pass "
+                                          "splits per client")
+            total = None
+            for slot, part in record.sums.items():
+                c = by_slot[slot]
+                if c.failed:
+                    continue
+                term = part / denominators[id(c)]
+                value = float(term.detach())
+                loss_value[id(c)] += value
+                counts[id(c)] += record.counts[slot]
+                if not np.isfinite(value):
+                    self._fail(c, loss_value[id(c)], s)
+                    continue
+                weighted = term * weights[id(c)]
+                total = weighted if total is None else total + weighted
+            if total is not None:
+                total.backward()
+            padded += int(batch["input_ids"].numel())
+            self.stats.sub_batches += 1
+            self.stats.real_tokens += int(lengths[group].sum())
+        self.stats.fused_tokens += padded
+        self.stats.micro_steps += 1
+        for c in members:
+            if c.failed:
+                continue
+            if counts[id(c)] != denominators[id(c)]:
+                raise RuntimeError(f"fused pass: client slot {c.request.slot} has {counts[id(c)]} loss terms, "
+                                   f"alone it would have {denominators[id(c)]}")
+            extra_loss = c.request.options.get("extra_loss")
+            if extra_loss is not None:
+                self.activate(c.request.slot)
+                with t._autocast():
+                    extra = extra_loss()
+                loss_value[id(c)] += float(extra.detach())
+                if not np.isfinite(loss_value[id(c)]):
+                    self._fail(c, loss_value[id(c)], s)
+                    continue
+                if extra.requires_grad:  # (a constant term changes the loss, not the gradient)
+                    (extra * weights[id(c)]).backward()
+            step_loss[id(c)] += loss_value[id(c)] * weights[id(c)]
+        return padded
+
+    def _optimizer_step(self, c: _Client) -> None:
+        options = c.request.options
+        self.activate(c.request.slot)
+        if options.get("before_step") is not None:
+            options["before_step"]()
+        if c.cfg.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(list(c.request.params.values()), c.cfg.max_grad_norm)
+        c.optimizer.step()
+        if options.get("after_step") is not None:
+            options["after_step"]()
+        c.scheduler.step()
+        c.optimizer.zero_grad(set_to_none=True)

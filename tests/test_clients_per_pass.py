@@ -1,0 +1,297 @@
+"""runtime.clients_per_pass: a round's clients trained together over the one backbone give each client the
+update it gets alone.
+
+Tolerance: floats agree to a relative 1e-4 (absolute 1e-7), byte counts to 16 bytes, everything else exactly.
+A fused pass computes each row with other matrix-product blockings (batched products, another padded length),
+so float32 sums round differently (about 1e-7 relative per operation); AdamW's first steps divide a gradient
+by its own magnitude, so a coordinate whose true gradient is zero (a key projection's bias under softmax) moves
+by +-lr on rounding noise alone, and over a few steps the metrics agree to about 1e-5. Dropout is off in these
+comparisons (model.dropout=0, peft.dropout=0): a fused pass draws its dropout masks for the fused batch, so
+with dropout on a run is reproducible for a given clients_per_pass but not draw for draw the sequential one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+from typing import Literal
+
+import numpy as np
+import pytest
+import torch
+from golden_runs import GOLDEN, is_timing
+from helpers import tiny_config, without_timings
+
+import fedpeft
+from fedpeft.algorithms import ALGORITHMS
+from fedpeft.algorithms.fedavg.halves import FedAvgClient, FedAvgServer
+from fedpeft.algorithms.fedavg.options import FedAvgOptions
+from fedpeft.rundir import read_metrics
+from fedpeft.runtime.embedded import EmbeddedRuntime
+from fedpeft.training.fused import pack_rows
+from fedpeft.training.fused_loss import ClientLosses, client_losses
+from fedpeft.tuners import PEFT_METHODS
+from fedpeft.tuners.row_batched import (
+    RowBatchUnsupported,
+    built_in_row_forwards,
+    row_batched_modules,
+)
+
+BYTES_SLACK = 16  # a loss travels as its shortest text; another last digit moves safetensors' padding by 8
+FUSED_KEYS = ("fused_sub_batches", "fused_micro_steps", "fused_padded_share", "alone_padded_share")
+
+
+def different(a, b, path: str = "") -> str | None:
+    """None if two metrics values agree within the module's tolerance, else where they first differ."""
+    if isinstance(a, float) or isinstance(b, float):
+        ok = a is not None and b is not None and math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7)
+        return None if ok else f"{path}: {a!r} != {b!r}"
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return f"{path}: keys {sorted(set(a) ^ set(b))} differ"
+        return next((d for k in a if (d := different(a[k], b[k], f"{path}.{k}")) is not None), None)
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path}: {len(a)} != {len(b)} items"
+        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := different(x, y, f"{path}[{i}]")) is not None),
+                    None)
+    if "bytes" in path and isinstance(a, int) and isinstance(b, int):
+        return None if abs(a - b) <= BYTES_SLACK else f"{path}: {a!r} != {b!r}"
+    return None if a == b else f"{path}: {a!r} != {b!r}"
+
+
+def deterministic(*overrides: str, per_pass: int, plugins=()) -> fedpeft.RunConfig:
+    """A tiny config with every dropout off, all clients selected each round (up to 4) and ``per_pass``."""
+    cfg = tiny_config(*overrides, plugins=plugins)
+    common = ["model.dropout=0", f"federation.clients_per_round={min(4, cfg.federation.num_clients)}",
+              f"runtime.clients_per_pass={per_pass}"]
+    if "dropout" in type(cfg.peft).model_fields:
+        common.append("peft.dropout=0")
+    return tiny_config(*overrides, *common, plugins=plugins)
+
+
+def metrics(cfg, run_dir) -> list[dict]:
+    EmbeddedRuntime(cfg, run_dir).run()
+    rows = [{k: v for k, v in r.items() if not is_timing(k) and "flops" not in k and k not in FUSED_KEYS}
+            for r in without_timings(read_metrics(run_dir))]
+    return json.loads(json.dumps(rows))
+
+
+def assert_same_as_alone(overrides, tmp_path, per_pass: int = 4, plugins=()) -> None:
+    alone = metrics(deterministic(*overrides, per_pass=1, plugins=plugins), tmp_path / "alone")
+    together = metrics(deterministic(*overrides, per_pass=per_pass, plugins=plugins), tmp_path / "together")
+    assert (difference := different(alone, together)) is None, difference
+    rows = read_metrics(tmp_path / "together")
+    return rows
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+@pytest.mark.needs_data
+def test_every_algorithm_and_peft_method_gives_the_same_metrics_trained_together(name, tmp_path, caplog):
+    """GOLDEN has a run of every registered algorithm and PEFT method (tests/test_golden.py checks it)."""
+    with caplog.at_level(logging.INFO, logger="fedpeft"):
+        rows = assert_same_as_alone(GOLDEN[name], tmp_path)
+    method = PEFT_METHODS.get(tiny_config(*GOLDEN[name]).peft.method)
+    if method.trains_batched:  # fused passes ran (FedSP: the auxiliary model's body, then each client's prompts
+        # alone, over its own body) and are reported
+        assert all(r["fused_sub_batches"] > 0 for r in rows[1:]), caplog.text
+        assert all(0 <= r["fused_padded_share"] <= r["alone_padded_share"] for r in rows[1:])
+    else:
+        assert "fused_sub_batches" not in rows[1] and "the clients train one at a time" in caplog.text
+
+
+@pytest.mark.parametrize("method", sorted(m for m in PEFT_METHODS.names() if PEFT_METHODS.get(m).trains_batched))
+@pytest.mark.needs_data
+def test_each_client_gets_the_update_it_gets_alone(method, tmp_path):
+    """The updates themselves (plain SGD, so nothing but float rounding separates them): each client's change
+    of every tensor, as one vector, within 1e-4 of its change trained alone."""
+    updates = {}
+    for per_pass in (1, 4):
+        cfg = deterministic(f"peft.method={method}", "train.optimizer=sgd", "train.lr=0.05", "federation.rounds=1",
+                            per_pass=per_pass)
+        runtime = EmbeddedRuntime(cfg, tmp_path / str(per_pass))
+        payloads = runtime.server.configure(1, [0, 1, 2, 3])
+        updates[per_pass] = runtime.run_clients(1, payloads)
+        runtime.close()
+    for cid, (update, _, _, failure) in updates[1].items():
+        fused = updates[4][cid][0]
+        assert failure is None and fused is not None
+        change = np.concatenate([(update.arrays[k] - payloads[cid].arrays[k]).ravel() for k in update.arrays])
+        gap = np.concatenate([(update.arrays[k] - fused.arrays[k]).ravel() for k in update.arrays])
+        assert np.linalg.norm(change) > 0
+        assert np.linalg.norm(gap) <= 1e-4 * np.linalg.norm(change), (cid, np.linalg.norm(gap) / np.linalg.norm(change))
+        assert update.meta["train_steps"] == fused.meta["train_steps"]
+        assert update.meta["train_tokens"] == fused.meta["train_tokens"]  # each client's own padding, as alone
+
+
+@pytest.mark.needs_data
+def test_clients_with_different_numbers_of_steps_and_accumulation(tmp_path):
+    """Clients of very different sizes (the ones with fewer batches stop while the others go on), gradient
+    accumulation over unequal micro-batches, a linear schedule with warm-up, clipping; three clients per pass out
+    of four (two passes a round)."""
+    rows = assert_same_as_alone(["federation.partition.scheme=dirichlet_quantity", "federation.partition.alpha=0.5",
+                                 "train.gradient_accumulation_steps=2", "train.batch_size=4",
+                                 "train.scheduler=linear", "train.warmup_ratio=0.3", "train.max_grad_norm=0.5",
+                                 "task.max_train_examples=96"], tmp_path, per_pass=3)
+    sizes = rows[1]["client_num_examples"].values()
+    assert max(sizes) > 2 * min(sizes)
+
+
+@pytest.mark.needs_data
+def test_local_steps_and_a_decoder(tmp_path):
+    assert_same_as_alone(["model.name=tiny-gpt2", "peft.method=lora", "train.local_steps=3",
+                          "task.type=generation", "task.dataset=e2e_nlg", "task.train_split=validation_pairs",
+                          "task.eval_split=test", "eval.max_examples=8", "task.generation_max_new_tokens=8"], tmp_path)
+
+
+NAN_PLUGIN = '''
+from typing import Literal
+
+import torch
+
+import fedpeft
+from fedpeft.algorithms.fedavg.halves import FedAvgClient, FedAvgServer
+from fedpeft.algorithms.fedavg.options import FedAvgOptions
+
+
+class NanOptions(FedAvgOptions):
+    name: Literal["nan_at_client_1"] = "nan_at_client_1"
+
+
+class NanClient(FedAvgClient):
+    """Client 1's loss turns NaN at its second step."""
+
+    def extra_loss(self, payload, ctx):
+        if ctx.client_id != 1:
+            return None
+        calls = []
+
+        def term():
+            calls.append(1)
+            return torch.tensor(float("nan") if len(calls) >= 2 else 0.0)
+        return term
+
+
+fedpeft.register_algorithm("nan_at_client_1", options=NanOptions, server=FedAvgServer,
+                           client=lambda options: NanClient())
+'''
+
+
+@pytest.mark.needs_data
+def test_one_clients_nan_loss_rejects_that_clients_update_only(tmp_path):
+    plugin = tmp_path / "nan.py"
+    plugin.write_text(NAN_PLUGIN)
+    try:
+        rows = assert_same_as_alone(["algorithm.name=nan_at_client_1", "train.batch_size=4"], tmp_path,
+                                    plugins=[str(plugin)])
+    finally:
+        ALGORITHMS.remove("nan_at_client_1")
+    for row in rows[1:]:
+        assert list(row["rejected"]) == ["1"] and "non-finite training loss (nan) at local step 2" in row["rejected"]["1"]
+        assert sorted(row["client_train_loss"]) == ["0", "2", "3"]
+
+
+class FailingOptions(FedAvgOptions):
+    name: Literal["fails_at_client_2"] = "fails_at_client_2"
+
+
+class FailingClient(FedAvgClient):
+    def fit(self, payload, ctx):
+        if ctx.client_id == 2:
+            ctx.train()
+            raise RuntimeError("client 2's own code failed")
+        return super().fit(payload, ctx)
+
+
+class SequentialClient(FedAvgClient):
+    trains_batched = False
+
+
+class SequentialOptions(FedAvgOptions):
+    name: Literal["sequential_fedavg"] = "sequential_fedavg"
+
+
+@pytest.mark.needs_data
+def test_an_error_in_a_clients_code_ends_the_run_as_alone(tmp_path):
+    fedpeft.register_algorithm("fails_at_client_2", options=FailingOptions, server=FedAvgServer,
+                               client=lambda options: FailingClient())
+    try:
+        for per_pass in (1, 4):
+            with pytest.raises(RuntimeError, match="client 2's own code failed"):
+                EmbeddedRuntime(deterministic("algorithm.name=fails_at_client_2", per_pass=per_pass),
+                                tmp_path / str(per_pass)).run()
+    finally:
+        ALGORITHMS.remove("fails_at_client_2")
+    assert not [t for t in __import__("threading").enumerate() if t.name.startswith("fedpeft-client-")]
+
+
+@pytest.mark.needs_data
+def test_a_client_half_that_declares_it_cannot_take_part_trains_alone(tmp_path, caplog):
+    fedpeft.register_algorithm("sequential_fedavg", options=SequentialOptions, server=FedAvgServer,
+                               client=lambda options: SequentialClient())
+    try:
+        with caplog.at_level(logging.WARNING, logger="fedpeft"):
+            rows = assert_same_as_alone(["algorithm.name=sequential_fedavg"], tmp_path)
+    finally:
+        ALGORITHMS.remove("sequential_fedavg")
+    assert "declares trains_batched = False; the clients train one at a time" in caplog.text
+    assert "fused_sub_batches" not in rows[1]
+
+
+@pytest.mark.needs_data
+def test_with_dropout_a_fused_run_is_reproducible(tmp_path):
+    cfg = tiny_config("federation.clients_per_round=4", "runtime.clients_per_pass=4", "peft.dropout=0.1")
+    first, second = metrics(cfg, tmp_path / "a"), metrics(cfg, tmp_path / "b")
+    assert first == second
+
+
+def test_rows_are_packed_into_the_fewest_sub_batches_within_the_padding_of_the_clients_alone():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        batches = [rng.integers(1, 60, size=rng.integers(1, 6)) for _ in range(rng.integers(1, 6))]
+        lengths = np.concatenate(batches)
+        budget = sum(len(b) * int(b.max()) for b in batches)  # each client's batch padded to its own longest row
+        groups = pack_rows(lengths, budget)
+        assert sorted(np.concatenate(groups).tolist()) == list(range(len(lengths)))
+        assert sum(len(g) * int(lengths[g].max()) for g in groups) <= budget
+        assert len(groups) <= len(batches)
+        if len(groups) > 1:  # one sub-batch fewer would pad more than the budget
+            ordered = np.sort(lengths)[::-1]
+            best_fewer = min_padding(ordered, len(groups) - 1)
+            assert best_fewer > budget
+
+
+def min_padding(ordered: np.ndarray, k: int) -> int:
+    """Brute force: the least padded tokens of rows (longest first) cut into at most k contiguous groups."""
+    from itertools import combinations
+
+    n = len(ordered)
+    best = n * int(ordered[0])
+    for cuts in range(1, k):
+        for points in combinations(range(1, n), cuts):
+            edges = [0, *points, n]
+            best = min(best, sum((b - a) * int(ordered[a]) for a, b in itertools.pairwise(edges)))
+    return best
+
+
+def test_a_trainable_tensor_in_a_module_without_a_row_forward_is_named():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.GRU(3, 3))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model[1].weight_ih_l0.requires_grad_(True)
+    with pytest.raises(RowBatchUnsupported, match=r"1\.weight_ih_l0 sits in a GRU, which has no row forward"):
+        row_batched_modules(model, ["1.weight_ih_l0"], built_in_row_forwards())
+
+
+def test_a_loss_that_cannot_be_split_per_client_is_refused():
+    record = ClientLosses(segments=[(0, 0, 1), (1, 1, 2)])
+    logits, labels = torch.randn(2, 3), torch.tensor([0, 2])
+    with client_losses(record, 2), pytest.raises(RowBatchUnsupported, match="only a plain mean is split"):
+        torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+    with client_losses(record, 2):
+        torch.nn.functional.cross_entropy(logits, labels)
+    alone = [torch.nn.functional.cross_entropy(logits[i:i + 1], labels[i:i + 1]) for i in range(2)]
+    assert [float(record.sums[k] / record.counts[k]) for k in (0, 1)] == pytest.approx([float(x) for x in alone])
+    assert torch.nn.functional.cross_entropy.__name__ == "cross_entropy"  # put back
