@@ -295,3 +295,24 @@ def test_a_loss_that_cannot_be_split_per_client_is_refused():
     alone = [torch.nn.functional.cross_entropy(logits[i:i + 1], labels[i:i + 1]) for i in range(2)]
     assert [float(record.sums[k] / record.counts[k]) for k in (0, 1)] == pytest.approx([float(x) for x in alone])
     assert torch.nn.functional.cross_entropy.__name__ == "cross_entropy"  # put back
+
+
+@pytest.mark.parametrize("example", ["custom_algorithm", "custom_peft_method", "scaffold"])
+@pytest.mark.needs_data
+def test_the_examples_plugins_train_together(example, tmp_path):
+    """The median rule, LayerNorm tuning and SCAFFOLD (its correction applied to each client's own tensors)."""
+    from pathlib import Path
+
+    from fedpeft.config import load_config
+
+    folder = Path(__file__).resolve().parent.parent / "examples" / example
+    rows = {}
+    for per_pass in (1, 2):
+        cfg = load_config(folder / "config.yaml", ["model.dropout=0", "runtime.progress=false",
+                                                   f"runtime.clients_per_pass={per_pass}"],
+                          plugins=[str(folder / "plugin.py")])
+        if "dropout" in type(cfg.peft).model_fields:
+            cfg = cfg.model_copy(update={"peft": cfg.peft.model_copy(update={"dropout": 0.0})})
+        rows[per_pass] = metrics(cfg, tmp_path / str(per_pass))
+    assert (difference := different(rows[1], rows[2])) is None, difference
+    assert all(r["fused_sub_batches"] > 0 for r in read_metrics(tmp_path / "2")[1:])

@@ -378,7 +378,7 @@ class EmbeddedRuntime:
         for i in range(0, len(cids), k):
             out.update(self.cohort.run(cids[i:i + k], lambda cid, tuned, train: self.run_client(
                 rnd, cid, payloads[cid], tuned=tuned, trainer=train), seed=(self.cfg.seed, rnd)))
-        self.pass_info = pass_row(before, self.cohort.stats)
+        self.pass_info = {"clients_per_pass": k, **pass_row(before, self.cohort.stats)}
         return out
 
     def train_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:

@@ -1,0 +1,273 @@
+"""A round's clients trained together (``runtime.clients_per_pass``) against one after another, Flower's Ray
+simulation engine on the same work, and the throughput limit: one model trained centrally on the same rows.
+
+    python benchmarks/clients_per_pass.py --out benchmarks/results/clients_per_pass.json
+    python benchmarks/clients_per_pass.py --scenario cross-device --per-pass 1 8 32   # a subset
+
+Scenarios (MiniLM-L6 + LoRA r8 on q, v; SmolLM2-135M + LoRA r8 on its default targets; MNLI pairs; AdamW; no
+evaluation until the end, which is not timed):
+
+* cross-device: 1,000 clients of 10 examples, 50 per round, one local epoch of batches of 8 (8 + 2 rows);
+* cross-silo: 10 clients, 4 per round, 20 local steps of batches of 8 each (MiniLM-L6, then SmolLM2-135M).
+
+Every setting runs in its own process (so that its peak memory is its own): one-at-a-time (``1``), the
+clients-per-pass values asked for, Flower's simulation engine (2 virtual SuperNodes, one CPU each, as
+``benchmarks/flower_overhead.py`` runs it), and the limit: a bare PyTorch loop (``limit``) that trains one copy
+of the same model on every row the round's clients hold, in length-grouped batches of clients_per_pass x 8
+rows, with one AdamW, padding each batch to its longest row, for each clients_per_pass measured. A fused pass
+cannot beat it: it is the same arithmetic without the per-client tensors.
+
+Per setting: round time (median over the rounds after the first, which is warm-up; the clients' training, from
+sending the payloads to having every update), examples per second, the fraction of the limit at the same batch
+size, peak RSS of the process and all its children (and peak GPU memory on CUDA), and the share of padded tokens
+in what was computed (fused passes) next to the share the clients would have padded alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Self
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+BATCH = 8
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "cross-device": {
+        "model": "minilm-l6", "rounds": 3, "clients_per_round": 50,
+        "overrides": ["federation.num_clients=1000", "federation.clients_per_round=50", "task.max_train_examples=10000",
+                      "train.local_epochs=1"],
+        "per_pass": ["1", "2", "4", "8", "16", "32", "auto"],
+    },
+    "cross-silo-minilm": {
+        "model": "minilm-l6", "rounds": 3, "clients_per_round": 4,
+        "overrides": ["federation.num_clients=10", "federation.clients_per_round=4", "task.max_train_examples=2000",
+                      "train.local_steps=20"],
+        "per_pass": ["1", "2", "4", "auto"],
+    },
+    "cross-silo-smollm2": {
+        "model": "smollm2-135m", "rounds": 2, "clients_per_round": 4,
+        "overrides": ["federation.num_clients=10", "federation.clients_per_round=4", "task.max_train_examples=2000",
+                      "train.local_steps=20"],
+        "per_pass": ["1", "2", "4", "auto"],
+    },
+}
+
+
+def config(scenario: str, per_pass: str, device: str) -> Any:
+    from fedpeft.config import load_config
+
+    s = SCENARIOS[scenario]
+    return load_config(None, [
+        f"name=clients-per-pass-{scenario}", f"model.name={s['model']}", "task.dataset=mnli",
+        "task.train_split=train_subset", "task.eval_split=heldout_subset", "task.max_length=128",
+        "peft.method=lora", "peft.r=8", f"train.batch_size={BATCH}", "train.lr=0.0005", f"federation.rounds={s['rounds']}",
+        "eval.every=0", "eval.at_start=false", "eval.max_examples=64", "runtime.progress=false",
+        "runtime.flops_sample_steps=0", f"runtime.device={device}", *s["overrides"],
+        *([] if per_pass in ("flower", "limit") else [f"runtime.clients_per_pass={per_pass}"]),
+    ])
+
+
+class PeakRSS:
+    """Largest total RSS of this process and all its descendants, sampled every 0.1 s in a thread."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(0.1)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_setting(scenario: str, per_pass: str, device: str, run_dir: Path) -> dict[str, Any]:
+    """One setting, in this process: its per-round figures."""
+    import torch
+
+    from fedpeft.rundir import read_metrics
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+    from fedpeft.runtime.flower.launch import run_flower
+
+    cfg = config(scenario, per_pass, device)
+    if per_pass == "flower":
+        cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={
+            "name": "flower", "flower": cfg.runtime.flower.model_copy(update={"engine": "simulation",
+                                                                              "client_cpus": 1})})})
+    with PeakRSS() as mem:
+        t0 = time.perf_counter()
+        if per_pass == "flower":
+            run_flower(cfg, run_dir, log=lambda m: None)
+        else:
+            EmbeddedRuntime(cfg, run_dir).run()
+        wall = time.perf_counter() - t0
+    rows = [r for r in read_metrics(run_dir) if r.get("round", 0) >= 2]  # round 1: warm-up
+    round_s = statistics.median(r["time_client_s"] for r in rows)
+    steps = cfg.train.local_steps  # examples trained: local_steps batches of 8 each, or every example once
+    examples = statistics.median(sum(n if steps is None else steps * BATCH for n in r["client_num_examples"].values())
+                                 for r in rows)
+    out: dict[str, Any] = {
+        "round_s": round_s, "examples_per_round": examples, "examples_per_s": examples / round_s,
+        "peak_rss_mib": mem.peak / 2**20, "wall_s": wall, "rounds_measured": len(rows),
+        "padded_share": statistics.median(r["fused_padded_share"] for r in rows) if "fused_padded_share" in rows[0]
+        else None,
+        "alone_padded_share": statistics.median(r["alone_padded_share"] for r in rows) if "alone_padded_share" in
+        rows[0] else None,
+        "clients_per_pass": rows[0].get("clients_per_pass"),
+    }
+    if device == "cuda":
+        out["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
+
+
+def run_limit(scenario: str, device: str, batch_rows: list[int]) -> dict[str, Any]:
+    """The bare loop: one model, the rows of one round's clients, batches of ``n`` rows for each n."""
+    import numpy as np
+    import torch
+
+    from fedpeft.algorithms.base import random_selection
+    from fedpeft.data.batching import Encoded, collate, length_grouped_batches
+    from fedpeft.runtime.setup import build_experiment
+
+    cfg = config(scenario, "limit", device)
+    exp = build_experiment(cfg)
+    s = SCENARIOS[scenario]
+    cids = random_selection(cfg.federation.num_clients, s["clients_per_round"], cfg.seed, 2)
+    steps = cfg.train.local_steps
+    rows_data = []  # the rows the round's clients train on: every example once, or local_steps batches of 8
+    for c in cids:
+        d = exp.client_data(c)
+        rows_data.append(d.subset(np.arange(len(d) if steps is None else min(len(d), steps * BATCH))))
+    merged = Encoded(input_ids=[x for d in rows_data for x in d.input_ids], labels=[y for d in rows_data for y in d.labels],
+                     token_type_ids=None if rows_data[0].token_type_ids is None else
+                     [t for d in rows_data for t in d.token_type_ids])
+    model = exp.tuned.module
+    params = list(exp.tuned.params.values())
+    out = {}
+    for n in batch_rows:
+        optimizer = torch.optim.AdamW(params, lr=cfg.train.lr)
+        rng = np.random.default_rng(0)
+        model.train()
+        timings = []
+        for _ in range(2):  # the first pass is warm-up
+            start = time.perf_counter()
+            examples = 0
+            for idx in length_grouped_batches(merged.lengths(), n, rng):
+                batch = {k: v.to(exp.device) for k, v in collate(merged, idx, exp.trainer.pad_id).items()}
+                model(**batch).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                examples += len(idx)
+            timings.append((time.perf_counter() - start, examples))
+        seconds, examples = timings[-1]
+        out[str(n)] = {"examples_per_s": examples / seconds, "seconds": seconds, "examples": examples}
+    return out
+
+
+def child(args: argparse.Namespace) -> None:
+    scenario = args.scenario[0]
+    if args.one == "limit":
+        result = run_limit(scenario, args.device, [int(x) for x in args.batch_rows])
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        result = run_setting(scenario, args.one, args.device, Path(args.runs) / f"{scenario}-{args.one}-{stamp}")
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def in_child(scenario: str, one: str, args: argparse.Namespace, batch_rows: list[int] = ()) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--scenario", scenario, "--one", one,
+           "--device", args.device, "--runs", args.runs, "--batch-rows", *map(str, batch_rows)]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{scenario} {one} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", nargs="*", default=list(SCENARIOS), choices=list(SCENARIOS))
+    ap.add_argument("--per-pass", nargs="*", default=None, help="settings to run (default: each scenario's)")
+    ap.add_argument("--no-flower", action="store_true", help="leave out Flower's simulation engine")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--runs", default="runs/clients_per_pass")
+    ap.add_argument("--out", default=None, help="results JSON (merged into an existing file)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--batch-rows", nargs="*", default=[], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    sys.path.insert(0, str(HERE))
+    from results_io import save  # benchmarks/results_io.py
+
+    results: dict[str, Any] = {}
+    if args.out and Path(args.out).exists():
+        results = {k: v for k, v in json.loads(Path(args.out).read_text()).items() if k != "machine"}
+    for scenario in args.scenario:
+        s = SCENARIOS[scenario]
+        settings = args.per_pass or s["per_pass"]
+        got = results.setdefault(f"{scenario} ({args.device})", {})
+        for one in settings:
+            got[one] = in_child(scenario, one, args)
+            print(scenario, one, json.dumps(got[one]), flush=True)
+        if not args.no_flower and args.device == "cpu":
+            got["flower"] = in_child(scenario, "flower", args)
+            print(scenario, "flower", json.dumps(got["flower"]), flush=True)
+        passes = sorted({min(int(k if k != "auto" else got[k].get("clients_per_pass") or 1), s["clients_per_round"])
+                         for k in got if k not in ("flower", "limit")})
+        got["limit"] = in_child(scenario, "limit", args, [p * BATCH for p in passes])
+        print(scenario, "limit", json.dumps(got["limit"]), flush=True)
+        if args.out:
+            save(args.out, results)
+    print_tables(results)
+
+
+def print_tables(results: dict[str, Any]) -> None:
+    for scenario, got in results.items():
+        base = got.get("1")
+        print(f"\n{scenario}\n")
+        print("| setting | round s | examples/s | vs one at a time | of the limit | peak RSS MiB | padded share "
+              "(alone) |")
+        print("|---|---|---|---|---|---|---|")
+        for one, r in got.items():
+            if one == "limit":
+                continue
+            per = int(r.get("clients_per_pass") or (1 if one in ("1", "flower") else one if one != "auto" else 1))
+            limit = got.get("limit", {}).get(str(per * BATCH), {}).get("examples_per_s")
+            speed = f"{r['examples_per_s'] / base['examples_per_s']:.2f}x" if base else "-"
+            frac = f"{r['examples_per_s'] / limit:.0%}" if limit and one != "flower" else "-"
+            pad = "-" if r.get("padded_share") is None else f"{r['padded_share']:.1%} ({r['alone_padded_share']:.1%})"
+            gpu = f", GPU {r['peak_gpu_mib']:.0f}" if r.get("peak_gpu_mib") else ""
+            print(f"| {one} | {r['round_s']:.2f} | {r['examples_per_s']:.1f} | {speed} | {frac} | "
+                  f"{r['peak_rss_mib']:.0f}{gpu} | {pad} |")
+        for n, r in got.get("limit", {}).items():
+            print(f"| limit, batches of {n} | - | {r['examples_per_s']:.1f} | - | 100% | - | - |")
+
+
+if __name__ == "__main__":
+    main()
