@@ -13,8 +13,9 @@ evaluation until the end, which is not timed):
 Every setting runs in its own process (so that its peak memory is its own): one-at-a-time (``1``), the
 clients-per-pass values asked for, Flower's simulation engine (2 virtual SuperNodes, one CPU each, as
 ``benchmarks/flower_overhead.py`` runs it), and the limit: a bare PyTorch loop (``limit``) that trains one copy
-of the same model on every row the round's clients hold, in length-grouped batches of clients_per_pass x 8
-rows, with one AdamW, padding each batch to its longest row, for each clients_per_pass measured. A fused pass
+of the same model on every row the round's clients train on, in length-grouped batches of clients_per_pass x 8
+rows, with one AdamW, padding each batch to its longest row, for each clients_per_pass measured (two batches
+of warm-up, then one epoch timed). A fused pass
 cannot beat it: it is the same arithmetic without the per-client tensors.
 
 Per setting: round time (median over the rounds after the first, which is warm-up; the clients' training, from
@@ -61,6 +62,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
+EXTRA: list[str] = []  # --set overrides, for every setting
+
+
 def config(scenario: str, per_pass: str, device: str) -> Any:
     from fedpeft.config import load_config
 
@@ -71,7 +75,7 @@ def config(scenario: str, per_pass: str, device: str) -> Any:
         "peft.method=lora", "peft.r=8", f"train.batch_size={BATCH}", "train.lr=0.0005", f"federation.rounds={s['rounds']}",
         "eval.every=0", "eval.at_start=false", "eval.max_examples=64", "runtime.progress=false",
         "runtime.flops_sample_steps=0", f"runtime.device={device}", *s["overrides"],
-        *([] if per_pass in ("flower", "limit") else [f"runtime.clients_per_pass={per_pass}"]),
+        *([] if per_pass in ("flower", "limit") else [f"runtime.clients_per_pass={per_pass}"]), *EXTRA,
     ])
 
 
@@ -172,15 +176,18 @@ def run_limit(scenario: str, device: str, batch_rows: list[int]) -> dict[str, An
         rng = np.random.default_rng(0)
         model.train()
         timings = []
-        for _ in range(2):  # the first pass is warm-up
+        for warm_up in (True, False):  # two batches to warm up, then one epoch measured
+            batches = length_grouped_batches(merged.lengths(), n, rng)
             start = time.perf_counter()
             examples = 0
-            for idx in length_grouped_batches(merged.lengths(), n, rng):
+            for idx in batches[:2] if warm_up else batches:
                 batch = {k: v.to(exp.device) for k, v in collate(merged, idx, exp.trainer.pad_id).items()}
                 model(**batch).loss.backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 examples += len(idx)
+            if exp.device.type == "cuda":
+                torch.cuda.synchronize()
             timings.append((time.perf_counter() - start, examples))
         seconds, examples = timings[-1]
         out[str(n)] = {"examples_per_s": examples / seconds, "seconds": seconds, "examples": examples}
@@ -199,7 +206,7 @@ def child(args: argparse.Namespace) -> None:
 
 def in_child(scenario: str, one: str, args: argparse.Namespace, batch_rows: list[int] = ()) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--scenario", scenario, "--one", one,
-           "--device", args.device, "--runs", args.runs, "--batch-rows", *map(str, batch_rows)]
+           "--device", args.device, "--runs", args.runs, "--batch-rows", *map(str, batch_rows), "--set", *args.set]
     done = subprocess.run(cmd, check=False, capture_output=True, text=True)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -215,10 +222,12 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--runs", default="runs/clients_per_pass")
     ap.add_argument("--out", default=None, help="results JSON (merged into an existing file)")
+    ap.add_argument("--set", nargs="*", default=[], help="config overrides for every setting (KEY=VALUE)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--batch-rows", nargs="*", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    EXTRA.extend(args.set)
     if args.child:
         child(args)
         return

@@ -38,7 +38,13 @@ def pytest_report_header(config) -> str:
 
 def pytest_runtest_setup(item) -> None:
     """Tests that read the real datasets are marked needs_data: without the data they are skipped with the
-    reason, unless FEDPEFT_TESTS_NEED_DATA is set (CI), where missing data is an error."""
+    reason, unless FEDPEFT_TESTS_NEED_DATA is set (CI), where missing data is an error. Tests marked cuda are
+    skipped without a CUDA device (benchmarks/gpu_check.sh runs them where there is one)."""
+    if item.get_closest_marker("cuda") is not None:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA device (run benchmarks/gpu_check.sh on a machine with one)")
     if DATA_DIR is None and item.get_closest_marker("needs_data") is not None:
         message = ("needs the real datasets: set FEDPEFT_DATA_DIR to a folder holding sst2/train.jsonl, ... "
                    "(in this project ../shared/data)")

@@ -40,7 +40,7 @@ from fedpeft.tuners.row_batched import (
 )
 
 BYTES_SLACK = 16  # a loss travels as its shortest text; another last digit moves safetensors' padding by 8
-FUSED_KEYS = ("fused_sub_batches", "fused_micro_steps", "fused_padded_share", "alone_padded_share")
+FUSED_KEYS = ("clients_per_pass", "fused_sub_batches", "fused_micro_steps", "fused_padded_share", "alone_padded_share")
 
 
 def different(a, b, path: str = "") -> str | None:
@@ -316,3 +316,74 @@ def test_the_examples_plugins_train_together(example, tmp_path):
         rows[per_pass] = metrics(cfg, tmp_path / str(per_pass))
     assert (difference := different(rows[1], rows[2])) is None, difference
     assert all(r["fused_sub_batches"] > 0 for r in read_metrics(tmp_path / "2")[1:])
+
+
+@pytest.mark.needs_data
+def test_the_guides_sample_runs(tmp_path, capsys):
+    from docs_samples import docs_sample
+
+    exec(compile(docs_sample("clients-per-pass"), "docs clients-per-pass sample", "exec"),  # noqa: S102
+         {"run_dir": tmp_path / "run"})
+    per_pass, fused, alone = capsys.readouterr().out.split()
+    assert per_pass == "4" and 0 <= float(fused) <= float(alone)
+
+
+@pytest.mark.needs_data
+def test_out_of_memory_halves_the_clients_per_pass_and_redoes_the_step(tmp_path, caplog):
+    """A device that holds one client's micro-batch (8 rows) and no more: the pass of 4 clients runs out of memory,
+    then the pass of 2; each time the step is done again with half as many clients, and every client ends with
+    the update it gets alone."""
+    alone = metrics(deterministic("train.batch_size=8", per_pass=1), tmp_path / "alone")
+    runtime = EmbeddedRuntime(deterministic("train.batch_size=8", per_pass=4), tmp_path / "together")
+
+    def small_device(module, args, kwargs):
+        if module.training and kwargs["input_ids"].shape[0] > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (a test's device)")
+
+    runtime.exp.tuned.module.register_forward_pre_hook(small_device, with_kwargs=True)
+    with caplog.at_level(logging.WARNING, logger="fedpeft"):
+        runtime.run()
+    rows = read_metrics(tmp_path / "together")
+    together = json.loads(json.dumps([{k: v for k, v in r.items() if not is_timing(k) and "flops" not in k
+                                       and k not in FUSED_KEYS} for r in without_timings(rows)]))
+    assert (difference := different(alone, together)) is None, difference
+    assert "out of memory with 4 clients in one pass" in caplog.text and "2 from now on" in caplog.text
+    assert "out of memory with 2 clients in one pass" in caplog.text and "1 from now on" in caplog.text
+    assert rows[-1]["clients_per_pass"] == 1
+
+
+@pytest.mark.needs_data
+def test_auto_measures_the_clients_per_pass_on_the_first_round(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="fedpeft"):
+        rows = assert_same_as_alone([], tmp_path, per_pass="auto")
+    chosen = [line for line in caplog.text.splitlines() if "runtime.clients_per_pass auto measured" in line]
+    assert len(chosen) == 1 and "(probe of one local step: 1: " in chosen[0]
+    assert {r["clients_per_pass"] for r in rows[1:]} == {int(chosen[0].split("measured ")[1].split()[0])}
+
+
+@pytest.mark.needs_data
+def test_a_4bit_quantized_backbone_trains_clients_together(tmp_path):
+    rows = assert_same_as_alone(["model.quantization={bits: 4}"], tmp_path)
+    assert all(r["fused_sub_batches"] > 0 for r in rows[1:])
+
+
+def test_the_gpu_check_script_is_ready():
+    """benchmarks/gpu_check.sh: valid bash, refuses to run without a CUDA device, and the benchmark takes the
+    arguments it passes (its CUDA runs need a GPU; a machine with one runs the whole script)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    script = repo / "benchmarks" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    if not torch.cuda.is_available():
+        done = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False,
+                              env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+        assert done.returncode == 2 and "torch sees no CUDA device here" in done.stderr
+    sys.path.insert(0, str(repo / "benchmarks"))
+    import clients_per_pass
+
+    cfg = clients_per_pass.config("cross-device", "auto", "cuda")
+    assert cfg.runtime.device == "cuda" and cfg.runtime.clients_per_pass == "auto"
+    assert cfg.federation.clients_per_round == 50 and cfg.federation.num_clients == 1000

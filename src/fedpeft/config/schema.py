@@ -440,11 +440,16 @@ class RuntimeConfig(Section):
         "fp32", description="Autocast precision of local training and evaluation (fp16 needs cuda)."
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch's default).")
-    clients_per_pass: int = Field(
-        1, ge=1, description="The embedded runtime trains up to this many of a round's clients together: one "
+    clients_per_pass: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        1, description="The embedded runtime trains up to this many of a round's clients together: one "
         "forward and backward of the frozen backbone over all their rows, each row with its own client's trainable "
         "tensors, each client with its own loss, optimizer, schedule and steps (docs/guide/clients-per-pass.md). "
-        "1: one client after another.")
+        "1: one client after another; auto: the number that trains fastest on this device, measured on the first "
+        "round's clients (on CUDA within 80% of the device's memory).")
+    max_pass_tokens: int | None = Field(
+        None, ge=1, description="Under clients_per_pass, the most padded tokens one sub-batch of a fused pass may "
+        "hold (rows beyond it go through the model in another sub-batch, never with more padding). None: 1024 on a "
+        "CPU, where larger batches train more slowly and hold more memory; no cap on CUDA.")
     flops_sample_steps: int = Field(
         8, ge=0, description="Measure FLOPs with torch's FlopCounterMode on this many local steps of the "
         "run (one per client training, until used up) and scale every step by its tokens (0 = off)."

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpeft.training.fused import FusedTrainer, PassStats, TrainRequest
+from fedpeft.training.fused import FusedTrainer, PassStats, TrainRequest, out_of_memory
 from fedpeft.training.local import LocalTrainer, TrainResult
 from fedpeft.tuners.row_batched import (
     RowBatchUnsupported,
@@ -39,6 +39,10 @@ from fedpeft.tuners.row_batched import (
 )
 
 log = logging.getLogger("fedpeft")
+# runtime.max_pass_tokens on a CPU when the config leaves it unset: larger sub-batches train more slowly there
+# and hold more activations (benchmarks/clients_per_pass.py: 32 clients per pass, MiniLM-L6, 1024 tokens per
+# sub-batch 10.2 s a round and 1542 MiB, 2048: 10.6 s and 1845 MiB, 4096: 12.1 s and 2926 MiB)
+CPU_PASS_TOKENS = 1024
 
 
 class _Aborted(BaseException):
@@ -54,11 +58,22 @@ class _Slot:
     request: TrainRequest | None = None
     tuned: Any = None  # the model of the pending request
     frozen: dict[str, torch.Tensor] | None = None  # that model's frozen tensors then, if it is the client half's own
-    rng_state: torch.Tensor | None = None
+    rng_state: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # torch's CPU and CUDA generators
     outcome: Any = None
     error: BaseException | None = None
     done: bool = False
     abort: bool = False
+
+
+def get_rng_state() -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """torch's random state: the CPU generator's and every CUDA device's."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+
+
+def set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
+    torch.set_rng_state(state[0])
+    if state[1]:
+        torch.cuda.set_rng_state_all(state[1])
 
 
 def own_copy(params: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.nn.Parameter]:
@@ -76,16 +91,66 @@ class Cohort:
     """Runs groups of clients together over ``tuned``'s module (one Cohort per run). ``forwards``: the row
     forwards by module type (the built-in ones and the PEFT method's)."""
 
-    def __init__(self, tuned: Any, trainer: LocalTrainer, forwards: Mapping[type, RowForward]):
+    def __init__(self, tuned: Any, trainer: LocalTrainer, forwards: Mapping[type, RowForward],
+                 max_tokens: int | None = None):
         self.tuned = tuned
         self.trainer = trainer
         self.forwards = forwards
+        self.max_tokens = max_tokens  # the most padded tokens in one sub-batch of a pass (None: no cap)
         self.stats = PassStats()
+        self.limit: int | None = None  # the most clients in one pass once memory ran out (None: no limit)
+        self.chosen: int | None = None  # what runtime.clients_per_pass auto measured
         self.places: dict[tuple[int, tuple[str, ...]], dict[str, list[tuple[torch.nn.Module, str]]]] = {}
         self.modules: dict[tuple[int, tuple[str, ...]], Mapping[torch.nn.Module, RowForward] | str] = {}
         # per model (as _key) of the current wave of requests: the frozen tensors' versions and, for a model of the
         # client half's own, their values (see _same_frozen)
         self.wave: dict[tuple[int, tuple[str, ...]], tuple[dict[str, int], dict[str, torch.Tensor] | None]] = {}
+
+    def probe(self, data: Callable[[int], Any], cids: Sequence[int], seed: int) -> int:
+        """The number of clients per pass that trains fastest on this device: the first local step of 1, 2, 4, ...
+        of ``cids`` (``data(cid)``: a client's examples) run together and timed (the faster of two); it stops
+        when doubling gains under 5% or, on CUDA, when twice the pass's peak memory would pass 80% of the
+        device's memory, or on running out of memory. Nothing is trained."""
+        modules = self._row_modules(self.tuned)
+        if isinstance(modules, str):
+            return 1
+        names = owner_names(self.tuned.module, list(self.tuned.params))
+        originals = dict(self.tuned.params)
+        state = get_rng_state()
+        best, best_rate, k, found = 1, 0.0, 1, []
+        device = self.trainer.device
+        try:
+            while k <= len(cids):
+                requests = [TrainRequest(slot=i, data=data(c), rng=np.random.default_rng([seed, 0, c]),
+                                         params=own_copy(originals)) for i, c in enumerate(cids[:k])]
+                fused = FusedTrainer(self.trainer, self.tuned.module, modules, names,
+                                     activate=lambda i, rs=requests: self.install(self.tuned, rs[i].params),
+                                     max_tokens=self.max_tokens)
+                try:
+                    seconds, examples, peak = fused.probe(requests)
+                except (RuntimeError, MemoryError) as exc:
+                    if not out_of_memory(exc):
+                        raise
+                    found.append(f"{k}: out of memory")
+                    break
+                rate = examples / seconds
+                found.append(f"{k}: {rate:.1f} examples/s")
+                if rate > best_rate * 1.05:
+                    best, best_rate = k, rate
+                elif rate < best_rate:
+                    break
+                if device.type == "cuda" and 2 * peak > 0.8 * torch.cuda.mem_get_info(device)[1]:
+                    break
+                k *= 2
+        finally:
+            self.install(self.tuned, originals)
+            for p in originals.values():
+                p.grad = None
+            set_rng_state(state)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        log.info("runtime.clients_per_pass auto measured %d (probe of one local step: %s)", best, ", ".join(found))
+        return best
 
     def install(self, tuned: Any, params: Mapping[str, torch.nn.Parameter]) -> None:
         """Put ``params`` (by TunedModel.params name) into ``tuned.module`` in place of its own, at every place
@@ -137,7 +202,7 @@ class Cohort:
                 for name, p in slot.tuned.params.items():
                     p.copy_(request.params[name])
         if slot.rng_state is not None:
-            torch.set_rng_state(slot.rng_state)
+            set_rng_state(slot.rng_state)
         slot.yielded.clear()
         slot.wake.set()
         slot.yielded.wait()
@@ -169,7 +234,7 @@ class Cohort:
         slot.request = TrainRequest(slot=0, data=data, rng=rng, params=params, options=options)
         slot.tuned = tuned
         slot.frozen = self.wave[key][1]
-        slot.rng_state = torch.get_rng_state()
+        slot.rng_state = get_rng_state()
         slot.yielded.set()
         slot.wake.wait()
         slot.wake.clear()
@@ -256,9 +321,13 @@ class Cohort:
             torch.manual_seed(int(np.random.SeedSequence([*seed, *(s.cid for s in group)]).generate_state(1)[0]))
             names = owner_names(tuned.module, list(tuned.params))
             fused = FusedTrainer(self.trainer, tuned.module, modules, names,
-                                 activate=lambda k: self.install(tuned, requests[k].params))
+                                 activate=lambda k: self.install(tuned, requests[k].params), limit=self.limit,
+                                 max_tokens=self.max_tokens)
             fused.stats = self.stats
-            fused.train(requests)
+            try:
+                fused.train(requests)
+            finally:
+                self.limit = fused.limit
         except RowBatchUnsupported as exc:
             if not isinstance(modules, str):  # found during the pass (e.g. how the model computes its loss)
                 self.modules[self._key(tuned)] = str(exc)
@@ -280,14 +349,14 @@ class Cohort:
                 p.grad = None
         self.install(slot.tuned, request.params)
         if slot.rng_state is not None:
-            torch.set_rng_state(slot.rng_state)
+            set_rng_state(slot.rng_state)
         alone = copy.copy(slot.tuned)
         alone.params = request.params
         try:
             request.result = self.trainer.train(alone, request.data, request.rng, **request.options)
         except Exception as error:  # noqa: BLE001 (handed to the client's own code, as it would be alone)
             request.error = error
-        slot.rng_state = torch.get_rng_state()
+        slot.rng_state = get_rng_state()
 
 
 def make_cohort(exp: Any, client: Any) -> Cohort | None:
@@ -298,7 +367,7 @@ def make_cohort(exp: Any, client: Any) -> Cohort | None:
     from fedpeft.tuners.row_batched import built_in_row_forwards
 
     cfg = exp.cfg
-    if cfg.runtime.clients_per_pass <= 1:
+    if cfg.runtime.clients_per_pass == 1:
         return None
     method = registered_peft_method(cfg.peft.method)
     reason = None
@@ -315,12 +384,15 @@ def make_cohort(exp: Any, client: Any) -> Cohort | None:
         except RowBatchUnsupported as exc:
             reason = str(exc)
     if reason is not None:
-        log.warning("runtime.clients_per_pass %d: %s; the clients train one at a time", cfg.runtime.clients_per_pass,
+        log.warning("runtime.clients_per_pass %s: %s; the clients train one at a time", cfg.runtime.clients_per_pass,
                     reason)
         return None
-    log.info("runtime.clients_per_pass %d: up to %d clients train together in each pass over the backbone",
-             cfg.runtime.clients_per_pass, cfg.runtime.clients_per_pass)
-    return Cohort(exp.tuned, exp.trainer, forwards)
+    log.info("runtime.clients_per_pass %s: clients train together in passes over the backbone",
+             cfg.runtime.clients_per_pass)
+    max_tokens = cfg.runtime.max_pass_tokens
+    if max_tokens is None and exp.device.type == "cpu":
+        max_tokens = CPU_PASS_TOKENS
+    return Cohort(exp.tuned, exp.trainer, forwards, max_tokens)
 
 
 def pass_row(before: PassStats, after: PassStats) -> dict[str, Any]:

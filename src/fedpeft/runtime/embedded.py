@@ -251,8 +251,8 @@ class EmbeddedRuntime:
                          + ")")
         self.pass_info: dict[str, Any] = {}
         self.cohort = make_cohort(self.exp, self.client) if self.fuses_clients else None
-        if cfg.runtime.clients_per_pass > 1 and not self.fuses_clients:
-            log.warning("runtime.clients_per_pass %d applies to the embedded runtime; runtime %s trains one client "
+        if cfg.runtime.clients_per_pass != 1 and not self.fuses_clients:
+            log.warning("runtime.clients_per_pass %s applies to the embedded runtime; runtime %s trains one client "
                         "per message", cfg.runtime.clients_per_pass, cfg.runtime.name)
         if restored is not None:
             log.warning("resumed %s after round %d (checkpoint %s)", self.run_dir, restored[0], checkpoint.FILENAME)
@@ -371,14 +371,19 @@ class EmbeddedRuntime:
         ``runtime.clients_per_pass`` at a time in one fused pass (fedpeft.runtime.cohort)."""
         if self.cohort is None:
             return {cid: self.run_client(rnd, cid, payload) for cid, payload in payloads.items()}
-        k = self.cfg.runtime.clients_per_pass
         cids = list(payloads)
+        k = self.cfg.runtime.clients_per_pass
+        if k == "auto":  # measured once, on this round's clients
+            if self.cohort.chosen is None:
+                self.cohort.chosen = self.cohort.probe(self.exp.client_data, cids, self.cfg.seed)
+            k = self.cohort.chosen
+        k = min(int(k), self.cohort.limit or int(k))
         out: dict[int, ClientResult] = {}
         before = dataclasses.replace(self.cohort.stats)
         for i in range(0, len(cids), k):
             out.update(self.cohort.run(cids[i:i + k], lambda cid, tuned, train: self.run_client(
                 rnd, cid, payloads[cid], tuned=tuned, trainer=train), seed=(self.cfg.seed, rnd)))
-        self.pass_info = {"clients_per_pass": k, **pass_row(before, self.cohort.stats)}
+        self.pass_info = {"clients_per_pass": min(k, len(cids)), **pass_row(before, self.cohort.stats)}
         return out
 
     def train_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:

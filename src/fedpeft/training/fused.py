@@ -13,6 +13,8 @@ row with its own client's tensors (:mod:`fedpeft.tuners.row_batched`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedpeft.data.batching import Encoded, collate
+from fedpeft.errors import first_line
 from fedpeft.training.fused_loss import ClientLosses, client_losses
 from fedpeft.training.local import (
     LocalTrainer,
@@ -38,6 +41,15 @@ from fedpeft.training.local import (
     step_groups,
 )
 from fedpeft.tuners.row_batched import RowBatchUnsupported, RowForward, Rows, row_batched
+
+log = logging.getLogger("fedpeft")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the device (CUDA) or the host allocator running out of memory."""
+    text = str(exc)
+    return (isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text.lower()
+            or "can't allocate memory" in text)
 
 
 @dataclass
@@ -70,10 +82,23 @@ class PassStats:
         return None if not self.alone_tokens else 1.0 - self.real_tokens / self.alone_tokens
 
 
-def pack_rows(lengths: np.ndarray, budget: int) -> list[np.ndarray]:
+def pack_rows(lengths: np.ndarray, budget: int, max_tokens: int | None = None) -> list[np.ndarray]:
     """Rows (by index into ``lengths``) cut into the fewest sub-batches, each padded to its longest row, whose
     padded tokens total at most ``budget``; among those, the least padding. Rows are taken in order of length,
-    so the answer exists whenever ``budget`` is at least what the same rows cost in groups of any sizes."""
+    so the answer exists whenever ``budget`` is at least what the same rows cost in groups of any sizes. With
+    ``max_tokens``, a sub-batch of more padded tokens is then cut further (into consecutive rows: never more
+    padding), down to one row."""
+    groups = _fewest_groups(lengths, budget)
+    if max_tokens is None:
+        return groups
+    out = []
+    for group in groups:  # longest row first
+        size = max(1, max_tokens // max(1, int(lengths[group[0]]))) if len(group) else 1
+        out.extend(group[i:i + size] for i in range(0, len(group), size))
+    return out
+
+
+def _fewest_groups(lengths: np.ndarray, budget: int) -> list[np.ndarray]:
     order = np.argsort(-lengths, kind="stable")
     sorted_len = lengths[order].astype(np.int64)
     n = len(order)
@@ -124,13 +149,16 @@ class FusedTrainer:
     before its hooks and extra loss run (so they see the model as that client would)."""
 
     def __init__(self, trainer: LocalTrainer, model: torch.nn.Module, forwards: Mapping[torch.nn.Module, RowForward],
-                 names: Mapping[tuple[int, str], str], activate: Callable[[int], None]):
+                 names: Mapping[tuple[int, str], str], activate: Callable[[int], None], limit: int | None = None,
+                 max_tokens: int | None = None):
         self.trainer = trainer
         self.model = model
         self.forwards = forwards
         self.names = names
         self.activate = activate
         self.stats = PassStats()
+        self.limit = limit  # the most clients whose rows go through the model together (halved on out-of-memory)
+        self.max_tokens = max_tokens  # the most padded tokens one sub-batch may hold (None: no cap)
 
     def train(self, requests: Sequence[TrainRequest]) -> None:
         t = self.trainer
@@ -150,7 +178,7 @@ class FusedTrainer:
             measure = t.flops_steps < t.flops_sample_steps and t.flops_sample_steps > 0
             counter = FlopCounterMode(display=False) if measure else contextlib.nullcontext()
             with counter:
-                fused_tokens = self._step(s, active, rows, shifted)
+                fused_tokens = self._step_within_memory(s, active, rows, shifted)
             if measure:
                 t.flops_measured += counter.get_total_flops()
                 t.flops_tokens += fused_tokens
@@ -181,6 +209,29 @@ class FusedTrainer:
                 flops=rate * c.tokens if rate is not None else None, flops_sampled_steps=c.sampled,
                 ops_analytic=c.ops if t.ops_per_sequence is not None else None)
 
+    def probe(self, requests: Sequence[TrainRequest], repeats: int = 2) -> tuple[float, int, int]:
+        """Time the forward and backward of every request's first local step together, ``repeats`` times, and
+        throw the gradients away (no optimizer step, no counts): (fastest seconds, examples, peak accelerator
+        bytes or 0)."""
+        shifted = drops_first_label(self.model)
+        clients = [self._start(r) for r in requests]
+        rows = Rows(slot_params=[r.params for r in requests], names=self.names)
+        self.model.train()
+        best, peak = float("inf"), 0
+        cuda = self.trainer.device.type == "cuda"
+        for _ in range(repeats):
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(self.trainer.device)
+            start = time.perf_counter()
+            self._step(0, clients, rows, shifted)
+            if cuda:
+                torch.cuda.synchronize(self.trainer.device)
+                peak = max(peak, torch.cuda.max_memory_allocated(self.trainer.device))
+            best = min(best, time.perf_counter() - start)
+            for c in clients:
+                c.optimizer.zero_grad(set_to_none=True)
+        return best, sum(len(i) for c in clients for i in c.steps[0][1]), peak
+
     def _start(self, r: TrainRequest) -> _Client:
         t = self.trainer
         lr = r.options.get("lr")
@@ -198,6 +249,29 @@ class FusedTrainer:
         c.request.error = NonFiniteLoss(f"non-finite training loss ({value}) at local step {step + 1}")
         c.optimizer.zero_grad(set_to_none=True)
 
+    def _step_within_memory(self, s: int, active: list[_Client], rows: Rows, shifted: bool) -> int:
+        """:meth:`_step`; when the device runs out of memory, the step's gradients and counts are dropped, the
+        number of clients per pass is halved and the step is done again (no optimizer step has been taken, so
+        no client loses any work). Below one client per pass the error stands."""
+        while True:
+            saved = [(c.examples, c.tokens, c.ops, c.failed, c.request.error) for c in active]
+            stats = dataclasses.astuple(self.stats)
+            try:
+                return self._step(s, active, rows, shifted)
+            except (RuntimeError, MemoryError) as exc:
+                together = min(self.limit or len(active), len(active))
+                if not out_of_memory(exc) or together <= 1:
+                    raise
+                for c, (examples, tokens, ops, failed, error) in zip(active, saved):
+                    c.examples, c.tokens, c.ops, c.failed, c.request.error = examples, tokens, ops, failed, error
+                    c.optimizer.zero_grad(set_to_none=True)
+                self.stats.__init__(*stats)  # type: ignore[misc]
+                self.limit = together // 2
+                if self.trainer.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                log.warning("runtime.clients_per_pass: out of memory with %d clients in one pass (%s); %d from now on, "
+                            "local step %d done again", together, first_line(exc, 80), self.limit, s + 1)
+
     def _step(self, s: int, active: list[_Client], rows: Rows, shifted: bool) -> int:
         """Forward and backward of step ``s``'s micro-batches of every active client; returns the fused tokens."""
         t = self.trainer
@@ -212,10 +286,10 @@ class FusedTrainer:
             weights[id(c)] = [n / total_terms for n in terms] if len(group) > 1 else [1.0]
         fused_tokens = 0
         for j in range(max(len(c.steps[s][1]) for c in active)):
-            members = [c for c in active if not c.failed and j < len(c.steps[s][1])]
-            if not members:
+            present = [c for c in active if not c.failed and j < len(c.steps[s][1])]
+            if not present:
                 continue
-            for c in members:
+            for c in present:
                 idx, batch = c.steps[s][1][j], batches[id(c)][j]
                 n_tok = int(batch["input_ids"].numel())
                 c.examples += len(idx)
@@ -224,10 +298,12 @@ class FusedTrainer:
                 if t.ops_per_sequence is not None:
                     c.ops += t._ops(len(idx), int(batch["input_ids"].shape[1]),
                                     c.request.options.get("head_fraction", 1.0))
-            fused_tokens += self._micro_step(
-                s, j, members, rows, {id(c): weights[id(c)][j] for c in members},
-                {id(c): loss_terms(batches[id(c)][j], shifted) for c in members},
-                sum(int(batches[id(c)][j]["input_ids"].numel()) for c in members), step_loss)
+            size = self.limit or len(present)
+            for members in (present[i:i + size] for i in range(0, len(present), size)):
+                fused_tokens += self._micro_step(
+                    s, j, members, rows, {id(c): weights[id(c)][j] for c in members},
+                    {id(c): loss_terms(batches[id(c)][j], shifted) for c in members},
+                    sum(int(batches[id(c)][j]["input_ids"].numel()) for c in members), step_loss)
         for c in active:
             if not c.failed:
                 c.epoch_losses.setdefault(c.steps[s][0], []).append(step_loss[id(c)])
@@ -243,7 +319,7 @@ class FusedTrainer:
         loss_value = {id(c): 0.0 for c in members}
         counts = {id(c): 0 for c in members}
         padded = 0
-        for group in pack_rows(lengths, budget):
+        for group in pack_rows(lengths, budget, self.max_tokens):
             chosen = sorted(group.tolist(), key=lambda k: (entries[k][0].request.slot, k))
             data = Encoded(input_ids=[entries[k][0].request.data.input_ids[entries[k][1]] for k in chosen],
                            labels=[entries[k][0].request.data.labels[entries[k][1]] for k in chosen],
@@ -264,12 +340,10 @@ class FusedTrainer:
                 raise RowBatchUnsupported("the model's forward computed no loss through the functions a fused pass "
                                           "splits per client")
             total = None
-            for slot, part in record.sums.items():
-                c = by_slot[slot]
-                if c.failed:
-                    continue
-                term = part / denominators[id(c)]
-                value = float(term.detach())
+            live = [(slot, by_slot[slot], part) for slot, part in record.sums.items() if not by_slot[slot].failed]
+            terms = [part / denominators[id(c)] for _, c, part in live]
+            values = torch.stack([x.detach().float() for x in terms]).tolist() if terms else []  # one device sync
+            for (slot, c, _), term, value in zip(live, terms, values):
                 loss_value[id(c)] += value
                 counts[id(c)] += record.counts[slot]
                 if not np.isfinite(value):
