@@ -64,9 +64,11 @@ def different(a, b, path: str = "") -> str | None:
 
 def deterministic(*overrides: str, per_pass: int, plugins=()) -> fedpeft.RunConfig:
     """A tiny config with every dropout off, all clients selected each round (up to 4) and ``per_pass``."""
-    cfg = tiny_config(*overrides, plugins=plugins)
-    common = ["model.dropout=0", f"federation.clients_per_round={min(4, cfg.federation.num_clients)}",
-              f"runtime.clients_per_pass={per_pass}"]
+    clients = next((int(o.split("=")[1]) for o in overrides if o.startswith("federation.num_clients=")), 4)
+    common = ["model.dropout=0", f"runtime.clients_per_pass={per_pass}"]
+    if not any(o.startswith("federation.clients_per_round=") for o in overrides):
+        common.append(f"federation.clients_per_round={min(4, clients)}")
+    cfg = tiny_config(*overrides, *common, plugins=plugins)
     if "dropout" in type(cfg.peft).model_fields:
         common.append("peft.dropout=0")
     return tiny_config(*overrides, *common, plugins=plugins)
@@ -387,3 +389,16 @@ def test_the_gpu_check_script_is_ready():
     cfg = clients_per_pass.config("cross-device", "auto", "cuda")
     assert cfg.runtime.device == "cuda" and cfg.runtime.clients_per_pass == "auto"
     assert cfg.federation.clients_per_round == 50 and cfg.federation.num_clients == 1000
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algorithm.robust={rule: median}", "federation.attackers={fraction: 0.25, attack: label_flip}",
+     "federation.min_replies=3"],
+    ["algorithm.robust={rule: krum, num_attackers: 1}", "federation.attackers={fraction: 0.25, attack: sign_flip}",
+     "federation.num_clients=6", "federation.clients_per_round=5", "federation.min_replies=5"],
+], ids=["median-label-flip", "krum-sign-flip"])
+@pytest.mark.needs_data
+def test_robust_rules_and_attackers_trained_together(overrides, tmp_path):
+    """(Differential privacy's client half clips after ctx.train, like any client code; its server samples the
+    clients from a secret generator, so no two runs of it select the same clients to compare.)"""
+    assert_same_as_alone(overrides, tmp_path)

@@ -134,7 +134,7 @@ class Cohort:
                     found.append(f"{k}: out of memory")
                     break
                 rate = examples / seconds
-                found.append(f"{k}: {rate:.1f} examples/s")
+                found.append(f"{k}: {rate:.1f} examples a second")
                 if rate > best_rate * 1.05:
                     best, best_rate = k, rate
                 elif rate < best_rate:
