@@ -9,6 +9,9 @@ for b in throughput overhead memory precision paper004; do
   echo "== $b"
   $PY benchmarks/$b.py 2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/$b.log
 done
+echo "== clients per pass"
+$PY benchmarks/clients_per_pass.py --scenario cross-device cross-silo-minilm --out benchmarks/results/clients_per_pass.json \
+  2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/clients_per_pass.log
 # Paper 000: each experiment reuses the runs the earlier ones trained (runs/paper000/)
 for e in table1 fig4 table5 fig5 table3; do
   echo "== paper000 $e"

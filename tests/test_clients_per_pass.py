@@ -402,3 +402,19 @@ def test_robust_rules_and_attackers_trained_together(overrides, tmp_path):
     """(Differential privacy's client half clips after ctx.train, like any client code; its server samples the
     clients from a secret generator, so no two runs of it select the same clients to compare.)"""
     assert_same_as_alone(overrides, tmp_path)
+
+
+@pytest.mark.needs_data
+def test_gradient_checkpointing_recomputes_each_row_with_its_clients_tensors(tmp_path):
+    rows = assert_same_as_alone(["train.gradient_checkpointing=true"], tmp_path)
+    assert all(r["fused_sub_batches"] > 0 for r in rows[1:])
+
+
+def test_a_subclass_that_computes_otherwise_has_no_row_forward():
+    class ScaledEmbedding(torch.nn.Embedding):
+        def forward(self, ids):
+            return super().forward(ids) * 2.0
+
+    model = torch.nn.Sequential(ScaledEmbedding(10, 4))
+    with pytest.raises(RowBatchUnsupported, match=r"0\.weight sits in a ScaledEmbedding"):
+        row_batched_modules(model, ["0.weight"], built_in_row_forwards())

@@ -119,6 +119,7 @@ class Cohort:
         state = get_rng_state()
         best, best_rate, k, found = 1, 0.0, 1, []
         device = self.trainer.device
+        cids = [c for c in cids if len(data(c))]
         try:
             while k <= len(cids):
                 requests = [TrainRequest(slot=i, data=data(c), rng=np.random.default_rng([seed, 0, c]),
@@ -128,6 +129,10 @@ class Cohort:
                                      max_tokens=self.max_tokens)
                 try:
                     seconds, examples, peak = fused.probe(requests)
+                except RowBatchUnsupported as exc:  # (how the model computes its loss): one at a time
+                    self.modules[self._key(self.tuned)] = str(exc)
+                    log.warning("runtime.clients_per_pass: %s; the clients train one at a time", exc)
+                    return 1
                 except (RuntimeError, MemoryError) as exc:
                     if not out_of_memory(exc):
                         raise
@@ -135,10 +140,9 @@ class Cohort:
                     break
                 rate = examples / seconds
                 found.append(f"{k}: {rate:.1f} examples a second")
-                if rate > best_rate * 1.05:
-                    best, best_rate = k, rate
-                elif rate < best_rate:
+                if rate <= best_rate * 1.05:  # doubling gained less than 5%
                     break
+                best, best_rate = k, rate
                 if device.type == "cuda" and 2 * peak > 0.8 * torch.cuda.mem_get_info(device)[1]:
                     break
                 k *= 2
@@ -169,10 +173,12 @@ class Cohort:
         slots = [_Slot(cid, client_view(self.tuned)) for cid in cids]
         originals = dict(self.tuned.params)
         self.wave = {}
+        threads = []
         try:
             for slot in slots:
-                threading.Thread(target=self._body, args=(slot, job), daemon=True,
-                                 name=f"fedpeft-client-{slot.cid}").start()
+                threads.append(threading.Thread(target=self._body, args=(slot, job), daemon=True,
+                                                name=f"fedpeft-client-{slot.cid}"))
+                threads[-1].start()
                 self._resume(slot)
             while True:
                 pending = [s for s in slots if s.request is not None and not s.done]
@@ -188,6 +194,8 @@ class Cohort:
                 if not slot.done:
                     slot.abort = True
                     slot.wake.set()
+            for thread in threads:  # an aborted client's own clean-up runs before the cohort goes on
+                thread.join()
             self.install(self.tuned, originals)
 
     def _resume(self, slot: _Slot) -> None:

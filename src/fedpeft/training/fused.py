@@ -175,16 +175,14 @@ class FusedTrainer:
             active = [c for c in clients if not c.failed and s < len(c.steps)]
             if not active:
                 break
-            measure = t.flops_steps < t.flops_sample_steps and t.flops_sample_steps > 0
-            counter = FlopCounterMode(display=False) if measure else contextlib.nullcontext()
-            with counter:
-                fused_tokens = self._step_within_memory(s, active, rows, shifted)
-            if measure:
-                t.flops_measured += counter.get_total_flops()
+            measure = t.flops_steps < t.flops_sample_steps
+            fused_tokens, flops = self._step_within_memory(s, active, rows, shifted, measure)
+            if flops is not None:  # the run's budget of sampled steps counts each client's step in the pass
+                t.flops_measured += flops
                 t.flops_tokens += fused_tokens
-                t.flops_steps += 1
+                t.flops_steps += len(active)
                 for c in active:
-                    c.sampled += 1
+                    c.sampled = 1
             for c in active:
                 if not c.failed:
                     self._optimizer_step(c)
@@ -249,15 +247,20 @@ class FusedTrainer:
         c.request.error = NonFiniteLoss(f"non-finite training loss ({value}) at local step {step + 1}")
         c.optimizer.zero_grad(set_to_none=True)
 
-    def _step_within_memory(self, s: int, active: list[_Client], rows: Rows, shifted: bool) -> int:
-        """:meth:`_step`; when the device runs out of memory, the step's gradients and counts are dropped, the
-        number of clients per pass is halved and the step is done again (no optimizer step has been taken, so
-        no client loses any work). Below one client per pass the error stands."""
+    def _step_within_memory(self, s: int, active: list[_Client], rows: Rows, shifted: bool,
+                            measure: bool) -> tuple[int, float | None]:
+        """:meth:`_step` (its padded tokens, and with ``measure`` its FLOPs); when the device runs out of memory,
+        the step's gradients and counts are dropped, the number of clients per pass is halved and the step is
+        done again (no optimizer step has been taken, so no client loses any work). Below one client per pass
+        the error stands."""
         while True:
             saved = [(c.examples, c.tokens, c.ops, c.failed, c.request.error) for c in active]
             stats = dataclasses.astuple(self.stats)
             try:
-                return self._step(s, active, rows, shifted)
+                counter = FlopCounterMode(display=False) if measure else contextlib.nullcontext()
+                with counter:
+                    tokens = self._step(s, active, rows, shifted)
+                return tokens, counter.get_total_flops() if measure else None
             except (RuntimeError, MemoryError) as exc:
                 together = min(self.limit or len(active), len(active))
                 if not out_of_memory(exc) or together <= 1:
@@ -267,10 +270,12 @@ class FusedTrainer:
                     c.optimizer.zero_grad(set_to_none=True)
                 self.stats.__init__(*stats)  # type: ignore[misc]
                 self.limit = together // 2
+                message = first_line(exc, 80)
+                del exc  # (its traceback holds the failed attempt's tensors)
                 if self.trainer.device.type == "cuda":
                     torch.cuda.empty_cache()
                 log.warning("runtime.clients_per_pass: out of memory with %d clients in one pass (%s); %d from now on, "
-                            "local step %d done again", together, first_line(exc, 80), self.limit, s + 1)
+                            "local step %d done again", together, message, self.limit, s + 1)
 
     def _step(self, s: int, active: list[_Client], rows: Rows, shifted: bool) -> int:
         """Forward and backward of step ``s``'s micro-batches of every active client; returns the fused tokens."""
@@ -332,27 +337,29 @@ class FusedTrainer:
                 if n == len(slots) or slots[n] != slots[first]:
                     segments.append((slots[first], first, n))
                     first = n
-            rows.start_batch(torch.tensor(slots, dtype=torch.long, device=t.device), segments)
+            rows.start_batch(torch.tensor(slots, dtype=torch.long, device=t.device))
             record = ClientLosses(segments=segments)
-            with row_batched(self.forwards, rows), client_losses(record, len(slots)), t._autocast():
-                self.model(**batch)
-            if set(record.sums) != {slot for slot, _, _ in segments}:
-                raise RowBatchUnsupported("the model's forward computed no loss through the functions a fused pass "
-                                          "splits per client")
-            total = None
-            live = [(slot, by_slot[slot], part) for slot, part in record.sums.items() if not by_slot[slot].failed]
-            terms = [part / denominators[id(c)] for _, c, part in live]
-            values = torch.stack([x.detach().float() for x in terms]).tolist() if terms else []  # one device sync
-            for (slot, c, _), term, value in zip(live, terms, values):
-                loss_value[id(c)] += value
-                counts[id(c)] += record.counts[slot]
-                if not np.isfinite(value):
-                    self._fail(c, loss_value[id(c)], s)
-                    continue
-                weighted = term * weights[id(c)]
-                total = weighted if total is None else total + weighted
-            if total is not None:
-                total.backward()
+            # the backward inside the row forwards too: gradient checkpointing recomputes blocks during it
+            with row_batched(self.forwards, rows):
+                with client_losses(record, len(slots)), t._autocast():
+                    self.model(**batch)
+                if set(record.sums) != {slot for slot, _, _ in segments}:
+                    raise RowBatchUnsupported("the model's forward computed no loss through the functions a fused "
+                                              "pass splits per client")
+                total = None
+                live = [(slot, by_slot[slot], part) for slot, part in record.sums.items() if not by_slot[slot].failed]
+                terms = [part / denominators[id(c)] for _, c, part in live]
+                values = torch.stack([x.detach().float() for x in terms]).tolist() if terms else []  # one sync
+                for (slot, c, _), term, value in zip(live, terms, values):
+                    loss_value[id(c)] += value
+                    counts[id(c)] += record.counts[slot]
+                    if not np.isfinite(value):
+                        self._fail(c, loss_value[id(c)], s)
+                        continue
+                    weighted = term * weights[id(c)]
+                    total = weighted if total is None else total + weighted
+                if total is not None:
+                    total.backward()
             padded += int(batch["input_ids"].numel())
             self.stats.sub_batches += 1
             self.stats.real_tokens += int(lengths[group].sum())

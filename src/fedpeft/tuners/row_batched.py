@@ -46,11 +46,8 @@ class Rows:
     client: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # (N,) slot per row
     _stacked: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    segments: Sequence[tuple[int, int, int]] = ()  # (slot, first row, end row): each client's rows, contiguous
-
-    def start_batch(self, client: torch.Tensor, segments: Sequence[tuple[int, int, int]]) -> None:
+    def start_batch(self, client: torch.Tensor) -> None:
         self.client = client
-        self.segments = segments
         self._stacked.clear()
 
     @property
@@ -92,7 +89,6 @@ def _row_matmul(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
 def linear_rows(module: nn.Linear, rows: Rows, x: torch.Tensor) -> torch.Tensor:
     rows.check_rows(x, module)
     weight, bias = rows.param(module, "weight"), rows.param(module, "bias")
-    weight, bias = rows.param(module, "weight"), rows.param(module, "bias")
     if weight is None:
         y = F.linear(x, module.weight, module.bias if bias is None else None)
     else:
@@ -115,10 +111,14 @@ def embedding_rows(module: nn.Embedding, rows: Rows, ids: torch.Tensor) -> torch
     table = rows.stacked(module, "weight")
     if table is None:
         return module.__class__.forward(module, ids)
-    if module.max_norm is not None:
-        raise RowBatchUnsupported("nn.Embedding with max_norm renormalises its table in place; not row-batched")
+    if module.max_norm is not None or module.scale_grad_by_freq or module.sparse:
+        raise RowBatchUnsupported("a trainable nn.Embedding with max_norm, scale_grad_by_freq or sparse gradients "
+                                  "is not row-batched")
     slots = rows.client.reshape(-1, *([1] * (ids.dim() - 1))).expand_as(ids)
-    return table[slots, ids]
+    out = table[slots, ids]
+    if module.padding_idx is None:
+        return out
+    return torch.where((ids == module.padding_idx).unsqueeze(-1), out.detach(), out)  # its row gets no gradient
 
 
 def layer_norm_rows(module: nn.LayerNorm, rows: Rows, x: torch.Tensor) -> torch.Tensor:
@@ -168,9 +168,12 @@ def built_in_row_forwards() -> dict[type, RowForward]:
 
 
 def find_row_forward(module: nn.Module, forwards: Mapping[type, RowForward]) -> RowForward | None:
+    """The row forward registered for the module's type or a base class, provided the module computes what that
+    class computes (a subclass that overrides the patched method, e.g. a scaled embedding, has none)."""
     for cls in type(module).__mro__:
         if cls in forwards:
-            return forwards[cls]
+            method = getattr(forwards[cls], "patch", "forward")
+            return forwards[cls] if getattr(type(module), method) is getattr(cls, method) else None
     return None
 
 
