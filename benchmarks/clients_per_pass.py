@@ -31,12 +31,9 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any, Self
-
-import psutil
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 BATCH = 8
@@ -79,38 +76,10 @@ def config(scenario: str, per_pass: str, device: str) -> Any:
     ])
 
 
-class PeakRSS:
-    """Largest total RSS of this process and all its descendants, sampled every 0.1 s in a thread."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        me = psutil.Process()
-        while not self._stop.is_set():
-            total = 0
-            for p in [me, *me.children(recursive=True)]:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
-            self._stop.wait(0.1)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def run_setting(scenario: str, per_pass: str, device: str, run_dir: Path) -> dict[str, Any]:
     """One setting, in this process: its per-round figures."""
     import torch
+    from results_io import PeakRSS  # benchmarks/results_io.py
 
     from fedpeft.rundir import read_metrics
     from fedpeft.runtime.embedded import EmbeddedRuntime

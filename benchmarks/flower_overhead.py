@@ -35,13 +35,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import threading
 import time
 from pathlib import Path
-from typing import Self
 
 import psutil
-from results_io import save  # benchmarks/results_io.py
+from results_io import PeakRSS, save  # benchmarks/results_io.py
 
 from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics
@@ -54,34 +52,6 @@ BASE = [
     "federation.clients_per_round=2", "train.batch_size=16", "train.lr=0.002", "eval.every=0",
     "eval.at_start=false", "eval.max_examples=200", "runtime.progress=false", "runtime.flops_sample_steps=0",
 ]
-
-
-class PeakRSS:
-    """Largest total RSS of this process and all its descendants, sampled in a thread."""
-
-    def __init__(self, interval: float = 0.1):
-        self.interval, self.peak, self._stop = interval, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        me = psutil.Process()
-        while not self._stop.is_set():
-            total = 0
-            for p in [me, *me.children(recursive=True)]:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
-            time.sleep(self.interval)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def idle_cpu(supernode_poll_s: float | None, log_dir: Path, seconds: float = 20.0) -> float:

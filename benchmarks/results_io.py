@@ -7,9 +7,10 @@ import json
 import os
 import platform
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -146,3 +147,33 @@ def pm(row: dict[str, Any], key: str, spec: str = ".3f") -> str:
         per_seed = row.get(f"{key}_seeds")
         return "/".join("-" if v is None else format(v, spec) for v in per_seed) if per_seed else "-"
     return format(value, spec) + ("" if std is None else f" ± {format(std, spec)}")
+
+
+class PeakRSS:
+    """Largest total RSS of this process and all its descendants, sampled in a thread every ``interval`` s."""
+
+    def __init__(self, interval: float = 0.1):
+        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -116,3 +117,27 @@ def install_entry_point_plugin(monkeypatch, folder: Path, module: str, text: str
     found = [EntryPoint(name=module, value=f"{module}:register", group=plugins.ENTRY_POINT_GROUP)]
     monkeypatch.setattr(plugins, "entry_points", lambda group: found if group == plugins.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(plugins, "_installed_loaded", False)
+
+
+BYTES_SLACK = 16  # a loss travels as its shortest text; another CPU's last digit moves safetensors' padding by 8
+
+
+def metrics_difference(a, b, path: str = "", rel_tol: float = 1e-5) -> str | None:
+    """None if two metrics values (rows, dicts, lists) agree, else where they first differ: floats to ``rel_tol``
+    (absolute 1e-7), byte counts to BYTES_SLACK, everything else exactly."""
+    if isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None or not math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-7):
+            return f"{path}: {a!r} != {b!r}"
+        return None
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return f"{path}: keys {sorted(set(a) ^ set(b))} differ"
+        return next((d for k in a if (d := metrics_difference(a[k], b[k], f"{path}.{k}", rel_tol)) is not None), None)
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path}: {len(a)} != {len(b)} items"
+        return next((d for i, (x, y) in enumerate(zip(a, b))
+                     if (d := metrics_difference(x, y, f"{path}[{i}]", rel_tol)) is not None), None)
+    if "bytes" in path and isinstance(a, int) and isinstance(b, int):
+        return None if abs(a - b) <= BYTES_SLACK else f"{path}: {a!r} != {b!r} (more than {BYTES_SLACK} bytes apart)"
+    return None if a == b else f"{path}: {a!r} != {b!r}"

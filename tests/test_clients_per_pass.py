@@ -15,14 +15,13 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import math
 from typing import Literal
 
 import numpy as np
 import pytest
 import torch
 from golden_runs import GOLDEN, is_timing
-from helpers import tiny_config, without_timings
+from helpers import metrics_difference, tiny_config, without_timings
 
 import fedpeft
 from fedpeft.algorithms import ALGORITHMS
@@ -39,27 +38,12 @@ from fedpeft.tuners.row_batched import (
     row_batched_modules,
 )
 
-BYTES_SLACK = 16  # a loss travels as its shortest text; another last digit moves safetensors' padding by 8
 FUSED_KEYS = ("clients_per_pass", "fused_sub_batches", "fused_micro_steps", "fused_padded_share", "alone_padded_share")
 
 
-def different(a, b, path: str = "") -> str | None:
-    """None if two metrics values agree within the module's tolerance, else where they first differ."""
-    if isinstance(a, float) or isinstance(b, float):
-        ok = a is not None and b is not None and math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-7)
-        return None if ok else f"{path}: {a!r} != {b!r}"
-    if isinstance(a, dict) and isinstance(b, dict):
-        if set(a) != set(b):
-            return f"{path}: keys {sorted(set(a) ^ set(b))} differ"
-        return next((d for k in a if (d := different(a[k], b[k], f"{path}.{k}")) is not None), None)
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return f"{path}: {len(a)} != {len(b)} items"
-        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := different(x, y, f"{path}[{i}]")) is not None),
-                    None)
-    if "bytes" in path and isinstance(a, int) and isinstance(b, int):
-        return None if abs(a - b) <= BYTES_SLACK else f"{path}: {a!r} != {b!r}"
-    return None if a == b else f"{path}: {a!r} != {b!r}"
+def different(a, b) -> str | None:
+    """None if two runs' metrics agree within the module's tolerance, else where they first differ."""
+    return metrics_difference(a, b, rel_tol=1e-4)
 
 
 def deterministic(*overrides: str, per_pass: int, plugins=()) -> fedpeft.RunConfig:

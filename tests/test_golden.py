@@ -7,31 +7,10 @@ payload's by 8; everything else exactly)."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 from golden_runs import GOLDEN, golden_path, golden_rows
-
-BYTES_SLACK = 16
-
-
-def same(a, b, path: str = "") -> str | None:
-    """None if ``a`` and ``b`` agree, else where they first differ."""
-    if isinstance(a, float) or isinstance(b, float):
-        if a is None or b is None or not math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7):
-            return f"{path}: {a!r} != {b!r}"
-        return None
-    if isinstance(a, dict) and isinstance(b, dict):
-        if set(a) != set(b):
-            return f"{path}: keys {sorted(set(a) ^ set(b))} differ"
-        return next((d for k in a if (d := same(a[k], b[k], f"{path}.{k}")) is not None), None)
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return f"{path}: {len(a)} != {len(b)} items"
-        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := same(x, y, f"{path}[{i}]")) is not None), None)
-    if "bytes" in path and isinstance(a, int) and isinstance(b, int):
-        return None if abs(a - b) <= BYTES_SLACK else f"{path}: {a!r} != {b!r} (more than {BYTES_SLACK} bytes apart)"
-    return None if a == b else f"{path}: {a!r} != {b!r}"
+from helpers import metrics_difference
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -39,7 +18,7 @@ def same(a, b, path: str = "") -> str | None:
 def test_metrics_match_the_recorded_run(name, tmp_path):
     expected = [json.loads(line) for line in golden_path(name).read_text().splitlines()]
     rows = json.loads(json.dumps(golden_rows(name, tmp_path / "run")))  # as written to metrics.jsonl
-    difference = same(rows, expected, name)
+    difference = metrics_difference(rows, expected, name)
     assert difference is None, f"{difference} (rerecord only if the change of result is intended)"
 
 
