@@ -283,12 +283,13 @@ class FusedTrainer:
         step_loss = {id(c): 0.0 for c in active}
         batches: dict[int, list[dict[str, torch.Tensor]]] = {}
         weights: dict[int, list[float]] = {}
+        terms: dict[int, list[int]] = {}  # each micro-batch's loss terms (the denominator of its mean)
         for c in active:
             group = c.steps[s][1]
             batches[id(c)] = [collate(c.request.data, idx, t.pad_id) for idx in group]  # as the client alone pads
-            terms = [loss_terms(b, shifted) for b in batches[id(c)]]
-            total_terms = sum(terms) or len(terms)
-            weights[id(c)] = [n / total_terms for n in terms] if len(group) > 1 else [1.0]
+            terms[id(c)] = [loss_terms(b, shifted) for b in batches[id(c)]]
+            total_terms = sum(terms[id(c)]) or len(group)
+            weights[id(c)] = [n / total_terms for n in terms[id(c)]] if len(group) > 1 else [1.0]
         fused_tokens = 0
         for j in range(max(len(c.steps[s][1]) for c in active)):
             present = [c for c in active if not c.failed and j < len(c.steps[s][1])]
@@ -307,7 +308,7 @@ class FusedTrainer:
             for members in (present[i:i + size] for i in range(0, len(present), size)):
                 fused_tokens += self._micro_step(
                     s, j, members, rows, {id(c): weights[id(c)][j] for c in members},
-                    {id(c): loss_terms(batches[id(c)][j], shifted) for c in members},
+                    {id(c): terms[id(c)][j] for c in members},
                     sum(int(batches[id(c)][j]["input_ids"].numel()) for c in members), step_loss)
         for c in active:
             if not c.failed:
