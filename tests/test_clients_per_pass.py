@@ -233,32 +233,67 @@ def test_with_dropout_a_fused_run_is_reproducible(tmp_path):
     assert first == second
 
 
-def test_rows_are_packed_into_the_fewest_sub_batches_within_the_padding_of_the_clients_alone():
+@pytest.mark.parametrize("max_tokens", [None, 90])
+def test_rows_are_packed_into_the_fewest_sub_batches_within_the_padding_of_the_clients_alone(max_tokens):
     rng = np.random.default_rng(0)
     for _ in range(200):
-        batches = [rng.integers(1, 60, size=rng.integers(1, 6)) for _ in range(rng.integers(1, 6))]
+        batches = [rng.integers(1, 60, size=rng.integers(1, 5)) for _ in range(rng.integers(1, 5))]
         lengths = np.concatenate(batches)
         budget = sum(len(b) * int(b.max()) for b in batches)  # each client's batch padded to its own longest row
-        groups = pack_rows(lengths, budget)
+        groups = pack_rows(lengths, budget, max_tokens)
         assert sorted(np.concatenate(groups).tolist()) == list(range(len(lengths)))
-        assert sum(len(g) * int(lengths[g].max()) for g in groups) <= budget
-        assert len(groups) <= len(batches)
-        if len(groups) > 1:  # one sub-batch fewer would pad more than the budget
-            ordered = np.sort(lengths)[::-1]
-            best_fewer = min_padding(ordered, len(groups) - 1)
-            assert best_fewer > budget
+        assert sum(padded(lengths, g) for g in groups) <= budget
+        if max_tokens is None:
+            assert len(groups) <= len(batches)
+        else:
+            assert all(padded(lengths, g) <= max_tokens or len(g) == 1 for g in groups)
+        ordered = np.sort(lengths)[::-1]
+        if len(groups) > 1:  # one sub-batch fewer would pad more than the budget (or break the cap)
+            assert cheapest(ordered, max_tokens, groups=len(groups) - 1) > budget
+        # among cuts into as many sub-batches, none pads less
+        assert sum(padded(lengths, g) for g in groups) == cheapest(ordered, max_tokens, groups=len(groups))
 
 
-def min_padding(ordered: np.ndarray, k: int) -> int:
-    """Brute force: the least padded tokens of rows (longest first) cut into at most k contiguous groups."""
+@pytest.mark.parametrize("max_tokens", [None, 90])
+def test_with_a_cost_per_sub_batch_rows_are_packed_at_the_least_cost_within_the_budget(max_tokens):
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        batches = [rng.integers(1, 60, size=rng.integers(1, 5)) for _ in range(rng.integers(1, 4))]
+        lengths = np.concatenate(batches)
+        budget = sum(len(b) * int(b.max()) for b in batches) + int(rng.integers(0, 40))
+        cost = int(rng.integers(1, 80))
+        groups = pack_rows(lengths, budget, max_tokens, sub_batch_cost=cost)
+        assert sorted(np.concatenate(groups).tolist()) == list(range(len(lengths)))
+        total = sum(padded(lengths, g) for g in groups)
+        assert total <= budget
+        assert max_tokens is None or all(padded(lengths, g) <= max_tokens or len(g) == 1 for g in groups)
+        ordered = np.sort(lengths)[::-1]
+        least = cheapest(ordered, max_tokens, per_group=cost)
+        if total + cost * len(groups) != least:  # the least-cost cut broke the budget: the fewest sub-batches
+            assert least < total + cost * len(groups)
+            assert total == cheapest(ordered, max_tokens, groups=len(groups))
+            assert len(groups) == 1 or cheapest(ordered, max_tokens, groups=len(groups) - 1) > budget
+
+
+def padded(lengths: np.ndarray, group: np.ndarray) -> int:
+    return len(group) * int(lengths[group].max())
+
+
+def cheapest(ordered: np.ndarray, max_tokens: int | None, groups: int | None = None, per_group: int = 0) -> float:
+    """Brute force over every cut of the rows (longest first) into contiguous groups: the least padded tokens
+    plus ``per_group`` a group, with exactly ``groups`` groups if given, each within ``max_tokens`` unless a
+    single row (inf if none)."""
     from itertools import combinations
 
     n = len(ordered)
-    best = n * int(ordered[0])
-    for cuts in range(1, k):
+    best = float("inf")
+    for cuts in range(n) if groups is None else [groups - 1]:
         for points in combinations(range(1, n), cuts):
             edges = [0, *points, n]
-            best = min(best, sum((b - a) * int(ordered[a]) for a, b in itertools.pairwise(edges)))
+            sizes = [((b - a) * int(ordered[a]), b - a) for a, b in itertools.pairwise(edges)]
+            if max_tokens is not None and any(p > max_tokens and k > 1 for p, k in sizes):
+                continue
+            best = min(best, sum(p for p, _ in sizes) + per_group * len(sizes))
     return best
 
 

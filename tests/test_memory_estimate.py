@@ -69,3 +69,20 @@ def test_held_bytes_count_a_shared_storage_once():
     shared = torch.nn.Linear(4, 4, bias=False)
     model = torch.nn.Sequential(shared, shared)
     assert memory.held_bytes(model) == 4 * 16
+
+
+def test_fedpeft_model_memory_says_how_many_clients_train_together_in_a_device(capsys):
+    assert main(["model", "llama-3.2-1b", "--methods", "lora", "--memory", "--batch-size", "2", "--tokens", "128",
+                 "--device-memory", "24", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["memory"]
+    for r in rows:  # the backbone once, the rest once per client
+        assert r["per_client_bytes"] == r["trainable_state_bytes"] + r["activation_bytes"] + r["transient_bytes"]
+        fit = r["clients_per_pass_fit"]
+        assert r["backbone_bytes"] + fit * r["per_client_bytes"] <= 24 * 2**30
+        assert r["backbone_bytes"] + (fit + 1) * r["per_client_bytes"] > 24 * 2**30
+    by = {(r["precision"], r["gradient_checkpointing"]): r["clients_per_pass_fit"] for r in rows}
+    assert by["float32", True] > by["float32", False] > 0
+    assert main(["model", "llama-3.2-1b", "--methods", "lora", "--memory", "--device-memory", "24"]) == 0
+    assert "clients per pass in 24 GiB (off / on)" in capsys.readouterr().out
+    assert main(["model", "llama-3.2-1b", "--methods", "lora", "--memory", "--device-memory", "0"]) != 0
+    assert "--device-memory 0.0: give the device's memory in GiB" in capsys.readouterr().err

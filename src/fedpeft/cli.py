@@ -397,6 +397,8 @@ def _memory_rows(args: argparse.Namespace, config, kind: str, kind_task: str, ro
 
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size {args.batch_size}: give the sequences of one training step (at least 1)")
+    if args.device_memory is not None and not args.device_memory > 0:
+        raise ConfigError(f"--device-memory {args.device_memory}: give the device's memory in GiB (e.g. 80)")
     out = []
     as_config = {"float32": ["model.dtype=float32"], "bfloat16": ["model.dtype=bfloat16"],
                  "int8": ["model.quantization={bits: 8}"], "nf4": ["model.quantization={bits: 4}"]}
@@ -422,7 +424,10 @@ def _memory_rows(args: argparse.Namespace, config, kind: str, kind_task: str, ro
                     out.append({"method": method, "precision": precision, "gradient_checkpointing": checkpointing,
                                 "error": str(exc).splitlines()[0][:200]})
                     continue
-                out.append({"method": method, **est.as_dict()})
+                row = {"method": method, **est.as_dict()}
+                if args.device_memory is not None:
+                    row["clients_per_pass_fit"] = est.clients_per_pass(int(args.device_memory * 2**30))
+                out.append(row)
     return out
 
 
@@ -430,7 +435,9 @@ def _print_memory(args: argparse.Namespace, memory: list[dict]) -> None:
     print(f"\none client's training memory, estimated (GiB; batch {args.batch_size} x {args.tokens} tokens, AdamW; "
           "without the allocator's slack and the CUDA context; see fedpeft.metrics.memory)")
     header = ["method", "precision", "backbone", "trainable state", "activations (ckpt off / on)",
-              "total (ckpt off / on)"]
+              "total (ckpt off / on)", "each client in a pass (off / on)"]
+    if args.device_memory is not None:
+        header.append(f"clients per pass in {args.device_memory:g} GiB (off / on)")
     lines, reasons = [], []
 
     def gib(row: dict, key: str, digits: int = 2) -> str:
@@ -445,12 +452,15 @@ def _print_memory(args: argparse.Namespace, memory: list[dict]) -> None:
         first = off if "error" not in off else on
         if "error" in off and "error" in on and off["error"] == on["error"]:
             reasons.append(f"{off['method']} {off['precision']}: {off['error']}")
-            lines.append([off["method"], off["precision"], *[f"({len(reasons)})"] * 4])
+            lines.append([off["method"], off["precision"], *[f"({len(reasons)})"] * (len(header) - 2)])
             continue
         lines.append([off["method"], off["precision"], gib(first, "backbone_bytes"),
                       gib(first, "trainable_state_bytes", 3),
                       f"{gib(off, 'activation_bytes')} / {gib(on, 'activation_bytes')}",
-                      " / ".join("-" if "error" in r else f"{r['total_bytes'] / 2**30:.2f}" for r in (off, on))])
+                      *(" / ".join("-" if "error" in r else f"{r[key] / 2**30:.2f}" for r in (off, on))
+                        for key in ("total_bytes", "per_client_bytes"))])
+        if args.device_memory is not None:
+            lines[-1].append(" / ".join("-" if "error" in r else str(r["clients_per_pass_fit"]) for r in (off, on)))
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
     for line in [header, *lines]:
         print("  ".join(str(x).rjust(w) if i > 1 else str(x).ljust(w) for i, (x, w) in enumerate(zip(line, widths))))
@@ -575,6 +585,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--memory", action="store_true", help="also estimate one client's training memory in float32, "
                    "bfloat16, int8 and nf4, with and without gradient checkpointing")
     m.add_argument("--batch-size", type=int, default=4, help="sequences per training step for --memory")
+    m.add_argument("--device-memory", type=float, metavar="GIB", help="with --memory: also how many clients "
+                   "train together in one pass (runtime.clients_per_pass) within this many GiB")
     m.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
                    help="load a plugin first; its PEFT methods are listed too (repeatable)")
     m.add_argument("--json", action="store_true", help="print JSON")

@@ -16,6 +16,10 @@ The estimate of one client's training memory is the sum of
 * **backward transient**: two tensors of the size of the largest saved one, alive together when the backward
   pass starts (for a language model the float32 logits and the gradient of their log-softmax).
 
+Training several clients in one pass (``runtime.clients_per_pass``) holds the backbone once and everything
+else once per client: :attr:`TrainingMemory.per_client_bytes`, and :meth:`TrainingMemory.clients_per_pass`
+for how many fit in a device's memory.
+
 It leaves out the allocator's slack, the CUDA context and the framework's own memory. ``benchmarks/precision.py``
 checks it against SmolLM2-135M: the peak of tensor memory in a real training step (PyTorch's memory profiler)
 and the process's peak RSS (BENCHMARKS.md).
@@ -141,8 +145,19 @@ class TrainingMemory:
     def total_bytes(self) -> int:
         return self.backbone_bytes + self.trainable_state_bytes + self.activation_bytes + self.transient_bytes
 
+    @property
+    def per_client_bytes(self) -> int:
+        """What each client adds to a pass that trains several together (``runtime.clients_per_pass``): its own
+        trainable state, its batch's activations and its part of the backward transient (which grows with the
+        pass's rows). The backbone is held once."""
+        return self.trainable_state_bytes + self.activation_bytes + self.transient_bytes
+
+    def clients_per_pass(self, device_bytes: int) -> int:
+        """The most clients whose one pass fits in ``device_bytes`` (0: not even one)."""
+        return max(0, (device_bytes - self.backbone_bytes) // self.per_client_bytes)
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "total_bytes": self.total_bytes}
+        return {**asdict(self), "total_bytes": self.total_bytes, "per_client_bytes": self.per_client_bytes}
 
 
 def _with_layers(config, layers: int):

@@ -44,6 +44,11 @@ log = logging.getLogger("fedpeft")
 # and hold more activations (benchmarks/clients_per_pass.py: 32 clients per pass, MiniLM-L6, 1024 tokens per
 # sub-batch 10.2 s a round and 1542 MiB, 2048: 10.6 s and 1845 MiB, 4096: 12.1 s and 2926 MiB)
 CPU_PASS_TOKENS = 1024
+# what one more sub-batch costs on a CPU, in padded tokens: a sub-batch's forward and backward take a fixed time
+# plus a time per token (MiniLM-L6 + LoRA on 2 cores: about 16 ms + 0.38 ms a token), so a row of 20 tokens
+# is not worth a sub-batch of its own when padding it costs under 40 tokens. On CUDA, where a sub-batch's
+# fixed cost dwarfs its tokens, a pass takes the fewest sub-batches.
+CPU_SUB_BATCH_COST = 40
 
 
 class _Aborted(BaseException):
@@ -93,11 +98,12 @@ class Cohort:
     forwards by module type (the built-in ones and the PEFT method's)."""
 
     def __init__(self, tuned: Any, trainer: LocalTrainer, forwards: Mapping[type, RowForward],
-                 max_tokens: int | None = None):
+                 max_tokens: int | None = None, sub_batch_cost: int | None = None):
         self.tuned = tuned
         self.trainer = trainer
         self.forwards = forwards
         self.max_tokens = max_tokens  # the most padded tokens in one sub-batch of a pass (None: no cap)
+        self.sub_batch_cost = sub_batch_cost  # one more sub-batch's cost in padded tokens (None: fewest sub-batches)
         self.stats = PassStats()
         self.limit: int | None = None  # the most clients in one pass once memory ran out (None: no limit)
         self.chosen: int | None = None  # what runtime.clients_per_pass auto measured
@@ -110,8 +116,10 @@ class Cohort:
     def probe(self, data: Callable[[int], Any], cids: Sequence[int], seed: int) -> int:
         """The number of clients per pass that trains fastest on this device: the first local step of 1, 2, 4, ...
         of ``cids`` (``data(cid)``: a client's examples) run together and timed (the faster of two); it stops
-        when doubling gains under 5% or, on CUDA, when twice the pass's peak memory would pass 80% of the
-        device's memory, or on running out of memory. Nothing is trained."""
+        when doubling gains under 5% or on running out of memory. On CUDA the number is also held to what fits
+        in 80% of the memory free when the probe starts, at each client's footprint as measured (the pass's
+        peak less what was allocated before it, over its clients); the next number tried is the smaller of
+        twice the last and that. Nothing is trained."""
         modules = self._row_modules(self.tuned)
         if isinstance(modules, str):
             return 1
@@ -121,13 +129,17 @@ class Cohort:
         best, best_rate, k, found = 1, 0.0, 1, []
         device = self.trainer.device
         cids = [c for c in cids if len(data(c))]
+        cuda = device.type == "cuda"
+        if cuda:  # what the probe's passes may use: free device memory and the allocator's cached blocks
+            held = torch.cuda.memory_allocated(device)
+            room = 0.8 * (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - held)
         try:
             while k <= len(cids):
                 requests = [TrainRequest(slot=i, data=data(c), rng=np.random.default_rng([seed, 0, c]),
                                          params=own_copy(originals)) for i, c in enumerate(cids[:k])]
                 fused = FusedTrainer(self.trainer, self.tuned.module, modules, names,
                                      activate=lambda i, rs=requests: self.install(self.tuned, rs[i].params),
-                                     max_tokens=self.max_tokens)
+                                     max_tokens=self.max_tokens, sub_batch_cost=self.sub_batch_cost)
                 try:
                     seconds, examples, peak = fused.probe(requests)
                 except RowBatchUnsupported as exc:  # (how the model computes its loss): one at a time
@@ -144,15 +156,21 @@ class Cohort:
                 if rate <= best_rate * 1.05:  # doubling gained less than 5%
                     break
                 best, best_rate = k, rate
-                if device.type == "cuda" and 2 * peak > 0.8 * torch.cuda.mem_get_info(device)[1]:
-                    break
-                k *= 2
+                if cuda:
+                    per_client = max(1, peak - held) / k
+                    fits = int(room // per_client)
+                    found[-1] += f" ({per_client / 2**20:.0f} MiB each, {fits} fit)"
+                    if min(2 * k, fits) <= k:
+                        break
+                    k = min(2 * k, fits)
+                else:
+                    k *= 2
         finally:
             self.install(self.tuned, originals)
             for p in originals.values():
                 p.grad = None
             set_rng_state(state)
-            if device.type == "cuda":
+            if cuda:
                 torch.cuda.empty_cache()
         log.info("runtime.clients_per_pass auto measured %d (probe of one local step: %s)", best, ", ".join(found))
         return best
@@ -331,7 +349,7 @@ class Cohort:
             names = owner_names(tuned.module, list(tuned.params))
             fused = FusedTrainer(self.trainer, tuned.module, modules, names,
                                  activate=lambda k: self.install(tuned, requests[k].params), limit=self.limit,
-                                 max_tokens=self.max_tokens)
+                                 max_tokens=self.max_tokens, sub_batch_cost=self.sub_batch_cost)
             fused.stats = self.stats
             try:
                 fused.train(requests)
@@ -398,10 +416,11 @@ def make_cohort(exp: Any, client: Any) -> Cohort | None:
         return None
     log.info("runtime.clients_per_pass %s: clients train together in passes over the backbone",
              cfg.runtime.clients_per_pass)
+    cpu = exp.device.type == "cpu"
     max_tokens = cfg.runtime.max_pass_tokens
-    if max_tokens is None and exp.device.type == "cpu":
+    if max_tokens is None and cpu:
         max_tokens = CPU_PASS_TOKENS
-    return Cohort(exp.tuned, exp.trainer, forwards, max_tokens)
+    return Cohort(exp.tuned, exp.trainer, forwards, max_tokens, CPU_SUB_BATCH_COST if cpu else None)
 
 
 def pass_row(before: PassStats, after: PassStats) -> dict[str, Any]:

@@ -5,15 +5,16 @@ batches (planned with its own generator, as it would alone), its own loss (:mod:
 its own optimizer and learning-rate schedule (torch's, over its own copies of the trainable tensors), its own
 gradient clipping, hooks, extra loss and optimizer state, and its own number of steps (a client that has
 finished takes no further part). What is shared is the backbone's forward and backward: at each local step the
-clients' micro-batches are cut into sub-batches of rows of similar length (the fewest sub-batches whose padded
-tokens do not exceed what the clients would pad alone), and every sub-batch runs through the model once, each
-row with its own client's tensors (:mod:`fedpeft.tuners.row_batched`).
+clients' micro-batches are cut into sub-batches of rows of similar length (the fewest sub-batches, each within
+``runtime.max_pass_tokens``, such that the pass never pads more tokens than its clients would alone), and every
+sub-batch runs through the model once, each row with its own client's tensors (:mod:`fedpeft.tuners.row_batched`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -82,51 +83,65 @@ class PassStats:
         return None if not self.alone_tokens else 1.0 - self.real_tokens / self.alone_tokens
 
 
-def pack_rows(lengths: np.ndarray, budget: int, max_tokens: int | None = None) -> list[np.ndarray]:
-    """Rows (by index into ``lengths``) cut into the fewest sub-batches, each padded to its longest row, whose
-    padded tokens total at most ``budget``; among those, the least padding. Rows are taken in order of length,
-    so the answer exists whenever ``budget`` is at least what the same rows cost in groups of any sizes. With
-    ``max_tokens``, a sub-batch of more padded tokens is then cut further (into consecutive rows: never more
-    padding), down to one row."""
-    groups = _fewest_groups(lengths, budget)
-    if max_tokens is None:
-        return groups
-    out = []
-    for group in groups:  # longest row first
-        size = max(1, max_tokens // max(1, int(lengths[group[0]]))) if len(group) else 1
-        out.extend(group[i:i + size] for i in range(0, len(group), size))
-    return out
+def pack_rows(lengths: np.ndarray, budget: int, max_tokens: int | None = None,
+              sub_batch_cost: int | None = None) -> list[np.ndarray]:
+    """Rows (by index into ``lengths``) cut into sub-batches, each padded to its longest row and, with
+    ``max_tokens``, holding at most that many padded tokens (or a single row), whose padded tokens total at most
+    ``budget``. With ``sub_batch_cost`` (what one more sub-batch costs, in padded tokens) the cut of least
+    padded tokens plus that cost per sub-batch, if it fits the budget; otherwise the fewest sub-batches, and
+    among those the least padding.
 
-
-def _fewest_groups(lengths: np.ndarray, budget: int) -> list[np.ndarray]:
+    A sub-batch is a run of rows in order of length (an optimal cut always is one), so dynamic programmes over
+    the sorted rows find both. One row per distinct length pads nothing, so the answer exists whenever
+    ``budget`` covers the real tokens; below that, the least padding is returned."""
     order = np.argsort(-lengths, kind="stable")
-    sorted_len = lengths[order].astype(np.int64)
     n = len(order)
     if n == 0:
         return []
-    # best[j]: least padded tokens for the first j rows in g groups; cut[g][j]: where the last group starts
-    best = np.full(n + 1, np.iinfo(np.int64).max // 4, dtype=np.int64)
+    longest = lengths[order].astype(np.int64)  # a group of sorted rows i..j-1 pads to longest[i]
+    start = np.arange(n + 1)[:, None]
+    size = np.arange(n + 1)[None, :] - start  # (start i, end j): rows in the group
+    padded = size * np.append(longest, 0)[:, None]
+    allowed = size > 0
+    if max_tokens is not None:
+        allowed &= (padded <= max_tokens) | (size == 1)
+    never = np.iinfo(np.int64).max // 4
+    cost_of = np.where(allowed, padded, never)  # (i, j): padded tokens of the group of sorted rows i..j-1
+    if sub_batch_cost is not None:
+        starts = _cheapest_cut(cost_of, sub_batch_cost)
+        if sum(int(cost_of[i, j]) for i, j in itertools.pairwise(starts)) <= budget:
+            return [order[i:j] for i, j in itertools.pairwise(starts)]
+    best = np.full(n + 1, never, dtype=np.int64)  # least padding of the first j rows in the groups so far
     best[0] = 0
-    cuts: list[np.ndarray] = []
-    positions = np.arange(n + 1)
-    for _ in range(n):
-        nxt = np.full(n + 1, np.iinfo(np.int64).max // 4, dtype=np.int64)
-        cut = np.zeros(n + 1, dtype=np.int64)
-        for j in range(1, n + 1):
-            starts = positions[:j]
-            cost = best[:j] + (j - starts) * sorted_len[:j]
-            i = int(np.argmin(cost))
-            nxt[j], cut[j] = cost[i], i
-        best = nxt
+    cuts: list[np.ndarray] = []  # per number of groups: where the last group of the first j rows starts
+    while len(cuts) < n and (not cuts or best[n] > budget):
+        cost = np.minimum(best[:, None] + cost_of, never)
+        cut = cost.argmin(axis=0)
+        best = cost[cut, np.arange(n + 1)]
         cuts.append(cut)
-        if best[n] <= budget:
-            break
     groups, j = [], n
     for cut in reversed(cuts):
         i = int(cut[j])
         groups.append(order[i:j])
         j = i
     return groups[::-1]
+
+
+def _cheapest_cut(cost_of: np.ndarray, sub_batch_cost: int) -> list[int]:
+    """Where the groups start (and the last ends) in the cut of least ``cost_of`` plus ``sub_batch_cost`` a
+    group."""
+    n = cost_of.shape[0] - 1
+    best = np.zeros(n + 1, dtype=np.int64)
+    cut = np.zeros(n + 1, dtype=np.int64)
+    for j in range(1, n + 1):
+        cost = best[:j] + cost_of[:j, j]
+        cut[j] = int(cost.argmin())
+        best[j] = cost[cut[j]] + sub_batch_cost
+    starts, j = [n], n
+    while j > 0:
+        j = int(cut[j])
+        starts.append(j)
+    return starts[::-1]
 
 
 @dataclass
@@ -150,7 +165,7 @@ class FusedTrainer:
 
     def __init__(self, trainer: LocalTrainer, model: torch.nn.Module, forwards: Mapping[torch.nn.Module, RowForward],
                  names: Mapping[tuple[int, str], str], activate: Callable[[int], None], limit: int | None = None,
-                 max_tokens: int | None = None):
+                 max_tokens: int | None = None, sub_batch_cost: int | None = None):
         self.trainer = trainer
         self.model = model
         self.forwards = forwards
@@ -159,6 +174,8 @@ class FusedTrainer:
         self.stats = PassStats()
         self.limit = limit  # the most clients whose rows go through the model together (halved on out-of-memory)
         self.max_tokens = max_tokens  # the most padded tokens one sub-batch may hold (None: no cap)
+        self.sub_batch_cost = sub_batch_cost  # one more sub-batch's cost in padded tokens (None: fewest sub-batches)
+        self.slack = 0  # padded tokens the clients alone would have computed so far, less those computed fused
 
     def train(self, requests: Sequence[TrainRequest]) -> None:
         t = self.trainer
@@ -255,7 +272,7 @@ class FusedTrainer:
         the error stands."""
         while True:
             saved = [(c.examples, c.tokens, c.ops, c.failed, c.request.error) for c in active]
-            stats = dataclasses.astuple(self.stats)
+            stats, slack = dataclasses.astuple(self.stats), self.slack
             try:
                 counter = FlopCounterMode(display=False) if measure else contextlib.nullcontext()
                 with counter:
@@ -269,6 +286,7 @@ class FusedTrainer:
                     c.examples, c.tokens, c.ops, c.failed, c.request.error = examples, tokens, ops, failed, error
                     c.optimizer.zero_grad(set_to_none=True)
                 self.stats.__init__(*stats)  # type: ignore[misc]
+                self.slack = slack
                 self.limit = together // 2
                 message = first_line(exc, 80)
                 del exc  # (its traceback holds the failed attempt's tensors)
@@ -317,7 +335,9 @@ class FusedTrainer:
 
     def _micro_step(self, s: int, j: int, members: list[_Client], rows: Rows, weights: dict[int, float],
                     denominators: dict[int, int], budget: int, step_loss: dict[int, float]) -> int:
-        """One micro-batch of each member, cut into sub-batches by length; returns their padded tokens."""
+        """One micro-batch of each member, cut into sub-batches by length; returns their padded tokens. The
+        sub-batches may pad up to what the members would pad alone (``budget``) plus what earlier micro-batches of
+        the pass padded less than alone, so the pass as a whole never pads more than its clients alone."""
         t = self.trainer
         entries = [(c, int(i)) for c in members for i in c.steps[s][1][j]]
         lengths = np.array([len(c.request.data.input_ids[i]) for c, i in entries], dtype=np.int64)
@@ -325,7 +345,7 @@ class FusedTrainer:
         loss_value = {id(c): 0.0 for c in members}
         counts = {id(c): 0 for c in members}
         padded = 0
-        for group in pack_rows(lengths, budget, self.max_tokens):
+        for group in pack_rows(lengths, budget + self.slack, self.max_tokens, self.sub_batch_cost):
             chosen = sorted(group.tolist(), key=lambda k: (entries[k][0].request.slot, k))
             data = Encoded(input_ids=[entries[k][0].request.data.input_ids[entries[k][1]] for k in chosen],
                            labels=[entries[k][0].request.data.labels[entries[k][1]] for k in chosen],
@@ -366,6 +386,7 @@ class FusedTrainer:
             self.stats.real_tokens += int(lengths[group].sum())
         self.stats.fused_tokens += padded
         self.stats.micro_steps += 1
+        self.slack += budget - padded
         for c in members:
             if c.failed:
                 continue
