@@ -383,6 +383,27 @@ def test_auto_measures_the_clients_per_pass_on_the_first_round(tmp_path, caplog)
 
 
 @pytest.mark.needs_data
+def test_auto_takes_the_fastest_number_and_stops_once_a_number_is_clearly_slower(tmp_path, caplog, monkeypatch):
+    from fedpeft.training.fused import FusedTrainer
+
+    rates = {1: 10.0, 2: 10.2, 4: 15.0, 8: 14.0, 16: 11.0}  # examples a second; 16 is under 80% of 4's
+    tried = []
+
+    def timed(self, requests, repeats=2):
+        tried.append(len(requests))
+        return len(requests) / rates[len(requests)], len(requests), 0
+
+    monkeypatch.setattr(FusedTrainer, "probe", timed)
+    cfg = tiny_config("federation.num_clients=16", "federation.clients_per_round=16", "federation.rounds=1",
+                      "runtime.clients_per_pass=auto")
+    with caplog.at_level(logging.INFO, logger="fedpeft"):
+        EmbeddedRuntime(cfg, tmp_path).run()
+    assert tried == [1, 2, 4, 8, 16]  # a 2% gain at 2 does not stop it; 16 does
+    assert "runtime.clients_per_pass auto measured 4 " in caplog.text
+    assert read_metrics(tmp_path)[-1]["clients_per_pass"] == 4
+
+
+@pytest.mark.needs_data
 def test_a_4bit_quantized_backbone_trains_clients_together(tmp_path):
     rows = assert_same_as_alone(["model.quantization={bits: 4}"], tmp_path)
     assert all(r["fused_sub_batches"] > 0 for r in rows[1:])

@@ -19,6 +19,7 @@ from fedpeft import checkpoint
 from fedpeft.cli import main as cli_main
 from fedpeft.config import dump_config
 from fedpeft.rundir import read_metrics, read_summary
+from fedpeft.runtime.cohort import Cohort
 from fedpeft.runtime.embedded import EmbeddedRuntime
 
 
@@ -71,6 +72,24 @@ def test_resume_after_a_crash_ends_like_an_uninterrupted_run(algorithm, tmp_path
     resumed.run()
     assert_same_run(tmp_path / "full", tmp_path / "cut")
     assert "resumed" in (tmp_path / "cut" / "events.log").read_text()
+
+
+@pytest.mark.needs_data
+def test_a_resumed_run_keeps_the_clients_per_pass_auto_measured_and_the_out_of_memory_limit(tmp_path, monkeypatch):
+    cfg = tiny_config("runtime.clients_per_pass=auto", "federation.rounds=3", "federation.clients_per_round=4",
+                      "eval.every=1")
+    monkeypatch.setattr(Cohort, "probe", lambda self, *a, **k: 4)
+    rt = EmbeddedRuntime(cfg, tmp_path / "cut")
+    rt.cohort.limit = 2  # as if a pass had run out of memory with 4
+    crash_at_round(rt, monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        rt.run()
+    monkeypatch.undo()
+    monkeypatch.setattr(Cohort, "probe", lambda self, *a, **k: pytest.fail("auto measured again after resuming"))
+    resumed = EmbeddedRuntime.resume(tmp_path / "cut")
+    assert (resumed.cohort.chosen, resumed.cohort.limit) == (4, 2)
+    resumed.run()
+    assert [r.get("clients_per_pass") for r in read_metrics(tmp_path / "cut")[1:]] == [2, 2, 2]
 
 
 @pytest.mark.needs_data

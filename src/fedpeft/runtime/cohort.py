@@ -115,11 +115,12 @@ class Cohort:
 
     def probe(self, data: Callable[[int], Any], cids: Sequence[int], seed: int) -> int:
         """The number of clients per pass that trains fastest on this device: the first local step of 1, 2, 4, ...
-        of ``cids`` (``data(cid)``: a client's examples) run together and timed (the faster of two); it stops
-        when doubling gains under 5% or on running out of memory. On CUDA the number is also held to what fits
+        of ``cids`` (``data(cid)``: a client's examples) run together and timed (the faster of two), up to all of
+        them; the fastest wins. It stops early when a number trains under 80% as fast as the best so far (larger
+        ones will not catch up) or on running out of memory. On CUDA the number is also held to what fits
         in 80% of the memory free when the probe starts, at each client's footprint as measured (the pass's
-        peak less what was allocated before it, over its clients); the next number tried is the smaller of
-        twice the last and that. Nothing is trained."""
+        peak less what was allocated before it, over its clients). The next number tried is the smallest of
+        twice the last, the number of clients and (on CUDA) what fits. Nothing is trained."""
         modules = self._row_modules(self.tuned)
         if isinstance(modules, str):
             return 1
@@ -134,7 +135,7 @@ class Cohort:
             held = torch.cuda.memory_allocated(device)
             room = 0.8 * (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - held)
         try:
-            while k <= len(cids):
+            while cids:
                 requests = [TrainRequest(slot=i, data=data(c), rng=np.random.default_rng([seed, 0, c]),
                                          params=own_copy(originals)) for i, c in enumerate(cids[:k])]
                 fused = FusedTrainer(self.trainer, self.tuned.module, modules, names,
@@ -153,18 +154,19 @@ class Cohort:
                     break
                 rate = examples / seconds
                 found.append(f"{k}: {rate:.1f} examples a second")
-                if rate <= best_rate * 1.05:  # doubling gained less than 5%
+                if rate > best_rate:
+                    best, best_rate = k, rate
+                elif rate < 0.8 * best_rate:
                     break
-                best, best_rate = k, rate
+                following = min(2 * k, len(cids))
                 if cuda:
                     per_client = max(1, peak - held) / k
                     fits = int(room // per_client)
                     found[-1] += f" ({per_client / 2**20:.0f} MiB each, {fits} fit)"
-                    if min(2 * k, fits) <= k:
-                        break
-                    k = min(2 * k, fits)
-                else:
-                    k *= 2
+                    following = min(following, fits)
+                if following <= k:
+                    break
+                k = following
         finally:
             self.install(self.tuned, originals)
             for p in originals.values():

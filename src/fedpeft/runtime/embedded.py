@@ -251,6 +251,9 @@ class EmbeddedRuntime:
                          + ")")
         self.pass_info: dict[str, Any] = {}
         self.cohort = make_cohort(self.exp, self.client) if self.fuses_clients else None
+        if self.cohort is not None and restored is not None and "clients_per_pass" in restored[1]:
+            kept = restored[1]["clients_per_pass"]
+            self.cohort.chosen, self.cohort.limit = kept["chosen"], kept["limit"]
         if cfg.runtime.clients_per_pass != 1 and not self.fuses_clients:
             log.warning("runtime.clients_per_pass %s applies to the embedded runtime; runtime %s trains one client "
                         "per message", cfg.runtime.clients_per_pass, cfg.runtime.name)
@@ -301,6 +304,9 @@ class EmbeddedRuntime:
             "wall_s": self.rows[-1].get("wall_s", 0.0) if self.rows else 0.0,
             "trainer": {k: getattr(trainer, k) for k in TRAINER_COUNTERS},
             "config_sha256": self.config_digest,  # fedpeft.runtime.resume.check_config_unchanged
+            # auto's measured number and an out-of-memory halving: a resumed run groups its clients as before
+            **({"clients_per_pass": {"chosen": self.cohort.chosen, "limit": self.cohort.limit}}
+               if self.cohort is not None else {}),
         }
 
     def _restore(self, rnd: int, state: dict[str, Any]) -> None:
