@@ -192,6 +192,9 @@ def main() -> None:
     ap.add_argument("--runs", default="runs/clients_per_pass")
     ap.add_argument("--out", default=None, help="results JSON (merged into an existing file)")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides for every setting (KEY=VALUE)")
+    ap.add_argument("--repeats", type=int, default=1, help="with more than 1: run the settings that many times, "
+                    "interleaved (no Flower, no limit), and report each setting's round times and its speed-up "
+                    "over one at a time in the same repeat")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--batch-rows", nargs="*", default=[], help=argparse.SUPPRESS)
@@ -209,6 +212,11 @@ def main() -> None:
     for scenario in args.scenario:
         s = SCENARIOS[scenario]
         settings = args.per_pass or s["per_pass"]
+        if args.repeats > 1:
+            results[f"{scenario} ({args.device}) repeated"] = repeated(scenario, settings, args)
+            if args.out:
+                save(args.out, results)
+            continue
         got = results.setdefault(f"{scenario} ({args.device})", {})
         for one in settings:
             got[one] = in_child(scenario, one, args)
@@ -225,8 +233,40 @@ def main() -> None:
     print_tables(results)
 
 
+def repeated(scenario: str, settings: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Every setting ``args.repeats`` times, interleaved: round times, the speed-up over one at a time in the
+    same repeat, and the clients per pass in force."""
+    out: dict[str, dict[str, list[Any]]] = {one: {"round_s": [], "vs_one": [], "clients_per_pass": []}
+                                            for one in settings}
+    for i in range(args.repeats):
+        this = {one: in_child(scenario, one, args) for one in settings}
+        for one, r in this.items():
+            out[one]["round_s"].append(r["round_s"])
+            out[one]["clients_per_pass"].append(r.get("clients_per_pass"))
+            if "1" in this:
+                out[one]["vs_one"].append(this["1"]["round_s"] / r["round_s"])
+        print(scenario, f"repeat {i + 1}", json.dumps({one: r["round_s"] for one, r in this.items()}), flush=True)
+    return out
+
+
+def print_repeated(scenario: str, got: dict[str, Any]) -> None:
+    print(f"\n{scenario}\n")
+    print("| setting | round s, median (min-max) | vs one at a time, mean ± sd (per repeat) | clients per pass |")
+    print("|---|---|---|---|")
+    for one, r in got.items():
+        times, ratios = r["round_s"], r["vs_one"]
+        ratio = "-" if not ratios else (f"{statistics.mean(ratios):.2f}x ± {statistics.stdev(ratios):.2f} ("
+                                        + ", ".join(f"{x:.2f}" for x in ratios) + ")")
+        passes = sorted({p for p in r["clients_per_pass"] if p is not None})
+        print(f"| {one} | {statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f}) | {ratio} | "
+              f"{', '.join(map(str, passes)) or '-'} |")
+
+
 def print_tables(results: dict[str, Any]) -> None:
     for scenario, got in results.items():
+        if scenario.endswith(" repeated"):
+            print_repeated(scenario, got)
+            continue
         base = got.get("1")
         print(f"\n{scenario}\n")
         print("| setting | round s | examples/s | vs one at a time | of the limit | peak RSS MiB | padded share "

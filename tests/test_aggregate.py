@@ -83,6 +83,40 @@ def test_adaptive_servers_move_towards_the_update(options):
     assert np.all(server.global_state["w"] > 0)
 
 
+@pytest.mark.parametrize("name", ["fedadam", "fedyogi"])
+@pytest.mark.parametrize("tau", [1e-3, 1e-9])
+def test_with_flowers_options_fedadam_and_fedyogi_are_flowers_strategies(name, tau):
+    """initial_v: zero (and, for FedAdam, bias_correction) give Flower 1.41's FedAdam / FedYogi on the same client
+    models, round after round; the defaults (Reddi et al.: v0 = tau^2, no correction) do not."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.server.strategy import FedAdam, FedYogi
+
+    rng = np.random.default_rng(0)
+    x0 = {"a": rng.normal(size=(3, 4)).astype(np.float32), "b": rng.normal(size=5).astype(np.float32)}
+    flower_options = {"eta": 0.05, "beta_1": 0.9, "beta_2": 0.99, "tau": tau}
+    ours = {"server_lr": 0.05, "beta1": 0.9, "beta2": 0.99, "tau": tau}
+    cls, options = {"fedadam": (FedAdam, FedAdamOptions), "fedyogi": (FedYogi, FedYogiOptions)}[name]
+    flower = cls(initial_parameters=ndarrays_to_parameters([x0["a"], x0["b"]]), **flower_options)
+    matched = make_server(options(**ours, initial_v="zero", bias_correction=name == "fedadam"), dict(x0),
+                          num_clients=3, clients_per_round=3, seed=0)
+    reddi = make_server(options(**ours), dict(x0), num_clients=3, clients_per_round=3, seed=0)
+    for rnd in (1, 2, 3):
+        models = {c: {k: (v + rng.normal(scale=0.1, size=v.shape)).astype(np.float32)
+                      for k, v in matched.global_state.items()} for c in range(3)}
+        examples = {0: 10, 1: 30, 2: 5}
+        results = [(None, FitRes(Status(Code.OK, ""), ndarrays_to_parameters([m["a"], m["b"]]), examples[c], {}))
+                   for c, m in models.items()]
+        expected, _ = flower.aggregate_fit(rnd, results, [])
+        for server in (matched, reddi):
+            server.aggregate(rnd, {c: Payload(m, {"round": rnd, "num_examples": examples[c]})
+                                   for c, m in models.items()})
+        a, b = parameters_to_ndarrays(expected)
+        np.testing.assert_allclose(matched.global_state["a"], a, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(matched.global_state["b"], b, rtol=1e-5, atol=1e-6)
+    if name == "fedadam" or tau > 1e-6:  # (Yogi's v from tau^2 = 1e-18 or from 0: the same to float32)
+        assert not np.allclose(reddi.global_state["a"], a, rtol=1e-3)
+
+
 def test_random_selection_is_deterministic_and_distinct():
     from fedpeft.algorithms import random_selection
 

@@ -7,6 +7,7 @@ from helpers import crash_at_round, tiny_config, without_timings
 
 from fedpeft import checkpoint
 from fedpeft.algorithms import make_server
+from fedpeft.algorithms.lora.common import assign_ranks
 from fedpeft.algorithms.lora.factors import (
     aggregation_error,
     lora_pairs,
@@ -14,7 +15,6 @@ from fedpeft.algorithms.lora.factors import (
     svd_factors,
     truncate_rank,
 )
-from fedpeft.algorithms.lora.hetero.halves import assign_ranks
 from fedpeft.algorithms.lora.hetero.options import FlexLoraOptions, HetLoraOptions, RankGroup
 from fedpeft.config import ConfigError
 from fedpeft.rundir import read_metrics
@@ -210,12 +210,17 @@ def test_ffa_lora_keeps_a_bit_identical_and_sends_b_only_with_zero_error(tmp_pat
 
 
 @pytest.mark.needs_data
-def test_fedsa_lora_b_never_leaves_a_client(tmp_path):
+@pytest.mark.parametrize("local_head", [True, False])
+def test_fedsa_lora_b_and_by_default_the_head_never_leave_a_client(local_head, tmp_path):
     cfg = tiny_config("algorithm.name=fedsa_lora", "federation.rounds=3", "peft.r=4", "train.lr=0.01",
-                      "eval.personalized=true")
+                      "eval.personalized=true", f"algorithm.local_head={str(local_head).lower()}")
     rt = EmbeddedRuntime(cfg, tmp_path / "sa")
-    b_names = {p.b for p in lora_pairs(rt.server.global_state)}
+    pairs = lora_pairs(rt.server.global_state)
+    head = {k for k in rt.server.global_state if k not in {n for p in pairs for n in (p.a, p.b)}}
+    assert head and all("classifier" in k for k in head)  # the task head: trainable, not a LoRA factor
+    b_names = {p.b for p in pairs} | (head if local_head else set())
     initial_b = {k: rt.server.global_state[k].copy() for k in b_names}
+    initial_head = {k: rt.server.global_state[k].copy() for k in head}
     sent = spy_configure(rt)
     uploads = Uploads(rt)
     rt.run()
@@ -229,8 +234,12 @@ def test_fedsa_lora_b_never_leaves_a_client(tmp_path):
         served |= set(uploads.seen[rnd])
     for k in b_names:
         assert np.array_equal(rt.server.global_state[k], initial_b[k])
+    if not local_head:  # the head travels and is averaged
+        assert all(set(p.arrays) >= head for per_client in uploads.seen.values() for p in per_client.values())
+        assert not all(np.array_equal(rt.server.global_state[k], initial_head[k]) for k in head)
     kept = [rt.client_states[c]["lora_B"] for c in sorted(served)]
-    assert len(kept) >= 2 and all(np.abs(s[k]).sum() > 0 for s in kept for k in b_names)
+    assert len(kept) >= 2 and all(set(s) == b_names for s in kept)
+    assert all(np.abs(s[k]).sum() > 0 for s in kept for k in b_names if ".lora_B." in k)
     assert not all(np.array_equal(kept[0][k], kept[1][k]) for k in b_names)  # personal, not shared
 
 
@@ -310,15 +319,23 @@ def base_weights(tuned):
             for p in lora_pairs(tuned.params)}
 
 
+HETERO_FLORA = ["algorithm.rank_groups=[{rank: 1, share: 0.5}, {rank: 3, share: 0.25}, {rank: 4, share: 0.25}]",
+                "federation.clients_per_round=4"]
+
+
 @pytest.mark.needs_data
-@pytest.mark.parametrize("name", ["flora", "fedex_lora"])
+@pytest.mark.parametrize("name", ["flora", "flora-ranks", "fedex_lora"])
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-gpt2", "tiny-t5"])  # Linear, Conv1D (in x out), seq2seq
 def test_merging_methods_make_the_global_model_the_exact_mean_of_the_clients(name, model, tmp_path):
+    """The merged weights change by exactly scale x sum_i w_i B_i A_i (float64), FLoRA's clients at one rank or
+    at heterogeneous ranks (flora-ranks), each sending its own rank's factors."""
     from golden_runs import LM
 
     task = [] if model == "tiny-bert" else LM
+    ranks = HETERO_FLORA if name == "flora-ranks" else []
+    name = name.split("-")[0]
     cfg = tiny_config(f"model.name={model}", *task, f"algorithm.name={name}", "peft.r=4", "federation.rounds=1",
-                      "peft.dropout=0.0")
+                      "peft.dropout=0.0", *ranks)
     rt = EmbeddedRuntime(cfg, tmp_path / name)
     before = base_weights(rt.exp.tuned)
     transposed = {p.module: getattr(rt.exp.tuned.module.get_submodule(p.module), "fan_in_fan_out", False)
@@ -328,6 +345,10 @@ def test_merging_methods_make_the_global_model_the_exact_mean_of_the_clients(nam
     after = base_weights(rt.exp.tuned)
     ups = uploads.seen[1]
     ids = sorted(ups)
+    if ranks:
+        assert sorted(rt.server.ranks) == [1, 1, 3, 4]
+        assert all(ups[c].arrays[p.a].shape[0] == ups[c].arrays[p.b].shape[1] == rt.server.ranks[c]
+                   for c in ids for p in lora_pairs(ups[c].arrays))
     n = np.array([ups[c].meta["num_examples"] for c in ids], dtype=np.float64)
     w = n / n.sum()
     glob = rt.server.global_state
@@ -341,6 +362,11 @@ def test_merging_methods_make_the_global_model_the_exact_mean_of_the_clients(nam
         np.testing.assert_allclose(effective, exact, rtol=1e-3, atol=1e-6)
     assert any(transposed.values()) == (model == "tiny-gpt2")
     row = read_metrics(tmp_path / name)[1]
+    if ranks:  # the stack is as wide as the round's ranks together, and each client's bytes follow its rank
+        assert row["agg_stacked_rank"] == 9 and row["client_rank"] == {str(c): rt.server.ranks[c] for c in ids}
+        by_rank = sorted(ids, key=lambda c: rt.server.ranks[c])
+        assert [row["bytes_up"][str(c)] for c in by_rank] == sorted(row["bytes_up"][str(c)] for c in by_rank)
+        assert row["bytes_up"][str(by_rank[0])] < row["bytes_up"][str(by_rank[-1])]
     # the merge rounds the update to the float32 weights: relatively more, the smaller the update (T5 FedEx: 1e-3)
     assert row["agg_lora_aggregation_error"] < 1e-6 and 0 < row["agg_lora_merge_error"] < 1e-2
     if name == "fedex_lora":

@@ -115,6 +115,45 @@ def test_scaffold_keeps_its_control_variates_consistent_and_starts_as_fedavg(tmp
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.needs_data
+@pytest.mark.parametrize("max_grad_norm", ["null", "0.5"])
+def test_a_scaffold_local_step_is_the_papers_on_the_clipped_corrected_gradient(max_grad_norm):
+    """y = x - lr clip(g(x) - c_i + c): the plain gradient g from a FedAvg client's step from the same start on
+    the same batch (unclipped), the correction before the clipping."""
+    from fedpeft.algorithms.fedavg.halves import FedAvgClient
+    from fedpeft.algorithms.fedavg.options import FedAvgOptions
+    from fedpeft.algorithms.registry import make_client
+    from fedpeft.runtime.embedded import train_client
+    from fedpeft.runtime.setup import build_experiment
+
+    plugin = [str(SCAFFOLD / "plugin.py")]
+    sets = ["train.local_steps=1", "model.dropout=0", "peft.dropout=0", "federation.partition.scheme=iid"]
+    plain = build_experiment(load_config(SCAFFOLD / "config.yaml", [*sets, "train.max_grad_norm=null"],
+                                         plugins=plugin))
+    x = plain.tuned.state()
+    y_plain = train_client(plain, FedAvgClient(FedAvgOptions()), 1, 0,
+                           fedpeft.Payload(x, {"round": 1, "client": 0}), {}).arrays
+    lr = plain.cfg.train.lr
+    g = {k: (x[k].astype(np.float64) - y_plain[k]) / lr for k in x}
+
+    cfg = load_config(SCAFFOLD / "config.yaml", [*sets, f"train.max_grad_norm={max_grad_norm}"], plugins=plugin)
+    exp = build_experiment(cfg)
+    exp.tuned.load_state(x)
+    rng = np.random.default_rng(1)
+    c = {k: rng.normal(scale=0.05, size=v.shape).astype(np.float32) for k, v in x.items()}
+    c_i = {k: rng.normal(scale=0.05, size=v.shape).astype(np.float32) for k, v in x.items()}
+    received = fedpeft.Payload({**x, **{"control/" + k: v for k, v in c.items()}}, {"round": 1, "client": 0})
+    y = train_client(exp, make_client(cfg.algorithm), 1, 0, received, {"control": dict(c_i)}).arrays
+    corrected = {k: g[k] - c_i[k] + c[k] for k in x}
+    scale = 1.0
+    if cfg.train.max_grad_norm is not None:
+        norm = np.sqrt(sum(np.sum(v ** 2) for v in corrected.values()))
+        assert norm > cfg.train.max_grad_norm  # the clipping acts
+        scale = min(1.0, cfg.train.max_grad_norm / (norm + 1e-6))
+    for k in x:
+        np.testing.assert_allclose(y[k], x[k] - lr * scale * corrected[k], rtol=1e-4, atol=1e-6)
+
+
 def test_scaffold_refuses_an_optimizer_it_cannot_correct():
     with pytest.raises(ConfigError, match="scaffold corrects plain SGD steps"):
         load_config(SCAFFOLD / "config.yaml", ["train.optimizer=adamw"], plugins=[str(SCAFFOLD / "plugin.py")])

@@ -1,9 +1,11 @@
 """A fedpeft plugin with client state: SCAFFOLD (Karimireddy et al. 2020), control variates that correct
 each client's drift under non-IID data. Written against ``import fedpeft`` only.
 
-Server: global state x and control variate c. Each selected client gets (x, c), starts from x, and after
-every SGD step moves its parameters by -lr * (c - c_i), where c_i is its own control variate (kept in the
-client's state between its rounds). It then updates c_i <- c_i - c + (x - y) / (K lr) (the paper's
+Server: global state x and control variate c. Each selected client gets (x, c), starts from x, and takes
+SGD steps on the corrected gradient, y <- y - lr (g(y) - c_i + c) (the paper's local step), where c_i is its
+own control variate (kept in the client's state between its rounds). The correction is added to the gradient
+before ``train.max_grad_norm`` clips it, so a clipped step is lr times the clipped corrected gradient (set
+``train.max_grad_norm: null`` for the paper's step exactly). It then updates c_i <- c_i - c + (x - y) / (K lr) (the paper's
 option II; y: its trained state, K: its steps) and sends y and the change of c_i. The server moves x along
 the mean change of y and c by the sum of the control changes over all N clients.
 
@@ -34,6 +36,10 @@ class ScaffoldOptions(fedpeft.AlgorithmOptions):
         if t.optimizer != "sgd" or t.scheduler != "constant" or t.momentum or t.warmup_ratio:
             raise ValueError("algorithm scaffold corrects plain SGD steps: set train.optimizer: sgd, "
                              "train.scheduler: constant, train.momentum: 0 and train.warmup_ratio: 0")
+        if run.runtime.precision == "fp16":
+            raise ValueError("runtime.precision fp16: algorithm scaffold adds its correction to the gradients, which "
+                             "fp16's loss scaling holds scaled (and a skipped step would still be corrected); use "
+                             "bf16 or fp32")
 
 
 class ScaffoldServer(fedpeft.ServerAlgorithm[ScaffoldOptions]):
@@ -74,14 +80,17 @@ class ScaffoldClient(fedpeft.ClientAlgorithm):
         lr = float(ctx.resources["client_lr"])
         ctx.tuned.load_state(x)
         params = ctx.tuned.params  # name -> the trainable torch parameter
-        shift = {k: torch.from_numpy(c[k] - c_i[k]).to(p.device, p.dtype) * lr for k, p in params.items()}
+        shift = {k: torch.from_numpy(c[k] - c_i[k]).to(p.device, p.dtype) for k, p in params.items()}
 
-        def correct() -> None:  # after every optimizer step: y <- y - lr (c - c_i)
+        def correct() -> None:  # before every optimizer step (and its clipping): g <- g - c_i + c
             with torch.no_grad():
                 for k, p in params.items():
-                    p.sub_(shift[k])
+                    if p.grad is None:
+                        p.grad = shift[k].clone()
+                    else:
+                        p.grad.add_(shift[k])
 
-        result = ctx.train(after_step=correct)
+        result = ctx.train(before_step=correct)
         y = ctx.tuned.state()
         scale = 1.0 / (max(result.steps, 1) * lr)
         new_c_i = {k: (c_i[k] - c[k] + (x[k] - y[k]) * scale).astype(np.float32) for k in x}

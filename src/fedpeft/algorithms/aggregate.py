@@ -50,9 +50,9 @@ def fedavgm_step(
     return {k: (x[k] + server_lr * m_new[k]).astype(np.float32) for k in x}, m_new
 
 
-def _adaptive_step(x, d, m, v, server_lr, beta1, tau, second_moment) -> tuple[Arrays, Arrays, Arrays]:
+def _adaptive_step(x, d, m, v, server_lr, beta1, tau, second_moment, initial_v) -> tuple[Arrays, Arrays, Arrays]:
     m0 = m if m is not None else {k: np.zeros_like(x[k]) for k in x}
-    v0 = v if v is not None else {k: np.full_like(x[k], tau * tau) for k in x}
+    v0 = v if v is not None else {k: np.full_like(x[k], tau * tau if initial_v is None else initial_v) for k in x}
     m_new = {k: (beta1 * m0[k] + (1 - beta1) * d[k]).astype(np.float32) for k in x}
     v_new = {k: second_moment(v0[k], np.square(d[k])).astype(np.float32) for k in x}
     x_new = {k: (x[k] + server_lr * m_new[k] / (np.sqrt(v_new[k]) + tau)).astype(np.float32) for k in x}
@@ -62,14 +62,19 @@ def _adaptive_step(x, d, m, v, server_lr, beta1, tau, second_moment) -> tuple[Ar
 def fedadam_step(
     x: Mapping[str, np.ndarray], d: Mapping[str, np.ndarray], m: Mapping[str, np.ndarray] | None,
     v: Mapping[str, np.ndarray] | None, server_lr: float, beta1: float, beta2: float, tau: float,
+    initial_v: float | None = None,
 ) -> tuple[Arrays, Arrays, Arrays]:
-    """m = b1 m + (1-b1) d; v = b2 v + (1-b2) d^2; x = x + eta m / (sqrt(v) + tau). Returns (x, m, v)."""
-    return _adaptive_step(x, d, m, v, server_lr, beta1, tau, lambda v0, d2: beta2 * v0 + (1 - beta2) * d2)
+    """m = b1 m + (1-b1) d; v = b2 v + (1-b2) d^2; x = x + eta m / (sqrt(v) + tau), m starting at 0 and v at
+    ``initial_v`` (default tau^2, Reddi et al.'s). Returns (x, m, v)."""
+    return _adaptive_step(x, d, m, v, server_lr, beta1, tau, lambda v0, d2: beta2 * v0 + (1 - beta2) * d2,
+                          initial_v)
 
 
 def fedyogi_step(
     x: Mapping[str, np.ndarray], d: Mapping[str, np.ndarray], m: Mapping[str, np.ndarray] | None,
     v: Mapping[str, np.ndarray] | None, server_lr: float, beta1: float, beta2: float, tau: float,
+    initial_v: float | None = None,
 ) -> tuple[Arrays, Arrays, Arrays]:
     """As FedAdam but v = v - (1-b2) d^2 sign(v - d^2). Returns (x, m, v)."""
-    return _adaptive_step(x, d, m, v, server_lr, beta1, tau, lambda v0, d2: v0 - (1 - beta2) * d2 * np.sign(v0 - d2))
+    return _adaptive_step(x, d, m, v, server_lr, beta1, tau, lambda v0, d2: v0 - (1 - beta2) * d2 * np.sign(v0 - d2),
+                          initial_v)

@@ -91,14 +91,14 @@ class FedAvgServer(ServerAlgorithm[FedAvgFamilyT]):
         if self.private is not None:
             self.private.load_state_dict(state.get("privacy") or {})
 
-    def step(self, d: A.Arrays) -> None:
+    def step(self, d: A.Arrays, rnd: int) -> None:
         self.global_state = A.fedavg_step(self.global_state, d, self.options.server_lr)
 
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
         if not updates:
             return {"update_norm": 0.0}
         d = self.pseudo_gradient(updates)
-        self.step(d)
+        self.step(d, rnd)
         out = {"update_norm": l2_norm(d)}
         # the gap between averaging factors and averaging products is FedAvg's: not reported under DP (the clients'
         # own updates are not reported on) nor under a robust rule (which does not average)
@@ -112,7 +112,7 @@ class FedAvgServer(ServerAlgorithm[FedAvgFamilyT]):
         if self.private is not None or self.robust is not None:
             raise UpdateRejected("differential privacy and robust aggregation need each client's update, not their mean")
         check_arrays(mean_update, self.expected)
-        self.step(mean_update)
+        self.step(mean_update, rnd)
         return {"update_norm": l2_norm(mean_update)}
 
 
@@ -123,7 +123,7 @@ class FedAvgMServer(FedAvgServer[FedAvgMOptions]):
         super().__init__(*args, **kwargs)
         self.momentum_buffer: A.Arrays | None = None
 
-    def step(self, d: A.Arrays) -> None:
+    def step(self, d: A.Arrays, rnd: int) -> None:
         self.global_state, self.momentum_buffer = A.fedavgm_step(
             self.global_state, d, self.momentum_buffer, self.options.server_lr, self.options.momentum
         )
@@ -138,11 +138,14 @@ class FedAdamServer(FedAvgServer[FedAdamOptions]):
         self.m: A.Arrays | None = None
         self.v: A.Arrays | None = None
 
-    def step(self, d: A.Arrays) -> None:
+    def step(self, d: A.Arrays, rnd: int) -> None:
         o = self.options
+        lr = o.server_lr
+        if o.bias_correction:  # Flower's form: the exponent is the round number plus one
+            lr *= np.sqrt(1 - o.beta2 ** (rnd + 1)) / (1 - o.beta1 ** (rnd + 1))
         self.global_state, self.m, self.v = self.rule(
-            self.global_state, d, self.m, self.v, o.server_lr, o.beta1, o.beta2, o.tau
-        )
+            self.global_state, d, self.m, self.v, lr, o.beta1, o.beta2, o.tau,
+            0.0 if o.initial_v == "zero" else None)
 
 
 class FedYogiServer(FedAdamServer):

@@ -46,6 +46,13 @@ class FedAdamOptions(AlgorithmOptions):
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.99, ge=0, lt=1)
     tau: float = Field(1e-3, gt=0, description="Adaptivity (epsilon) of the server optimizer.")
+    initial_v: Literal["tau_squared", "zero"] = Field(
+        "tau_squared", description="The second moment's start: tau_squared (Reddi et al.'s v0 = tau^2) or zero "
+        "(Flower's strategies).")
+    bias_correction: bool = Field(
+        False, description="Scale the step at round t by sqrt(1 - beta2^(t+1)) / (1 - beta1^(t+1)), as Flower's "
+        "FedAdam does (Reddi et al. have none). With initial_v: zero, fedadam is then Flower's FedAdam; fedyogi "
+        "with initial_v: zero and no correction is Flower's FedYogi.")
 
 
 class FedYogiOptions(FedAdamOptions):

@@ -4,7 +4,7 @@ some of the trainable tensors, and a digest that proves two processes hold the s
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -12,7 +12,7 @@ import numpy as np
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.factors import LoraPair, lora_pairs
-from fedpeft.algorithms.lora.options import LoraFedAvgOptions
+from fedpeft.algorithms.lora.options import LoraFedAvgOptions, RankGroup
 from fedpeft.algorithms.robust import robust_aggregate, round_report
 from fedpeft.wire import Arrays
 
@@ -89,3 +89,22 @@ def round_meta(payload: fedpeft.Payload, ctx: fedpeft.ClientContext, result: Any
     """The update's metadata: round, client, examples and the local training's counters."""
     return {"round": payload.meta["round"], "client": ctx.client_id, "num_examples": ctx.num_examples,
             **result.as_meta(), **extra}
+
+
+def assign_ranks(num_clients: int, groups: Sequence[RankGroup], seed: int,
+                 explicit: Mapping[int, int] | None = None) -> list[int]:
+    """Each client's rank: group sizes by largest remainder of share x num_clients (ties to the earlier
+    group), members drawn by a permutation seeded by ``seed``; ``explicit`` overrides single clients."""
+    quotas = [g.share * num_clients for g in groups]
+    counts = [int(np.floor(q)) for q in quotas]
+    order = sorted(range(len(groups)), key=lambda j: (-(quotas[j] - counts[j]), j))
+    for j in order[: num_clients - sum(counts)]:
+        counts[j] += 1
+    ranks = [g.rank for g, n in zip(groups, counts) for _ in range(n)]
+    perm = np.random.default_rng([seed, 0x4E7A]).permutation(num_clients)
+    out = [0] * num_clients
+    for position, client in enumerate(perm):
+        out[int(client)] = ranks[position]
+    for client, rank in (explicit or {}).items():
+        out[client] = rank
+    return out

@@ -106,6 +106,10 @@ class MergingServer(fedpeft.ServerAlgorithm[MergingOptionsT]):
 
     def validate(self, rnd: int, payload: fedpeft.Payload) -> None:
         super().validate(rnd, payload)
+        self.check_merged_through(rnd, payload)
+
+    @staticmethod
+    def check_merged_through(rnd: int, payload: fedpeft.Payload) -> None:
         m = payload.meta.get("merged_through")
         # up to the previous round: a node that outlived a server restart may hold rounds the server runs again
         # (seeded, they merge the same stacks)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.config.adversarial import RobustRule
 from fedpeft.config.schema import AlgorithmOptions
@@ -24,6 +25,29 @@ class LoraFedAvgOptions(AlgorithmOptions):
 
     def check(self, run: Any) -> None:
         require_lora(run, self.name)
+
+
+class RankGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rank: int = Field(ge=1, description="LoRA rank of the clients in this group.")
+    share: float = Field(gt=0, le=1, description="Share of the federation's clients in this group.")
+
+
+def check_ranks(run: Any, algorithm: str, groups: Sequence[RankGroup], explicit: Mapping[int, int]) -> None:
+    """Refuse rank groups whose shares do not sum to 1, ranks outside 1..peft.r and clients that do not exist."""
+    if groups:
+        total = sum(g.share for g in groups)
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"algorithm.rank_groups: the shares sum to {total:g}; make them sum to 1")
+    ranks = [g.rank for g in groups] + list(explicit.values())
+    if ranks and (max(ranks) > run.peft.r or min(ranks) < 1):
+        raise ValueError(f"algorithm {algorithm}: ranks {sorted(set(ranks))} must lie in 1..peft.r "
+                         f"({run.peft.r}); set peft.r to the largest rank of the federation")
+    n = run.federation.num_clients
+    bad = sorted(c for c in explicit if not 0 <= c < n)
+    if bad:
+        raise ValueError(f"algorithm.client_ranks: client {bad[0]} does not exist "
+                         f"(federation.num_clients is {n}: ids 0..{n - 1})")
 
 
 def require_lora(run: Any, algorithm: str) -> None:

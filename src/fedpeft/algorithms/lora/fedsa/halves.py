@@ -1,17 +1,19 @@
 """FedSA-LoRA (Guo et al., "Selective Aggregation for Low-Rank Adaptation in Federated Learning", ICLR 2025).
 
-The A factors (and the task head) are shared and averaged; each client keeps its own B, which never leaves
-it. A client's B lives in its per-client state (``ctx.state``, as FedPepTAO keeps its personal prompt
-layers): one float32 copy of B per client that has trained. Until the server has accepted an update of a
-client, it sends that client the initial B (the seeded initialisation, zeros for LoRA) with the shared part;
-a client trains on its own B whenever it has one.
+The A factors are shared and averaged; each client keeps its own B, and by default its own task head
+(``local_head``: the reference code keeps ``lora_B`` and ``classifier`` local for classification; the
+paper's text speaks of B only), which never leave it. They live in the client's per-client state
+(``ctx.state``, as FedPepTAO keeps its personal prompt layers): one float32 copy per client that has trained.
+Until the server has accepted an update of a client, it sends that client the initial B and head (the seeded
+initialisation) with the shared part; a client trains on its own whenever it has them.
 
-The global model the server evaluates is the shared part with the initial B; the method's own score is
-each client's model with its B (``eval.personalized``).
+The global model the server evaluates is the shared part with the initial B (and head); the method's own
+score is each client's model with its own (``eval.personalized``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import fedpeft
@@ -24,12 +26,24 @@ from fedpeft.algorithms.lora.fedsa.options import KEPT, NAME, FedSaLoraOptions
 from fedpeft.wire import Arrays
 
 
+def kept_names(names: Iterable[str], options: FedSaLoraOptions) -> set[str]:
+    """The tensors that stay on each client: every LoRA B, and under ``local_head`` every trainable tensor that
+    is not a LoRA factor (the task head)."""
+    names = list(names)
+    pairs = pairs_in(names, NAME)
+    kept = {p.b for p in pairs}
+    if options.local_head:
+        factors = {n for p in pairs for n in (p.a, p.b)}
+        kept |= {n for n in names if n not in factors}
+    return kept
+
+
 class FedSaLoraServer(MeanStepServer[FedSaLoraOptions]):
     state_attrs = ("global_state", "served")
 
     def __init__(self, options: FedSaLoraOptions, initial_state: Arrays, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
-        self.kept = {p.b for p in pairs_in(self.global_state, NAME)}
+        self.kept = kept_names(self.global_state, options)
         self.shared = {k: spec for k, spec in self.expected.items() if k not in self.kept}
         self.served: list[int] = []  # clients whose update was accepted, so they hold a B of their own
 
@@ -61,20 +75,20 @@ class FedSaLoraClient(fedpeft.ClientAlgorithm):
         self.options = options
 
     def fit(self, payload: fedpeft.Payload, ctx: fedpeft.ClientContext) -> fedpeft.Payload:
-        kept_names = {p.b for p in pairs_in(ctx.tuned.params, NAME)}
-        shared = {k: v for k, v in payload.arrays.items() if k not in kept_names}
-        kept = ctx.state.get(KEPT)  # its own B, when it has trained before
+        names = kept_names(ctx.tuned.params, self.options)
+        shared = {k: v for k, v in payload.arrays.items() if k not in names}
+        kept = ctx.state.get(KEPT)  # its own B (and head), when it has trained before
         if kept is None:
-            if not kept_names <= set(payload.arrays):
+            if not names <= set(payload.arrays):
                 raise ValueError(f"fedsa_lora: client {ctx.client_id} holds no LoRA B of its own (its state was "
                                  "lost, e.g. a restarted client process) and the server did not send the initial "
                                  "B; it gets it with its next payload")
-            kept = {k: payload.arrays[k] for k in kept_names}
+            kept = {k: payload.arrays[k] for k in names}
         ctx.tuned.load_state({**shared, **kept})
-        ctx.evaluate_personal()  # the global A and head with the client's own B
+        ctx.evaluate_personal()  # the global A with the client's own B (and head)
         result = ctx.train()
         state = ctx.tuned.state()
-        ctx.state[KEPT] = {k: state[k] for k in kept_names}
+        ctx.state[KEPT] = {k: state[k] for k in names}
         return fedpeft.Payload({k: state[k] for k in shared}, round_meta(payload, ctx, result))
 
 

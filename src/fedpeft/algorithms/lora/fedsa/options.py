@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
+
 from fedpeft.algorithms.lora.options import (
     LoraFedAvgOptions,
 )
@@ -11,13 +13,17 @@ from fedpeft.algorithms.lora.options import (
 NAME = "fedsa_lora"
 
 
-KEPT = "lora_B"  # ctx.state key of the client's own B factors
+KEPT = "lora_B"  # ctx.state key of the client's own tensors: its B factors (and the task head under local_head)
 
 
 class FedSaLoraOptions(LoraFedAvgOptions):
     """algorithm: {name: fedsa_lora, server_lr: 1.0}: LoRA with A and the head federated, B personal."""
 
     name: Literal["fedsa_lora"] = "fedsa_lora"
+    local_head: bool = Field(
+        True, description="Keep the task head (every trainable tensor that is not a LoRA factor) on each client "
+        "with its B, as the reference code does for classification (local_param: lora_B, classifier); false "
+        "averages the head with A.")
 
     def check(self, run: Any) -> None:
         super().check(run)

@@ -5,7 +5,13 @@ Each round every selected client starts from freshly initialised LoRA factors (A
 seeded by (seed, round, client); B zero) on the backbone with every earlier round merged in, trains, and
 sends A_i, B_i and the task head. The server stacks them, B_s = [w_1 B_1, ..., w_K B_K] and
 A_s = [A_1; ...; A_K] (w_i: the clients' example shares), so B_s A_s = sum_i w_i B_i A_i exactly, and merges
-the product into the frozen weights of its model; the head is averaged. A client receives the stacks of
+the product into the frozen weights of its model; the head is averaged.
+
+Clients may have different ranks (``rank_groups`` / ``client_ranks``, as hetlora's; the paper's
+heterogeneous setting). The model is built at ``peft.r``; a client of rank r_i draws A's first r_i rows and
+keeps the others at zero, where they stay (a component whose row of A and column of B are zero gets no
+gradient), and sends its first r_i components only. Every client trains at the scale alpha / ``peft.r``: the
+reference's alpha_i = 2 r_i is the scale 2 for every rank, which is fedpeft's default alpha / r (32 / 16). A client receives the stacks of
 every round since it last reported (see :mod:`.merge`), so downloads grow with the clients stacked and the
 rounds the client missed. The backbone cannot be quantized (the product is added to its weights).
 """
@@ -17,11 +23,15 @@ import math
 import numpy as np
 import torch
 
+from typing import Any
+
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
-from fedpeft.algorithms.lora.common import pairs_in, round_meta
-from fedpeft.algorithms.lora.factors import stack, sum_norm
+from fedpeft.algorithms.lora.common import assign_ranks, pairs_in, round_meta
+from fedpeft.algorithms.lora.factors import stack, sum_norm, truncate_rank
 from fedpeft.algorithms.lora.flora.options import NAME, FLoraOptions
+from fedpeft.algorithms.lora.options import RankGroup
+from fedpeft.wire import Arrays
 from fedpeft.algorithms.lora.merge import (
     MergingServer,
     merge_missing,
@@ -29,6 +39,32 @@ from fedpeft.algorithms.lora.merge import (
 
 
 class FLoraServer(MergingServer[FLoraOptions]):
+    def __init__(self, options: FLoraOptions, initial_state: Arrays, **kwargs: Any):
+        super().__init__(options, initial_state, **kwargs)
+        full = int(self.global_state[self.pairs[0].a].shape[0])
+        self.ranks = assign_ranks(self.num_clients, options.rank_groups or [RankGroup(rank=full, share=1.0)],
+                                  self.seed, options.client_ranks)
+        self.selected: list[int] = []
+
+    def configure(self, rnd: int, clients: list[int]) -> dict[int, fedpeft.Payload]:
+        self.selected = list(clients)
+        out = super().configure(rnd, clients)
+        for c, payload in out.items():
+            payload.meta["rank"] = self.ranks[c]
+        return out
+
+    def validate_from(self, rnd: int, client: int, payload: fedpeft.Payload) -> None:
+        rank = self.ranks[client]
+        spec = dict(self.expected)
+        for p in self.pairs:  # the client's first r_i components only
+            spec[p.a] = ((rank, *spec[p.a][0][1:]), spec[p.a][1])
+            spec[p.b] = ((*spec[p.b][0][:-1], rank), spec[p.b][1])
+        fedpeft.check_update(payload, spec, rnd)
+        self.check_merged_through(rnd, payload)
+
+    def round_info(self) -> dict[str, Any]:
+        return {"client_rank": {str(c): self.ranks[c] for c in self.selected}}
+
     def sent_state(self) -> dict[str, np.ndarray]:
         """The head only: clients start each round from fresh LoRA factors."""
         return {k: v for k, v in self.global_state.items() if k not in self.factor_names}
@@ -60,20 +96,25 @@ class FLoraClient(fedpeft.ClientAlgorithm):
     def fit(self, payload: fedpeft.Payload, ctx: fedpeft.ClientContext) -> fedpeft.Payload:
         params = ctx.tuned.params
         pairs = pairs_in(params, NAME)
+        rank = int(payload.meta.get("rank", params[pairs[0].a].shape[0]))
         held = merge_missing(ctx, payload, pairs, NAME)
         head = {k: v for k, v in payload.arrays.items() if not k.startswith("merge/")}
         ctx.tuned.load_state(head, partial=True)
         seed = ctx.resources.get("seed", 0)
         gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, ctx.round, ctx.client_id, 0xF10]).generate_state(1)[0]))
         with torch.no_grad():  # fresh factors, as PEFT initialises LoRA: A Kaiming-uniform, B zero
-            for p in pairs:
+            for p in pairs:  # (the bound depends on A's input width only, so a rank-r_i A is its first rows)
                 a = torch.empty(params[p.a].shape, dtype=torch.float32)
                 torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=gen)
+                a[rank:] = 0.0
                 params[p.a].copy_(a.to(params[p.a].device, params[p.a].dtype))
                 params[p.b].zero_()
         ctx.evaluate_personal()  # the merged backbone with the global head: the global model
         result = ctx.train()
         state = ctx.tuned.state()
-        return fedpeft.Payload(state, round_meta(payload, ctx, result, merged_through=held))
+        for p in pairs:
+            state[p.a] = truncate_rank(state[p.a], rank, is_a=True)
+            state[p.b] = truncate_rank(state[p.b], rank, is_a=False)
+        return fedpeft.Payload(state, round_meta(payload, ctx, result, merged_through=held, rank=rank))
 
 

@@ -23,14 +23,14 @@ or ``client_ranks`` (client id -> rank, for the clients it names).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import numpy as np
 
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
-from fedpeft.algorithms.lora.common import pairs_in, round_meta
+from fedpeft.algorithms.lora.common import assign_ranks, pairs_in, round_meta
 from fedpeft.algorithms.lora.factors import (
     LoraPair,
     aggregation_gap,
@@ -44,29 +44,8 @@ from fedpeft.algorithms.lora.hetero.options import (
     FlexLoraOptions,
     HeteroRankOptions,
     HetLoraOptions,
-    RankGroup,
 )
 from fedpeft.wire import Arrays
-
-
-def assign_ranks(num_clients: int, groups: Sequence[RankGroup], seed: int,
-                 explicit: Mapping[int, int] | None = None) -> list[int]:
-    """Each client's rank: group sizes by largest remainder of share x num_clients (ties to the earlier
-    group), members drawn by a permutation seeded by ``seed``; ``explicit`` overrides single clients."""
-    quotas = [g.share * num_clients for g in groups]
-    counts = [int(np.floor(q)) for q in quotas]
-    order = sorted(range(len(groups)), key=lambda j: (-(quotas[j] - counts[j]), j))
-    for j in order[: num_clients - sum(counts)]:
-        counts[j] += 1
-    ranks = [g.rank for g, n in zip(groups, counts) for _ in range(n)]
-    perm = np.random.default_rng([seed, 0x4E7A]).permutation(num_clients)
-    out = [0] * num_clients
-    for position, client in enumerate(perm):
-        out[int(client)] = ranks[position]
-    for client, rank in (explicit or {}).items():
-        out[client] = rank
-    return out
-
 
 HeteroRankOptionsT = TypeVar("HeteroRankOptionsT", bound=HeteroRankOptions)
 

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from fedpeft.algorithms.lora.options import (
+    RankGroup,
+    check_ranks,
     require_lora,
 )
 from fedpeft.config.schema import AlgorithmOptions
-
-
-class RankGroup(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    rank: int = Field(ge=1, description="LoRA rank of the clients in this group.")
-    share: float = Field(gt=0, le=1, description="Share of the federation's clients in this group.")
 
 
 class HeteroRankOptions(AlgorithmOptions):
@@ -33,18 +29,7 @@ class HeteroRankOptions(AlgorithmOptions):
 
     def check(self, run: Any) -> None:
         require_lora(run, self.name)
-        total = sum(g.share for g in self.rank_groups)
-        if abs(total - 1.0) > 1e-6:
-            raise ValueError(f"algorithm.rank_groups: the shares sum to {total:g}; make them sum to 1")
-        ranks = [g.rank for g in self.rank_groups] + list(self.client_ranks.values())
-        if max(ranks) > run.peft.r or min(ranks) < 1:
-            raise ValueError(f"algorithm {self.name}: ranks {sorted(set(ranks))} must lie in 1..peft.r "
-                             f"({run.peft.r}); set peft.r to the largest rank of the federation")
-        n = run.federation.num_clients
-        bad = sorted(c for c in self.client_ranks if not 0 <= c < n)
-        if bad:
-            raise ValueError(f"algorithm.client_ranks: client {bad[0]} does not exist "
-                             f"(federation.num_clients is {n}: ids 0..{n - 1})")
+        check_ranks(run, self.name, self.rank_groups, self.client_ranks)
 
 
 class HetLoraOptions(HeteroRankOptions):
