@@ -234,12 +234,15 @@ def main() -> None:
 
 
 def repeated(scenario: str, settings: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """Every setting ``args.repeats`` times, interleaved: round times, the speed-up over one at a time in the
+    """Every setting ``args.repeats`` times, interleaved (each repeat starts one setting later, so that a drift
+    of the machine does not always fall on the same one): round times, the speed-up over one at a time in the
     same repeat, and the clients per pass in force."""
+    settings = [one for one in settings if one not in ("flower", "limit")]
     out: dict[str, dict[str, list[Any]]] = {one: {"round_s": [], "vs_one": [], "clients_per_pass": []}
                                             for one in settings}
     for i in range(args.repeats):
-        this = {one: in_child(scenario, one, args) for one in settings}
+        order = settings[i % len(settings):] + settings[:i % len(settings)]
+        this = {one: in_child(scenario, one, args) for one in order}
         for one, r in this.items():
             out[one]["round_s"].append(r["round_s"])
             out[one]["clients_per_pass"].append(r.get("clients_per_pass"))

@@ -1,7 +1,9 @@
-"""What one more sub-batch costs in a fused pass on this device, in padded tokens (``CPU_SUB_BATCH_COST`` in
-``fedpeft/runtime/cohort.py``): the forward and backward of MiniLM-L6 + LoRA r8 (the clients-per-pass
-benchmark's model) timed at batches of several shapes, and a least-squares line seconds = fixed + per_token x
-tokens through them. Their ratio is what a sub-batch of its own must save in padding to pay for itself.
+"""The fixed cost of a forward and backward on this device, in tokens: the basis of ``runtime.sub_batch_cost``'s
+CPU default (``CPU_SUB_BATCH_COST`` in ``fedpeft/runtime/cohort.py``). The forward and backward of MiniLM-L6 +
+LoRA r8 (the clients-per-pass benchmark's model) is timed at batches of several shapes, and a least-squares line
+seconds = fixed + per_token x tokens goes through them; fixed / per_token is what a sub-batch of its own must
+save in padding to pay for itself. (The plain model's pass: a fused pass adds its own bookkeeping per sub-batch,
+the collation and each client's loss, so the fused figure is somewhat higher.)
 
     python benchmarks/sub_batch_cost.py
 """
@@ -36,11 +38,12 @@ def main() -> None:
         ids = torch.randint(1000, 2000, (rows, length))
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.zeros(rows, dtype=torch.long)}
         times = []
-        for _ in range(args.repeats):
+        for _ in range(args.repeats + 1):  # the first is a warm-up
             start = time.perf_counter()
             model(**batch).loss.backward()
             times.append(time.perf_counter() - start)
-        model.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
+        times = times[1:]
         tokens.append(rows * length)
         seconds.append(float(np.median(times)))
         print(f"{rows:4d}  {length:6d}  {1000 * seconds[-1]:.1f}")

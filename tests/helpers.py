@@ -120,8 +120,9 @@ def install_entry_point_plugin(monkeypatch, folder: Path, module: str, text: str
 
 
 # A loss travels as its shortest text: a last digit that moves changes a payload's safetensors header padding by
-# 8 bytes, and a round's (or the run's cumulative) count sums many payloads. A tensor too many or too few is
-# thousands of bytes, far outside this.
+# 8 bytes, and a round's (or the run's cumulative) count sums many payloads. A tensor too many or too few changes
+# a payload by its bytes plus its header entry (about 80 bytes): outside this for one payload's count (16 bytes
+# up to 160 KB), though a tiny tensor in a large cumulative count could hide in the relative slack.
 BYTES_SLACK, BYTES_REL_SLACK = 16, 1e-4
 
 

@@ -154,6 +154,28 @@ def test_the_methods_refuse_other_peft_methods_and_impossible_ranks():
     with pytest.raises(ConfigError, match="client 9 does not exist"):
         tiny_config("algorithm.name=flexlora", "algorithm.rank_groups=[{rank: 2, share: 1}]",
                     "algorithm.client_ranks={9: 2}")
+    with pytest.raises(ConfigError, match="must lie in 1..peft.r"):
+        tiny_config("algorithm.name=flora", "peft.r=4", "algorithm.client_ranks={0: 8}")
+    with pytest.raises(ConfigError, match="sum to 0.5"):
+        tiny_config("algorithm.name=flora", "algorithm.rank_groups=[{rank: 2, share: 0.5}]")
+    with pytest.raises(ConfigError, match="rank_groups"):
+        tiny_config("algorithm.name=flora", "algorithm.rank_groups=[]")
+
+
+@pytest.mark.needs_data
+def test_a_flora_client_below_peft_r_trains_only_its_first_components(tmp_path):
+    from fedpeft.runtime.embedded import train_client
+
+    rt = EmbeddedRuntime(tiny_config("algorithm.name=flora", "peft.r=4", "algorithm.client_ranks={0: 2}"), tmp_path)
+    payload = rt.server.configure(1, [0])[0]
+    assert payload.meta["rank"] == 2
+    update = train_client(rt.exp, rt.client, 1, 0, payload, {})
+    params = rt.exp.tuned.params  # the shared model as client 0 left it
+    for p in lora_pairs(params):
+        a, b = params[p.a].detach().numpy(), params[p.b].detach().numpy()
+        assert np.all(a[2:] == 0) and np.all(b[:, 2:] == 0) and np.abs(a[:2]).min() > 0 and np.abs(b[:, :2]).sum() > 0
+        assert update.arrays[p.a].shape[0] == update.arrays[p.b].shape[1] == 2
+        np.testing.assert_array_equal(update.arrays[p.a], a[:2])
 
 
 def spy_configure(rt) -> dict[int, dict[int, Payload]]:
@@ -217,7 +239,7 @@ def test_fedsa_lora_b_and_by_default_the_head_never_leave_a_client(local_head, t
     rt = EmbeddedRuntime(cfg, tmp_path / "sa")
     pairs = lora_pairs(rt.server.global_state)
     head = {k for k in rt.server.global_state if k not in {n for p in pairs for n in (p.a, p.b)}}
-    assert head and all("classifier" in k for k in head)  # the task head: trainable, not a LoRA factor
+    assert head and all("classifier" in k and "modules_to_save" in k for k in head)  # the task head
     b_names = {p.b for p in pairs} | (head if local_head else set())
     initial_b = {k: rt.server.global_state[k].copy() for k in b_names}
     initial_head = {k: rt.server.global_state[k].copy() for k in head}

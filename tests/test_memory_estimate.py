@@ -82,7 +82,10 @@ def test_fedpeft_model_memory_says_how_many_clients_train_together_in_a_device(c
         assert r["backbone_bytes"] + (fit + 1) * r["per_client_bytes"] > 24 * 2**30
     by = {(r["precision"], r["gradient_checkpointing"]): r["clients_per_pass_fit"] for r in rows}
     assert by["float32", True] > by["float32", False] > 0
-    assert main(["model", "llama-3.2-1b", "--methods", "lora", "--memory", "--device-memory", "24"]) == 0
-    assert "clients per pass in 24 GiB (off / on)" in capsys.readouterr().out
+    assert main(["model", "llama-3.2-1b", "--methods", "lora,full", "--device-memory", "24"]) == 0  # implies --memory
+    out = capsys.readouterr().out
+    assert "clients per pass in 24 GiB (off / on)" in out
+    assert next(line for line in out.splitlines() if line.startswith("full ") and "float32" in line).endswith(
+        "alone / alone")
     assert main(["model", "llama-3.2-1b", "--methods", "lora", "--memory", "--device-memory", "0"]) != 0
     assert "--device-memory 0.0: give the device's memory in GiB" in capsys.readouterr().err

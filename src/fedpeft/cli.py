@@ -352,6 +352,8 @@ def cmd_model(args: argparse.Namespace) -> int:
              "hidden": shape.hidden, "feed_forward": shape.intermediate, "encoder_decoder": shape.encoder_decoder,
              "task_head": kind, "num_labels": args.num_labels if kind == "classification" else None,
              "tokens": args.tokens, "sparsity": args.sparsity}
+    if args.device_memory is not None:
+        args.memory = True  # (how many clients fit is part of the memory estimate)
     memory = _memory_rows(args, config, kind, task, {r.method: r for r in rows}) if args.memory else None
     if args.json:
         print(json.dumps({**about, "methods": [r.as_dict() for r in rows], "not_available": skipped,
@@ -394,6 +396,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 def _memory_rows(args: argparse.Namespace, config, kind: str, kind_task: str, rows: dict) -> list[dict]:
     """One client's estimated training memory per method, precision and checkpointing (metrics/memory.py)."""
     from fedpeft.metrics.memory import PRECISIONS, estimate_training
+    from fedpeft.tuners.registry import registered_peft_method
 
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size {args.batch_size}: give the sequences of one training step (at least 1)")
@@ -425,8 +428,9 @@ def _memory_rows(args: argparse.Namespace, config, kind: str, kind_task: str, ro
                                 "error": str(exc).splitlines()[0][:200]})
                     continue
                 row = {"method": method, **est.as_dict()}
-                if args.device_memory is not None:
-                    row["clients_per_pass_fit"] = est.clients_per_pass(int(args.device_memory * 2**30))
+                if args.device_memory is not None:  # (None: the method's clients train one at a time)
+                    row["clients_per_pass_fit"] = (est.clients_per_pass(int(args.device_memory * 2**30))
+                                                   if registered_peft_method(method).trains_batched else None)
                 out.append(row)
     return out
 
@@ -460,7 +464,8 @@ def _print_memory(args: argparse.Namespace, memory: list[dict]) -> None:
                       *(" / ".join("-" if "error" in r else f"{r[key] / 2**30:.2f}" for r in (off, on))
                         for key in ("total_bytes", "per_client_bytes"))])
         if args.device_memory is not None:
-            lines[-1].append(" / ".join("-" if "error" in r else str(r["clients_per_pass_fit"]) for r in (off, on)))
+            lines[-1].append(" / ".join("-" if "error" in r else "alone" if r["clients_per_pass_fit"] is None
+                                        else str(r["clients_per_pass_fit"]) for r in (off, on)))
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
     for line in [header, *lines]:
         print("  ".join(str(x).rjust(w) if i > 1 else str(x).ljust(w) for i, (x, w) in enumerate(zip(line, widths))))
@@ -585,8 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--memory", action="store_true", help="also estimate one client's training memory in float32, "
                    "bfloat16, int8 and nf4, with and without gradient checkpointing")
     m.add_argument("--batch-size", type=int, default=4, help="sequences per training step for --memory")
-    m.add_argument("--device-memory", type=float, metavar="GIB", help="with --memory: also how many clients "
-                   "train together in one pass (runtime.clients_per_pass) within this many GiB")
+    m.add_argument("--device-memory", type=float, metavar="GIB", help="also (implies --memory) how many clients "
+                   "train together in one pass (runtime.clients_per_pass) within this many GiB, all of it for "
+                   "tensors ('alone': the method trains one client at a time)")
     m.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
                    help="load a plugin first; its PEFT methods are listed too (repeatable)")
     m.add_argument("--json", action="store_true", help="print JSON")

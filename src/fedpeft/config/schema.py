@@ -445,11 +445,16 @@ class RuntimeConfig(Section):
         "forward and backward of the frozen backbone over all their rows, each row with its own client's trainable "
         "tensors, each client with its own loss, optimizer, schedule and steps (docs/guide/clients-per-pass.md). "
         "1: one client after another; auto: the number that trains fastest on this device, measured on the first "
-        "round's clients (on CUDA within 80% of the device's memory).")
+        "round's clients (on CUDA within 80% of the memory free).")
     max_pass_tokens: int | None = Field(
         None, ge=1, description="Under clients_per_pass, the most padded tokens one sub-batch of a fused pass may "
         "hold (rows beyond it go through the model in another sub-batch, never with more padding). None: 1024 on a "
         "CPU, where larger batches train more slowly and hold more memory; no cap on CUDA.")
+    sub_batch_cost: int | None = Field(
+        None, ge=0, description="Under clients_per_pass, what one more sub-batch of a fused pass costs, in padded "
+        "tokens: the rows of a local step are cut at the least padded tokens plus this much per sub-batch (never "
+        "padding more than the clients alone). None: 40 on a CPU (benchmarks/sub_batch_cost.py), the fewest "
+        "sub-batches on CUDA; 0: the least padding.")
     flops_sample_steps: int = Field(
         8, ge=0, description="Measure FLOPs with torch's FlopCounterMode on this many local steps of the "
         "run (one per client training, until used up) and scale every step by its tokens (0 = off)."

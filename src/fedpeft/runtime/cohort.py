@@ -44,10 +44,11 @@ log = logging.getLogger("fedpeft")
 # and hold more activations (benchmarks/clients_per_pass.py: 32 clients per pass, MiniLM-L6, 1024 tokens per
 # sub-batch 10.2 s a round and 1542 MiB, 2048: 10.6 s and 1845 MiB, 4096: 12.1 s and 2926 MiB)
 CPU_PASS_TOKENS = 1024
-# what one more sub-batch costs on a CPU, in padded tokens: a sub-batch's forward and backward take a fixed time
-# plus a time per token (MiniLM-L6 + LoRA on 2 cores: about 16 ms + 0.38 ms a token), so a row of 20 tokens
-# is not worth a sub-batch of its own when padding it costs under 40 tokens. On CUDA, where a sub-batch's
-# fixed cost dwarfs its tokens, a pass takes the fewest sub-batches.
+# runtime.sub_batch_cost on a CPU when the config leaves it unset: what one more sub-batch costs, in padded
+# tokens. A forward and backward takes a fixed time plus a time per token (benchmarks/sub_batch_cost.py,
+# MiniLM-L6 + LoRA r8 on 2 cores: 15.8 ms + 0.44 ms a token, so 36 tokens; rounded up to 40 as a pass's own
+# bookkeeping adds to the fixed part). On CUDA, where a sub-batch's fixed cost dwarfs its tokens, a pass takes
+# the fewest sub-batches.
 CPU_SUB_BATCH_COST = 40
 
 
@@ -422,7 +423,10 @@ def make_cohort(exp: Any, client: Any) -> Cohort | None:
     max_tokens = cfg.runtime.max_pass_tokens
     if max_tokens is None and cpu:
         max_tokens = CPU_PASS_TOKENS
-    return Cohort(exp.tuned, exp.trainer, forwards, max_tokens, CPU_SUB_BATCH_COST if cpu else None)
+    sub_batch_cost = cfg.runtime.sub_batch_cost
+    if sub_batch_cost is None and cpu:
+        sub_batch_cost = CPU_SUB_BATCH_COST
+    return Cohort(exp.tuned, exp.trainer, forwards, max_tokens, sub_batch_cost)
 
 
 def pass_row(before: PassStats, after: PassStats) -> dict[str, Any]:

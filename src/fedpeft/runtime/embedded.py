@@ -384,6 +384,9 @@ class EmbeddedRuntime:
                 self.cohort.chosen = self.cohort.probe(self.exp.client_data, cids, self.cfg.seed)
             k = self.cohort.chosen
         k = min(int(k), self.cohort.limit or int(k))
+        if k == 1:  # (auto measured no gain, or memory ran out at 2): one after another, as without a cohort
+            self.pass_info = {"clients_per_pass": 1}
+            return {cid: self.run_client(rnd, cid, payload) for cid, payload in payloads.items()}
         out: dict[int, ClientResult] = {}
         before = dataclasses.replace(self.cohort.stats)
         for i in range(0, len(cids), k):

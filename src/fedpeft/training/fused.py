@@ -5,8 +5,9 @@ batches (planned with its own generator, as it would alone), its own loss (:mod:
 its own optimizer and learning-rate schedule (torch's, over its own copies of the trainable tensors), its own
 gradient clipping, hooks, extra loss and optimizer state, and its own number of steps (a client that has
 finished takes no further part). What is shared is the backbone's forward and backward: at each local step the
-clients' micro-batches are cut into sub-batches of rows of similar length (the fewest sub-batches, each within
-``runtime.max_pass_tokens``, such that the pass never pads more tokens than its clients would alone), and every
+clients' micro-batches are cut into sub-batches of rows of similar length (each within
+``runtime.max_pass_tokens``; the least padded tokens plus ``runtime.sub_batch_cost`` a sub-batch, or the fewest
+sub-batches, such that the pass never pads more input tokens than its clients would alone), and every
 sub-batch runs through the model once, each row with its own client's tensors (:mod:`fedpeft.tuners.row_batched`).
 """
 
@@ -83,21 +84,35 @@ class PassStats:
         return None if not self.alone_tokens else 1.0 - self.real_tokens / self.alone_tokens
 
 
+PACK_BLOCK = 1024  # the most rows one packing programme takes (its tables hold (rows + 1)^2 entries)
+
+
 def pack_rows(lengths: np.ndarray, budget: int, max_tokens: int | None = None,
               sub_batch_cost: int | None = None) -> list[np.ndarray]:
     """Rows (by index into ``lengths``) cut into sub-batches, each padded to its longest row and, with
     ``max_tokens``, holding at most that many padded tokens (or a single row), whose padded tokens total at most
     ``budget``. With ``sub_batch_cost`` (what one more sub-batch costs, in padded tokens) the cut of least
     padded tokens plus that cost per sub-batch, if it fits the budget; otherwise the fewest sub-batches, and
-    among those the least padding.
+    among those the least padding, which is then also the least cost within the budget (the least padding in g
+    groups is convex in g: a group's padding (j - i) x longest[i] over rows sorted by length satisfies the
+    quadrangle inequality, with the cap too).
 
     A sub-batch is a run of rows in order of length (an optimal cut always is one), so dynamic programmes over
     the sorted rows find both. One row per distinct length pads nothing, so the answer exists whenever
-    ``budget`` covers the real tokens; below that, the least padding is returned."""
+    ``budget`` covers the real tokens; below that, the least padding is returned. The programmes hold
+    (rows + 1)^2 entries: more than ``PACK_BLOCK`` rows are cut, in order of length, into blocks of at most that
+    many, each packed within its share of the budget (in proportion to its real tokens)."""
     order = np.argsort(-lengths, kind="stable")
     n = len(order)
     if n == 0:
         return []
+    budget = max(budget, int(lengths.sum()))  # (the least padding, when the budget is below the real tokens)
+    if n > PACK_BLOCK:
+        blocks = [order[i:i + PACK_BLOCK] for i in range(0, n, PACK_BLOCK)]
+        real = max(1, int(lengths.sum()))
+        return [block[g] for block in blocks
+                for g in pack_rows(lengths[block], budget * int(lengths[block].sum()) // real, max_tokens,
+                                   sub_batch_cost)]
     longest = lengths[order].astype(np.int64)  # a group of sorted rows i..j-1 pads to longest[i]
     start = np.arange(n + 1)[:, None]
     size = np.arange(n + 1)[None, :] - start  # (start i, end j): rows in the group
@@ -235,6 +250,7 @@ class FusedTrainer:
         best, peak = float("inf"), 0
         cuda = self.trainer.device.type == "cuda"
         for _ in range(repeats):
+            self.slack = 0  # (each repeat packs as the first)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(self.trainer.device)
             start = time.perf_counter()

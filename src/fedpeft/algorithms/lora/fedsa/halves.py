@@ -27,14 +27,12 @@ from fedpeft.wire import Arrays
 
 
 def kept_names(names: Iterable[str], options: FedSaLoraOptions) -> set[str]:
-    """The tensors that stay on each client: every LoRA B, and under ``local_head`` every trainable tensor that
-    is not a LoRA factor (the task head)."""
+    """The tensors that stay on each client: every LoRA B, and under ``local_head`` the task head (the modules
+    peft trains whole, ``modules_to_save``)."""
     names = list(names)
-    pairs = pairs_in(names, NAME)
-    kept = {p.b for p in pairs}
+    kept = {p.b for p in pairs_in(names, NAME)}
     if options.local_head:
-        factors = {n for p in pairs for n in (p.a, p.b)}
-        kept |= {n for n in names if n not in factors}
+        kept |= {n for n in names if "modules_to_save" in n.split(".")}
     return kept
 
 
@@ -80,9 +78,9 @@ class FedSaLoraClient(fedpeft.ClientAlgorithm):
         kept = ctx.state.get(KEPT)  # its own B (and head), when it has trained before
         if kept is None:
             if not names <= set(payload.arrays):
-                raise ValueError(f"fedsa_lora: client {ctx.client_id} holds no LoRA B of its own (its state was "
-                                 "lost, e.g. a restarted client process) and the server did not send the initial "
-                                 "B; it gets it with its next payload")
+                raise ValueError(f"fedsa_lora: client {ctx.client_id} holds no LoRA B (and task head) of its own "
+                                 "(its state was lost, e.g. a restarted client process) and the server did not send "
+                                 "the initial ones; it gets them with its next payload")
             kept = {k: payload.arrays[k] for k in names}
         ctx.tuned.load_state({**shared, **kept})
         ctx.evaluate_personal()  # the global A with the client's own B (and head)

@@ -17,12 +17,13 @@ KEPT = "lora_B"  # ctx.state key of the client's own tensors: its B factors (and
 
 
 class FedSaLoraOptions(LoraFedAvgOptions):
-    """algorithm: {name: fedsa_lora, server_lr: 1.0}: LoRA with A and the head federated, B personal."""
+    """algorithm: {name: fedsa_lora, server_lr: 1.0, local_head: true}: LoRA with A federated, B and (by
+    default) the task head personal."""
 
     name: Literal["fedsa_lora"] = "fedsa_lora"
     local_head: bool = Field(
-        True, description="Keep the task head (every trainable tensor that is not a LoRA factor) on each client "
-        "with its B, as the reference code does for classification (local_param: lora_B, classifier); false "
+        True, description="Keep the task head (the modules peft trains whole, modules_to_save) on each client with "
+        "its B, as the reference code's classification config does (local_param: lora_B, classifier); false "
         "averages the head with A.")
 
     def check(self, run: Any) -> None:

@@ -10,7 +10,8 @@ the product into the frozen weights of its model; the head is averaged.
 Clients may have different ranks (``rank_groups`` / ``client_ranks``, as hetlora's; the paper's
 heterogeneous setting). The model is built at ``peft.r``; a client of rank r_i draws A's first r_i rows and
 keeps the others at zero, where they stay (a component whose row of A and column of B are zero gets no
-gradient), and sends its first r_i components only. Every client trains at the scale alpha / ``peft.r``: the
+gradient), and sends its first r_i components only: its upload follows its rank, its arithmetic is
+``peft.r``'s (the zero components are computed). Every client trains at the scale alpha / ``peft.r``: the
 reference's alpha_i = 2 r_i is the scale 2 for every rank, which is fedpeft's default alpha / r (32 / 16). A client receives the stacks of
 every round since it last reported (see :mod:`.merge`), so downloads grow with the clients stacked and the
 rounds the client missed. The backbone cannot be quantized (the product is added to its weights).
@@ -19,23 +20,22 @@ rounds the client missed. The backbone cannot be quantized (the product is added
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
-
-from typing import Any
 
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.common import assign_ranks, pairs_in, round_meta
 from fedpeft.algorithms.lora.factors import stack, sum_norm, truncate_rank
 from fedpeft.algorithms.lora.flora.options import NAME, FLoraOptions
-from fedpeft.algorithms.lora.options import RankGroup
-from fedpeft.wire import Arrays
 from fedpeft.algorithms.lora.merge import (
     MergingServer,
     merge_missing,
 )
+from fedpeft.algorithms.lora.options import RankGroup
+from fedpeft.wire import Arrays
 
 
 class FLoraServer(MergingServer[FLoraOptions]):
@@ -63,6 +63,8 @@ class FLoraServer(MergingServer[FLoraOptions]):
         self.check_merged_through(rnd, payload)
 
     def round_info(self) -> dict[str, Any]:
+        if self.options.rank_groups is None and not self.options.client_ranks:
+            return {}  # every client at peft.r
         return {"client_rank": {str(c): self.ranks[c] for c in self.selected}}
 
     def sent_state(self) -> dict[str, np.ndarray]:
