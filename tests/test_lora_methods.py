@@ -436,7 +436,7 @@ def test_refusals_a_client_half_makes_and_how_the_server_recovers(tmp_path):
     rt = EmbeddedRuntime(tiny_config("algorithm.name=fedsa_lora", "peft.r=4", "eval.personalized=true"),
                          tmp_path / "sa")
     rt.server.served = [0]
-    with pytest.raises(ValueError, match="holds no LoRA B of its own"):
+    with pytest.raises(ValueError, match=r"holds no LoRA B \(and task head\) of its own"):
         rt.run_client(1, 0, rt.server.configure(1, [0])[0])
     rt.server.observe_failures(1, {0: "lost"})
     update, _, _, failure = rt.run_client(1, 0, rt.server.configure(1, [0])[0])

@@ -120,7 +120,6 @@ def test_scaffold_keeps_its_control_variates_consistent_and_starts_as_fedavg(tmp
 def test_a_scaffold_local_step_is_the_papers_on_the_clipped_corrected_gradient(max_grad_norm):
     """y = x - lr clip(g(x) - c_i + c): the plain gradient g from a FedAvg client's step from the same start on
     the same batch (unclipped), the correction before the clipping."""
-    from fedpeft.algorithms.fedavg.halves import FedAvgClient
     from fedpeft.algorithms.fedavg.options import FedAvgOptions
     from fedpeft.algorithms.registry import make_client
     from fedpeft.runtime.embedded import train_client
@@ -131,7 +130,7 @@ def test_a_scaffold_local_step_is_the_papers_on_the_clipped_corrected_gradient(m
     plain = build_experiment(load_config(SCAFFOLD / "config.yaml", [*sets, "train.max_grad_norm=null"],
                                          plugins=plugin))
     x = plain.tuned.state()
-    y_plain = train_client(plain, FedAvgClient(FedAvgOptions()), 1, 0,
+    y_plain = train_client(plain, make_client(FedAvgOptions()), 1, 0,
                            fedpeft.Payload(x, {"round": 1, "client": 0}), {}).arrays
     lr = plain.cfg.train.lr
     g = {k: (x[k].astype(np.float64) - y_plain[k]) / lr for k in x}

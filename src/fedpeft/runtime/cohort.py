@@ -46,9 +46,9 @@ log = logging.getLogger("fedpeft")
 CPU_PASS_TOKENS = 1024
 # runtime.sub_batch_cost on a CPU when the config leaves it unset: what one more sub-batch costs, in padded
 # tokens. A forward and backward takes a fixed time plus a time per token (benchmarks/sub_batch_cost.py,
-# MiniLM-L6 + LoRA r8 on 2 cores: 15.8 ms + 0.44 ms a token, so 36 tokens; rounded up to 40 as a pass's own
-# bookkeeping adds to the fixed part). On CUDA, where a sub-batch's fixed cost dwarfs its tokens, a pass takes
-# the fewest sub-batches.
+# MiniLM-L6 + LoRA r8 on 2 cores: 13.0 ms + 0.42 ms a token, 31 tokens, and 36 in another run); 40 allows for
+# a fused pass's own bookkeeping per sub-batch (collation, the loss split), not measured apart. On CUDA, where
+# a sub-batch's fixed cost dwarfs its tokens, a pass takes the fewest sub-batches.
 CPU_SUB_BATCH_COST = 40
 
 

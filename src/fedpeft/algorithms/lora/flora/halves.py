@@ -46,11 +46,16 @@ class FLoraServer(MergingServer[FLoraOptions]):
                                   self.seed, options.client_ranks)
         self.selected: list[int] = []
 
+    @property
+    def heterogeneous(self) -> bool:
+        return self.options.rank_groups is not None or bool(self.options.client_ranks)
+
     def configure(self, rnd: int, clients: list[int]) -> dict[int, fedpeft.Payload]:
         self.selected = list(clients)
         out = super().configure(rnd, clients)
-        for c, payload in out.items():
-            payload.meta["rank"] = self.ranks[c]
+        if self.heterogeneous:  # (otherwise every client trains at peft.r, its model's rank)
+            for c, payload in out.items():
+                payload.meta["rank"] = self.ranks[c]
         return out
 
     def validate_from(self, rnd: int, client: int, payload: fedpeft.Payload) -> None:
@@ -63,8 +68,8 @@ class FLoraServer(MergingServer[FLoraOptions]):
         self.check_merged_through(rnd, payload)
 
     def round_info(self) -> dict[str, Any]:
-        if self.options.rank_groups is None and not self.options.client_ranks:
-            return {}  # every client at peft.r
+        if not self.heterogeneous:
+            return {}
         return {"client_rank": {str(c): self.ranks[c] for c in self.selected}}
 
     def sent_state(self) -> dict[str, np.ndarray]:
@@ -117,6 +122,7 @@ class FLoraClient(fedpeft.ClientAlgorithm):
         for p in pairs:
             state[p.a] = truncate_rank(state[p.a], rank, is_a=True)
             state[p.b] = truncate_rank(state[p.b], rank, is_a=False)
-        return fedpeft.Payload(state, round_meta(payload, ctx, result, merged_through=held, rank=rank))
+        mine = {"rank": rank} if "rank" in payload.meta else {}
+        return fedpeft.Payload(state, round_meta(payload, ctx, result, merged_through=held, **mine))
 
 
