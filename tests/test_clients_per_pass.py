@@ -227,6 +227,40 @@ def test_a_client_half_that_declares_it_cannot_take_part_trains_alone(tmp_path, 
 
 
 @pytest.mark.needs_data
+def test_a_micro_batch_may_pad_what_the_passs_earlier_ones_saved(tmp_path, monkeypatch):
+    """The padding budget of each micro-batch's cut is its clients' own padding plus what the pass's earlier
+    micro-batches padded less than alone; over the run the fused passes never pad more than alone."""
+    from fedpeft.training import fused
+
+    seen = []  # (the micro-batch's own budget, the slack before it, the budget its cut got, padded tokens)
+    real_micro, real_pack = fused.FusedTrainer._micro_step, fused.pack_rows
+
+    def micro(self, s, j, members, rows, weights, denominators, budget, step_loss):
+        seen.append([budget, self.slack, None])
+        padded = real_micro(self, s, j, members, rows, weights, denominators, budget, step_loss)
+        seen[-1].append(padded)
+        return padded
+
+    def pack(lengths, budget, *args):
+        seen[-1][2] = budget
+        return real_pack(lengths, budget, *args)
+
+    monkeypatch.setattr(fused.FusedTrainer, "_micro_step", micro)
+    monkeypatch.setattr(fused, "pack_rows", pack)
+    cfg = tiny_config("federation.clients_per_round=4", "runtime.clients_per_pass=4", "federation.rounds=1",
+                      "train.local_epochs=1", "train.batch_size=8")
+    EmbeddedRuntime(cfg, tmp_path).run()
+    rows = read_metrics(tmp_path)
+    assert len(seen) >= 2
+    slack = 0
+    for own, before, cut_budget, padded in seen:  # (one pass: the slack runs through its micro-batches)
+        assert before == slack and cut_budget == own + slack
+        slack += own - padded
+    assert seen[-1][1] > 0  # the last micro-batch had padding saved earlier to spend
+    assert rows[-1]["fused_padded_share"] <= rows[-1]["alone_padded_share"]
+
+
+@pytest.mark.needs_data
 def test_with_dropout_a_fused_run_is_reproducible(tmp_path):
     cfg = tiny_config("federation.clients_per_round=4", "runtime.clients_per_pass=4", "peft.dropout=0.1")
     first, second = metrics(cfg, tmp_path / "a"), metrics(cfg, tmp_path / "b")
