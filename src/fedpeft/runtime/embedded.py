@@ -390,6 +390,9 @@ class EmbeddedRuntime:
         out: dict[int, ClientResult] = {}
         before = dataclasses.replace(self.cohort.stats)
         for i in range(0, len(cids), k):
+            if len(cids[i:i + k]) == 1:  # (a last client alone trains as without a cohort)
+                out[cids[i]] = self.run_client(rnd, cids[i], payloads[cids[i]])
+                continue
             out.update(self.cohort.run(cids[i:i + k], lambda cid, tuned, train: self.run_client(
                 rnd, cid, payloads[cid], tuned=tuned, trainer=train), seed=(self.cfg.seed, rnd)))
         self.pass_info = {"clients_per_pass": min(k, len(cids)), **pass_row(before, self.cohort.stats)}
