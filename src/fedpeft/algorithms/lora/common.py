@@ -108,3 +108,14 @@ def assign_ranks(num_clients: int, groups: Sequence[RankGroup], seed: int,
     for client, rank in (explicit or {}).items():
         out[client] = rank
     return out
+
+
+def spec_at_rank(expected: Mapping[str, tuple[tuple[int, ...], str]], pairs: Iterable[LoraPair],
+                 rank: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The update spec (name -> (shape, dtype)) of a client of ``rank``: every A cut to its first ``rank`` rows and
+    every B to its first ``rank`` columns; the other tensors as ``expected``."""
+    spec = dict(expected)
+    for p in pairs:
+        spec[p.a] = ((rank, *spec[p.a][0][1:]), spec[p.a][1])
+        spec[p.b] = ((*spec[p.b][0][:-1], rank), spec[p.b][1])
+    return spec

@@ -27,7 +27,7 @@ import torch
 
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
-from fedpeft.algorithms.lora.common import assign_ranks, pairs_in, round_meta
+from fedpeft.algorithms.lora.common import assign_ranks, pairs_in, round_meta, spec_at_rank
 from fedpeft.algorithms.lora.factors import stack, sum_norm, truncate_rank
 from fedpeft.algorithms.lora.flora.options import NAME, FLoraOptions
 from fedpeft.algorithms.lora.merge import (
@@ -59,12 +59,7 @@ class FLoraServer(MergingServer[FLoraOptions]):
         return out
 
     def validate_from(self, rnd: int, client: int, payload: fedpeft.Payload) -> None:
-        rank = self.ranks[client]
-        spec = dict(self.expected)
-        for p in self.pairs:  # the client's first r_i components only
-            spec[p.a] = ((rank, *spec[p.a][0][1:]), spec[p.a][1])
-            spec[p.b] = ((*spec[p.b][0][:-1], rank), spec[p.b][1])
-        fedpeft.check_update(payload, spec, rnd)
+        fedpeft.check_update(payload, spec_at_rank(self.expected, self.pairs, self.ranks[client]), rnd)
         self.check_merged_through(rnd, payload)
 
     def round_info(self) -> dict[str, Any]:

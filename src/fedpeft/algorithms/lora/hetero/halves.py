@@ -30,7 +30,7 @@ import numpy as np
 
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
-from fedpeft.algorithms.lora.common import assign_ranks, pairs_in, round_meta
+from fedpeft.algorithms.lora.common import assign_ranks, pairs_in, round_meta, spec_at_rank
 from fedpeft.algorithms.lora.factors import (
     LoraPair,
     aggregation_gap,
@@ -75,9 +75,6 @@ class HeteroRankServer(fedpeft.ServerAlgorithm[HeteroRankOptionsT]):
             out[p.b] = truncate_rank(state[p.b], rank, is_a=False)
         return out
 
-    def spec_at(self, rank: int) -> dict[str, tuple[tuple[int, ...], str]]:
-        return {k: (tuple(v.shape), "float32") for k, v in self.at_rank(self.global_state, rank).items()}
-
     def configure(self, rnd: int, clients: list[int]) -> dict[int, fedpeft.Payload]:
         self.selected = list(clients)
         return {c: fedpeft.Payload(self.client_state(c), {"round": rnd, "client": c, "rank": self.ranks[c]})
@@ -88,7 +85,7 @@ class HeteroRankServer(fedpeft.ServerAlgorithm[HeteroRankOptionsT]):
         return self.at_rank(self.global_state, self.ranks[client])
 
     def validate_from(self, rnd: int, client: int, payload: fedpeft.Payload) -> None:
-        fedpeft.check_update(payload, self.spec_at(self.ranks[client]), rnd)
+        fedpeft.check_update(payload, spec_at_rank(self.expected, self.pairs, self.ranks[client]), rnd)
 
     def padded(self, update: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = {k: update[k] for k in self.others}
