@@ -24,7 +24,7 @@ from golden_runs import GOLDEN, is_timing
 from helpers import metrics_difference, tiny_config, without_timings
 
 import fedpeft
-from fedpeft.algorithms import ALGORITHMS
+from fedpeft.algorithms import ALGORITHMS, make_client
 from fedpeft.algorithms.fedavg.halves import FedAvgClient, FedAvgServer
 from fedpeft.algorithms.fedavg.options import FedAvgOptions
 from fedpeft.rundir import read_metrics
@@ -79,13 +79,14 @@ def test_every_algorithm_and_peft_method_gives_the_same_metrics_trained_together
     """GOLDEN has a run of every registered algorithm and PEFT method (tests/test_golden.py checks it)."""
     with caplog.at_level(logging.INFO, logger="fedpeft"):
         rows = assert_same_as_alone(GOLDEN[name], tmp_path)
-    method = PEFT_METHODS.get(tiny_config(*GOLDEN[name]).peft.method)
-    if method.trains_batched:  # fused passes ran (FedSP: the auxiliary model's body, then each client's prompts
+    cfg = tiny_config(*GOLDEN[name])
+    if PEFT_METHODS.get(cfg.peft.method).trains_batched and make_client(cfg.algorithm).trains_batched:  # fused passes ran (FedSP: the auxiliary model's body, then each client's prompts
         # alone, over its own body) and are reported
         assert all(r["fused_sub_batches"] > 0 for r in rows[1:]), caplog.text
         assert all(0 <= r["fused_padded_share"] <= r["alone_padded_share"] for r in rows[1:])
     else:
         assert "fused_sub_batches" not in rows[1] and "the clients train one at a time" in caplog.text
+        # (flexlora's reference factorisation: each rank trains at its own LoRA scale, one per layer)
 
 
 @pytest.mark.parametrize("method", sorted(m for m in PEFT_METHODS.names() if PEFT_METHODS.get(m).trains_batched))

@@ -103,7 +103,7 @@ def test_hetlora_zero_pads_and_averages_by_hand():
     ok, rejected = server.accept(1, {0: u0, 1: u1})
     assert set(ok) == {0, 1} and not rejected
     ok, rejected = server.accept(1, {0: u1})  # a rank-1 client sending rank-2 factors
-    assert not ok and "shape" in rejected[0]
+    assert not ok and "an update of rank 2 from client 0, which may send rank 1" in rejected[0]
     metrics = server.aggregate(1, {0: u0, 1: u1})
     g = server.global_state
     assert np.allclose(g[A], [[0.25 * 1 + 0.75 * 3, 0.25 * 2 + 0.75 * 4], [0.75 * 5, 0.75 * 6]])
@@ -119,7 +119,7 @@ def test_hetlora_zero_pads_and_averages_by_hand():
 
 def test_flexlora_gives_every_client_the_best_factorisation_at_its_rank():
     rng = np.random.default_rng(3)
-    opts = FlexLoraOptions(rank_groups=[RankGroup(rank=3, share=1.0)])
+    opts = FlexLoraOptions(rank_groups=[RankGroup(rank=3, share=1.0)], factorization="balanced")
     init = initial_state(rank=3, out=5, inp=4)
     server = hetero_server(opts, init, [1, 2, 3])
     ups = {}
@@ -138,6 +138,124 @@ def test_flexlora_gives_every_client_the_best_factorisation_at_its_rank():
         assert p[A].shape == (r, 4) and p[B].shape == (5, r)
         assert np.linalg.norm(mean - p[B].astype(np.float64) @ p[A]) == pytest.approx(np.sqrt(np.sum(s[r:] ** 2)),
                                                                                        abs=1e-5)
+
+
+def test_flexlora_reference_factors_follow_the_reference_formulas():
+    """FlexLoRA's code (alibaba/FederatedScope, branch FlexLoRA): a rank-r_i client trains at alpha / r_i, the
+    server forms dW = sum_i p_i (alpha / r_i) B_i A_i and gives a rank-r client A = V_r^T and
+    B = U_r S_r / (alpha / r); here recomputed in float64 from those formulas alone."""
+    rng = np.random.default_rng(11)
+    alpha, big, ranks, examples = 32.0, 4, [1, 2, 4], [3, 1, 2]
+    server = hetero_server(FlexLoraOptions(rank_groups=[RankGroup(rank=4, share=1.0)]),
+                           initial_state(rank=big, out=6, inp=5), ranks)
+    ups = {c: update(1, {A: rng.normal(size=(r, 5)), B: rng.normal(size=(6, r)), "classifier.weight": np.ones((2, 2))},
+                     n) for c, (r, n) in enumerate(zip(ranks, examples))}
+    server.aggregate(1, ups)
+    p = np.asarray(examples, np.float64) / sum(examples)
+    dw = sum(p[c] * (alpha / r) * ups[c].arrays[B].astype(np.float64) @ ups[c].arrays[A].astype(np.float64)
+             for c, r in enumerate(ranks))
+    u, s, vt = np.linalg.svd(dw)
+    for c, r in enumerate(ranks + [big]):  # each client, then the global model (at peft.r, scale alpha / peft.r)
+        got = server.configure(2, [c])[c].arrays if c < len(ranks) else server.global_state
+        a, b = got[A].astype(np.float64), got[B].astype(np.float64)
+        assert a.shape == (r, 5) and b.shape == (6, r)
+        signs = np.sign(np.sum(a * vt[:r], axis=1))  # singular vectors are unique up to sign
+        assert np.allclose(a, signs[:, None] * vt[:r], atol=1e-6)  # A = V_r^T: orthonormal rows
+        assert np.allclose(b, u[:, :r] * s[:r] * signs / (alpha / r), rtol=1e-5, atol=1e-6)  # B = U_r S_r / scale
+    balanced = hetero_server(FlexLoraOptions(rank_groups=[RankGroup(rank=4, share=1.0)], factorization="balanced"),
+                             initial_state(rank=big, out=6, inp=5), ranks)
+    balanced.aggregate(1, ups)  # the other choice: one scale for all ranks, sqrt(S) in both factors
+    mean = sum(p[c] * ups[c].arrays[B].astype(np.float64) @ ups[c].arrays[A] for c in range(3))
+    g = balanced.global_state
+    mu, ms, mvt = np.linalg.svd(mean)
+    assert np.allclose(g[B].astype(np.float64) @ g[A], (mu[:, :big] * ms[:big]) @ mvt[:big], atol=1e-5)
+    assert np.allclose(np.linalg.norm(g[A], axis=1), np.linalg.norm(g[B], axis=0), rtol=1e-5)
+
+
+@pytest.mark.needs_data
+def test_a_flexlora_client_trains_at_alpha_over_its_rank(tmp_path, monkeypatch, caplog):
+    from fedpeft.algorithms.lora.hetero import halves
+
+    cfg = tiny_config("algorithm.name=flexlora", "peft.r=4", "peft.alpha=8", "runtime.clients_per_pass=2",
+                      "algorithm.rank_groups=[{rank: 1, share: 0.5}, {rank: 4, share: 0.5}]")
+    rt = EmbeddedRuntime(cfg, tmp_path / "flex")
+    assert rt.cohort is None and "flexlora declares trains_batched = False" in caplog.text  # one scale per layer
+    seen = []
+
+    def train(self, ctx, pairs, rank):
+        layer = ctx.tuned.module.get_submodule(pairs[0].module)
+        seen.append((rank, float(layer.scaling["default"])))
+        return ctx.train(), rank
+
+    monkeypatch.setattr(halves.HeteroRankClient, "train", train)
+    for c in range(2):
+        _, _, _, failure = rt.run_client(1, c, rt.server.configure(1, [c])[c])
+        assert failure is None
+    assert sorted(seen) == [(1, 8.0), (4, 2.0)]  # alpha / r_i, not alpha / peft.r = 2 for both
+    layer = rt.exp.tuned.module.get_submodule(lora_pairs(rt.exp.tuned.params)[0].module)
+    assert layer.scaling["default"] == 2.0  # restored for whoever uses the model next
+    rt.close()
+
+
+def test_hetlora_accepts_a_pruned_rank_and_serves_it_from_then_on():
+    server = hetero_server(HetLoraOptions(rank_groups=[RankGroup(rank=4, share=1.0)], decay=0.5),
+                           initial_state(rank=4), [4, 4])
+    server.configure(1, [0, 1])
+    pruned = update(1, {A: np.ones((2, 2)), B: np.ones((3, 2)), "classifier.weight": np.ones((2, 2))}, 1)
+    kept = update(1, {A: np.ones((4, 2)), B: np.ones((3, 4)), "classifier.weight": np.ones((2, 2))}, 1)
+    odd = update(1, {A: np.ones((3, 2)), B: np.ones((3, 3)), "classifier.weight": np.ones((2, 2))}, 1)
+    ok, rejected = server.accept(1, {0: pruned, 1: kept})
+    assert set(ok) == {0, 1} and not rejected
+    ok, rejected = server.accept(1, {1: odd})
+    assert not ok and "an update of rank 3 from client 1, which may send rank 4 or 2" in rejected[1]
+    server.aggregate(1, {0: pruned, 1: kept})
+    assert server.ranks == [2, 4] and server.round_info() == {"client_rank": {"0": 4, "1": 4}, "pruned_rank": {"0": 2}}
+    assert server.configure(2, [0])[0].arrays[A].shape == (2, 2) and server.state_dict()["ranks"] == [2, 4]
+    ok, rejected = server.accept(2, {0: kept})  # no way back up
+    assert not ok and "may send rank 2 or 1" in rejected[0]
+    off = hetero_server(HetLoraOptions(rank_groups=[RankGroup(rank=4, share=1.0)], self_pruning=False),
+                        initial_state(rank=4), [4, 4])
+    off.configure(1, [0])
+    assert "may send rank 4" in off.accept(1, {0: pruned})[1][0]
+    assert HetLoraOptions(decay=0.99).pruned_rank(16) == 15 and HetLoraOptions().pruned_rank(1) is None
+
+
+@pytest.mark.needs_data
+def test_hetlora_self_pruning_drops_trailing_components_the_regulariser_shrank(tmp_path):
+    """A rank-4 client with decay 0.5: its trailing components 2..4 are made large at the start and penalised;
+    they shrink, so it prunes to rank 2. Trailing components that start at zero cannot shrink: no pruning."""
+    import torch
+
+    from fedpeft.algorithms.lora.hetero.halves import tail_norm
+
+    def client_run(tail, regularization, name):
+        cfg = tiny_config("algorithm.name=hetlora", "peft.r=4", "algorithm.rank_groups=[{rank: 4, share: 1.0}]",
+                          "algorithm.decay=0.5", f"algorithm.regularization={regularization}", "peft.dropout=0.0")
+        rt = EmbeddedRuntime(cfg, tmp_path / name)
+        pairs = lora_pairs(rt.exp.tuned.params)
+        state = dict(rt.server.global_state)
+        for p in pairs:
+            state[p.a] = state[p.a].copy()
+            state[p.b] = np.full_like(state[p.b], 0.01)
+            state[p.a][2:], state[p.b][:, 2:] = tail, tail
+        rt.server.global_state = state
+        start = float(tail_norm({k: torch.from_numpy(v) for k, v in state.items()}, pairs, 2, 4))
+        update, _, _, failure = rt.run_client(1, 0, rt.server.configure(1, [0])[0])
+        assert failure is None
+        end = float(tail_norm(rt.exp.tuned.params, pairs, 2, 4).detach())
+        trained = {p.a: rt.exp.tuned.params[p.a].detach().numpy().copy() for p in pairs}
+        rt.close()
+        return update, pairs, start, end, trained
+
+    update, pairs, start, end, trained = client_run(0.5, 1.0, "shrunk")
+    assert end < start and update.meta["rank"] == 2
+    for p in pairs:  # the first two components as trained; the pruned ones are not sent
+        assert update.arrays[p.a].shape == (2, trained[p.a].shape[1])
+        assert np.array_equal(update.arrays[p.a], trained[p.a][:2])
+    _, _, _, end0, _ = client_run(0.5, 0.0, "unpenalised")
+    assert end0 > end  # the regulariser is what shrank them
+    update, _, start, end, _ = client_run(0.0, 1.0, "zero")
+    assert start == 0.0 and update.meta["rank"] == 4
 
 
 def test_the_methods_refuse_other_peft_methods_and_impossible_ranks():
@@ -269,7 +387,8 @@ def test_fedsa_lora_b_and_by_default_the_head_never_leave_a_client(local_head, t
 @pytest.mark.parametrize("name", ["hetlora", "flexlora"])
 def test_heterogeneous_ranks_send_and_receive_at_each_clients_rank(name, tmp_path):
     cfg = tiny_config(f"algorithm.name={name}", "peft.r=4", "federation.clients_per_round=4",
-                      "algorithm.rank_groups=[{rank: 1, share: 0.5}, {rank: 4, share: 0.5}]")
+                      "algorithm.rank_groups=[{rank: 1, share: 0.5}, {rank: 4, share: 0.5}]",
+                      *(["algorithm.self_pruning=false"] if name == "hetlora" else []))  # ranks fixed here
     rt = EmbeddedRuntime(cfg, tmp_path / name)
     uploads = Uploads(rt)
     rt.run()

@@ -102,27 +102,31 @@ def truncate_rank(factor: np.ndarray, rank: int, *, is_a: bool) -> np.ndarray:
     return np.ascontiguousarray(factor[:rank] if is_a else factor[:, :rank]).astype(np.float32)
 
 
-def svd_factors(product: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """The best rank-``rank`` factorisation (B, A) of ``product`` (out x in) in the Frobenius norm (Eckart-Young):
-    with product = U S V^T, B = U_r sqrt(S_r) and A = sqrt(S_r) V_r^T, so B @ A = U_r S_r V_r^T. The singular
-    values are split evenly between the factors so neither dominates the other's learning rate."""
+def svd_factors(product: np.ndarray, rank: int, *, split: str = "sqrt") -> tuple[np.ndarray, np.ndarray]:
+    """The best rank-``rank`` factorisation (B, A) of ``product`` (out x in) in the Frobenius norm (Eckart-Young).
+    With product = U S V^T: ``split="sqrt"`` gives B = U_r sqrt(S_r), A = sqrt(S_r) V_r^T (the singular values
+    split evenly, so neither factor dominates the other's learning rate); ``split="b"`` gives B = U_r S_r,
+    A = V_r^T (orthonormal rows, FlexLoRA's reference code). Either way B @ A = U_r S_r V_r^T."""
+    if split not in ("sqrt", "b"):
+        raise ValueError(f"split must be 'sqrt' or 'b', not {split!r}")
     u, s, vt = np.linalg.svd(np.asarray(product, dtype=np.float64), full_matrices=False)
     k = min(rank, s.size)
-    root = np.sqrt(s[:k])
+    to_b, to_a = (np.sqrt(s[:k]), np.sqrt(s[:k])) if split == "sqrt" else (s[:k], np.ones(k))
     b = np.zeros((product.shape[0], rank))
     a = np.zeros((rank, product.shape[1]))
-    b[:, :k] = u[:, :k] * root
-    a[:k] = root[:, None] * vt[:k]
+    b[:, :k] = u[:, :k] * to_b
+    a[:k] = to_a[:, None] * vt[:k]
     return b.astype(np.float32), a.astype(np.float32)
 
 
 def weighted_product(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float],
-                     pair: LoraPair) -> np.ndarray:
-    """sum_i w_i B_i A_i (weights normalised), in float64."""
+                     pair: LoraPair, scales: Sequence[float] | None = None) -> np.ndarray:
+    """sum_i w_i c_i B_i A_i (weights normalised; ``scales`` c_i, default 1), in float64."""
     w = _normalised(weights)
+    c = np.ones(len(states)) if scales is None else np.asarray(scales, dtype=np.float64)
     out = np.zeros((states[0][pair.b].shape[0], states[0][pair.a].shape[1]))
-    for wi, s in zip(w, states):
-        out += wi * (np.asarray(s[pair.b], dtype=np.float64) @ np.asarray(s[pair.a], dtype=np.float64))
+    for wi, ci, s in zip(w, c, states):
+        out += wi * ci * (np.asarray(s[pair.b], dtype=np.float64) @ np.asarray(s[pair.a], dtype=np.float64))
     return out
 
 

@@ -8,6 +8,6 @@ from fedpeft.algorithms.lora.hetero.options import FlexLoraOptions, HetLoraOptio
 
 HALVES = "fedpeft.algorithms.lora.hetero.halves"
 fedpeft.register_algorithm("hetlora", options=HetLoraOptions, server=f"{HALVES}:HetLoraServer",
-                           client=f"{HALVES}:HeteroRankClient")
+                           client=f"{HALVES}:HetLoraClient")
 fedpeft.register_algorithm("flexlora", options=FlexLoraOptions, server=f"{HALVES}:FlexLoraServer",
-                           client=f"{HALVES}:HeteroRankClient")
+                           client=f"{HALVES}:flexlora_client")

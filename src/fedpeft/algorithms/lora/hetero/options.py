@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -33,19 +34,39 @@ class HeteroRankOptions(AlgorithmOptions):
 
 
 class HetLoraOptions(HeteroRankOptions):
-    """HetLoRA: clients of different LoRA ranks, zero-padded and averaged with norm weights.
+    """HetLoRA: clients of different LoRA ranks, zero-padded and averaged with norm weights; each client may prune
+    its own rank (self-pruning).
 
-    algorithm: {name: hetlora, rank_groups: [...], weighting: norm}"""
+    algorithm: {name: hetlora, rank_groups: [...], weighting: norm, self_pruning: true, decay: 0.99}"""
 
     name: Literal["hetlora"] = "hetlora"
     weighting: Literal["norm", "examples"] = Field(
         "norm", description="norm: each client weighted by ||B_i A_i||_F per module (HetLoRA's sparsity-weighted "
         "aggregation); examples: by its training examples.")
+    self_pruning: bool = Field(
+        True, description="Rank self-pruning: local training penalises the trailing components "
+        "floor(decay r)..r of a rank-r client, and a client whose trailing components end the round smaller than "
+        "they started prunes to rank floor(decay r) for good (never below 1).")
+    decay: float = Field(0.99, gt=0, lt=1, description="HetLoRA's decay factor gamma: the share of the rank kept "
+                         "when a client prunes.")
+    regularization: float = Field(1e-3, ge=0, description="HetLoRA's lambda: the weight of the trailing "
+                                  "components' size, sum over modules of ||B_tail||_F ||A_tail||_F, in the loss.")
+
+    def pruned_rank(self, rank: int) -> int | None:
+        """The rank a client of ``rank`` prunes to, or None when it cannot prune (self-pruning off, or rank 1)."""
+        pruned = math.floor(self.decay * rank)
+        return pruned if self.self_pruning and 1 <= pruned < rank else None
 
 
 class FlexLoraOptions(HeteroRankOptions):
     """FlexLoRA: clients of different LoRA ranks; the averaged product is redistributed by SVD.
 
-    algorithm: {name: flexlora, rank_groups: [...]}"""
+    algorithm: {name: flexlora, rank_groups: [...], factorization: reference}"""
 
     name: Literal["flexlora"] = "flexlora"
+    factorization: Literal["reference", "balanced"] = Field(
+        "reference", description="reference (FlexLoRA's code): a rank-r_i client trains at the scale alpha / r_i; "
+        "the server averages the scaled products and gives B the singular values (A = V^T, orthonormal rows). "
+        "balanced: every rank trains at alpha / peft.r and B and A each get sqrt(S). The products agree; the "
+        "factors, and so local training, differ. Under reference a fused pass cannot mix scales: the clients "
+        "train one at a time.")
