@@ -228,9 +228,10 @@ def test_hetlora_self_pruning_drops_trailing_components_the_regulariser_shrank(t
 
     from fedpeft.algorithms.lora.hetero.halves import tail_norm
 
-    def client_run(tail, regularization, name):
+    def client_run(tail, regularization, name, *extra):
         cfg = tiny_config("algorithm.name=hetlora", "peft.r=4", "algorithm.rank_groups=[{rank: 4, share: 1.0}]",
-                          "algorithm.decay=0.5", f"algorithm.regularization={regularization}", "peft.dropout=0.0")
+                          "algorithm.decay=0.5", f"algorithm.regularization={regularization}", "peft.dropout=0.0",
+                          *extra)
         rt = EmbeddedRuntime(cfg, tmp_path / name)
         pairs = lora_pairs(rt.exp.tuned.params)
         state = dict(rt.server.global_state)
@@ -256,6 +257,9 @@ def test_hetlora_self_pruning_drops_trailing_components_the_regulariser_shrank(t
     assert end0 > end  # the regulariser is what shrank them
     update, _, start, end, _ = client_run(0.0, 1.0, "zero")
     assert start == 0.0 and update.meta["rank"] == 4
+    # a threshold instead of the start: below it prunes (even with nothing shrunk), above it does not
+    assert client_run(0.0, 1.0, "under", f"algorithm.threshold={end + 1}")[0].meta["rank"] == 2
+    assert client_run(0.5, 1.0, "over", "algorithm.threshold=1e-9")[0].meta["rank"] == 4
 
 
 def test_the_methods_refuse_other_peft_methods_and_impossible_ranks():

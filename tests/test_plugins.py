@@ -156,6 +156,8 @@ def test_a_scaffold_local_step_is_the_papers_on_the_clipped_corrected_gradient(m
 def test_scaffold_refuses_an_optimizer_it_cannot_correct():
     with pytest.raises(ConfigError, match="scaffold corrects plain SGD steps"):
         load_config(SCAFFOLD / "config.yaml", ["train.optimizer=adamw"], plugins=[str(SCAFFOLD / "plugin.py")])
+    with pytest.raises(ConfigError, match="set train.weight_decay: 0"):
+        load_config(SCAFFOLD / "config.yaml", ["train.weight_decay=0.01"], plugins=[str(SCAFFOLD / "plugin.py")])
 
 
 def test_the_layers_keep_to_themselves():

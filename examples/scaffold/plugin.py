@@ -36,6 +36,9 @@ class ScaffoldOptions(fedpeft.AlgorithmOptions):
         if t.optimizer != "sgd" or t.scheduler != "constant" or t.momentum or t.warmup_ratio:
             raise ValueError("algorithm scaffold corrects plain SGD steps: set train.optimizer: sgd, "
                              "train.scheduler: constant, train.momentum: 0 and train.warmup_ratio: 0")
+        if t.weight_decay:
+            raise ValueError("train.weight_decay: algorithm scaffold's step is y - lr (g + c - c_i); SGD's decay would "
+                             "add lr wd y outside the corrected, clipped gradient: set train.weight_decay: 0")
         if run.runtime.precision == "fp16":
             raise ValueError("runtime.precision fp16: algorithm scaffold adds its correction to the gradients, which "
                              "fp16's loss scaling holds scaled (and a skipped step would still be corrected); use "

@@ -282,7 +282,8 @@ def tail_norm(params: Mapping[str, torch.Tensor], pairs: list[LoraPair], start: 
 class HetLoraClient(HeteroRankClient):
     """HetLoRA's rank self-pruning (``self_pruning: true``): local training adds ``regularization`` times the
     trailing components' size (:func:`tail_norm`, components floor(decay r) .. r); if that size ends the round
-    below where it started, the client prunes to rank floor(decay r) and sends only those components."""
+    below where it started (or below ``threshold``), the client prunes to rank floor(decay r) and sends only
+    those components."""
 
     options: HetLoraOptions
 
@@ -291,12 +292,13 @@ class HetLoraClient(HeteroRankClient):
         if pruned is None:
             return ctx.train(), rank
         params = ctx.tuned.params
-        before = float(tail_norm(params, pairs, pruned, rank).detach())
+        start = float(tail_norm(params, pairs, pruned, rank).detach())
         lam = self.options.regularization
 
         def regulariser() -> torch.Tensor:
             return lam * tail_norm(params, pairs, pruned, rank)
 
         result = ctx.train(extra_loss=regulariser if lam > 0 else None)
-        after = float(tail_norm(ctx.tuned.params, pairs, pruned, rank).detach())
-        return result, (pruned if after < before else rank)
+        end = float(tail_norm(ctx.tuned.params, pairs, pruned, rank).detach())
+        limit = start if self.options.threshold is None else self.options.threshold
+        return result, (pruned if end < limit else rank)

@@ -46,11 +46,14 @@ class HetLoraOptions(HeteroRankOptions):
     self_pruning: bool = Field(
         True, description="Rank self-pruning: local training penalises the trailing components "
         "floor(decay r)..r of a rank-r client, and a client whose trailing components end the round smaller than "
-        "they started prunes to rank floor(decay r) for good (never below 1).")
+        "they started (or below `threshold`) prunes to rank floor(decay r) for good (never below 1).")
     decay: float = Field(0.99, gt=0, lt=1, description="HetLoRA's decay factor gamma: the share of the rank kept "
                          "when a client prunes.")
     regularization: float = Field(1e-3, ge=0, description="HetLoRA's lambda: the weight of the trailing "
                                   "components' size, sum over modules of ||B_tail||_F ||A_tail||_F, in the loss.")
+    threshold: float | None = Field(
+        None, ge=0, description="When a client prunes: null, when its trailing components' size ends local training "
+        "below where it started (the model the previous round produced); a number, when that size ends below it.")
 
     def pruned_rank(self, rank: int) -> int | None:
         """The rank a client of ``rank`` prunes to, or None when it cannot prune (self-pruning off, or rank 1)."""
