@@ -1,6 +1,6 @@
 """Federated LoRA methods side by side (issue 26): FedAvg-LoRA vs FFA-LoRA vs FedSA-LoRA vs FLoRA vs
 FedEx-LoRA on IID and Dirichlet(0.5)-skewed clients, and a federation of clients with ranks 4, 8 and 16 (in
-thirds) under HetLoRA, FlexLoRA and FLoRA (flora_ranks) against everyone at rank 4.
+thirds) under HetLoRA and FlexLoRA against everyone at rank 4.
 
 * minilm-20news: MiniLM-L6 on 20 Newsgroups (configs/lora_20news.yaml: 1,200 documents, 8 clients, 4 per
   round, 6 rounds of 2 local epochs, Dirichlet skew over the labels); the heterogeneous ranks run here.
@@ -60,8 +60,7 @@ METHODS = {m: [f"algorithm.name={m}"] for m in ("fedavg", "ffa_lora", "fedsa_lor
 THIRDS = "algorithm.rank_groups=[{rank: 4, share: 0.34}, {rank: 8, share: 0.33}, {rank: 16, share: 0.33}]"
 HETERO = {"rank4_all": ["algorithm.name=fedavg", "peft.r=4", "peft.alpha=8"],
           "hetlora": ["algorithm.name=hetlora", "peft.r=16", "peft.alpha=32", THIRDS],
-          "flexlora": ["algorithm.name=flexlora", "peft.r=16", "peft.alpha=32", THIRDS],
-          "flora_ranks": ["algorithm.name=flora", "peft.r=16", "peft.alpha=32", THIRDS]}
+          "flexlora": ["algorithm.name=flexlora", "peft.r=16", "peft.alpha=32", THIRDS]}
 
 
 LABEL = ("suite", "partition", "method", "seed")  # what tells the rows of the results file apart
