@@ -35,9 +35,9 @@ def print_table(header: list[str], rows: list[list[Any]]) -> None:
 
 def is_finished_run(run_dir: Path, cfg: Any) -> bool:
     """True if ``run_dir`` holds a finished run of exactly ``cfg``; touches nothing."""
-    from fedpeft.config import dump_config
+    from fedpeft.rundir import sealed_config
 
-    return (run_dir / "summary.json").exists() and (run_dir / "config.yaml").read_text() == dump_config(cfg)
+    return (run_dir / "summary.json").exists() and (run_dir / "config.yaml").read_bytes() == sealed_config(cfg)
 
 
 def reuse_or_clear(run_dir: Path, cfg: Any, label: str) -> bool:
