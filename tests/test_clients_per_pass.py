@@ -89,6 +89,16 @@ def test_every_algorithm_and_peft_method_gives_the_same_metrics_trained_together
         # (flexlora's reference factorisation: each rank trains at its own LoRA scale, one per layer)
 
 
+@pytest.mark.needs_data
+def test_hetlora_clients_prune_alike_trained_together(tmp_path):
+    """Every client prunes every round (tests/test_lora_methods.py); the regulariser and the prune decision in
+    fused passes give the run they give alone."""
+    from test_lora_methods import PRUNING_EVERY_ROUND
+
+    rows = assert_same_as_alone(PRUNING_EVERY_ROUND, tmp_path)
+    assert [set(r.get("pruned_rank", {}).values()) for r in rows[1:]] == [{2}, {1}, set()]
+
+
 @pytest.mark.parametrize("method", sorted(m for m in PEFT_METHODS.names() if PEFT_METHODS.get(m).trains_batched))
 @pytest.mark.needs_data
 def test_each_client_gets_the_update_it_gets_alone(method, tmp_path):

@@ -188,10 +188,10 @@ def test_a_flexlora_client_trains_at_alpha_over_its_rank(tmp_path, monkeypatch, 
         return ctx.train(), rank
 
     monkeypatch.setattr(halves.HeteroRankClient, "train", train)
-    for c in range(2):
+    for c in (rt.server.ranks.index(1), rt.server.ranks.index(4)):
         _, _, _, failure = rt.run_client(1, c, rt.server.configure(1, [c])[c])
         assert failure is None
-    assert sorted(seen) == [(1, 8.0), (4, 2.0)]  # alpha / r_i, not alpha / peft.r = 2 for both
+    assert seen == [(1, 8.0), (4, 2.0)]  # alpha / r_i, not alpha / peft.r = 2 for both
     layer = rt.exp.tuned.module.get_submodule(lora_pairs(rt.exp.tuned.params)[0].module)
     assert layer.scaling["default"] == 2.0  # restored for whoever uses the model next
     rt.close()
@@ -260,6 +260,37 @@ def test_hetlora_self_pruning_drops_trailing_components_the_regulariser_shrank(t
     # a threshold instead of the start: below it prunes (even with nothing shrunk), above it does not
     assert client_run(0.0, 1.0, "under", f"algorithm.threshold={end + 1}")[0].meta["rank"] == 2
     assert client_run(0.5, 1.0, "over", "algorithm.threshold=1e-9")[0].meta["rank"] == 4
+
+
+PRUNING_EVERY_ROUND = ["algorithm.name=hetlora", "peft.r=4", "algorithm.rank_groups=[{rank: 4, share: 1.0}]",
+                       "algorithm.decay=0.5", "algorithm.threshold=1e9", "federation.rounds=3",
+                       "federation.clients_per_round=4"]
+
+
+@pytest.mark.needs_data
+def test_hetlora_clients_that_prune_are_served_at_their_new_rank_also_after_a_resume(tmp_path):
+    """threshold 1e9: every client prunes whenever it trains (decay 0.5: 4 -> 2 -> 1); the server serves each at
+    its new rank, the bytes follow, and a resumed server has the pruned ranks (tests/test_clients_per_pass.py:
+    the same run with the clients trained together)."""
+    rt = EmbeddedRuntime(tiny_config(*PRUNING_EVERY_ROUND), tmp_path / "alone")
+    rt.run()
+    assert rt.server.ranks == [1, 1, 1, 1]
+    rows = [r for r in read_metrics(tmp_path / "alone") if r["round"] > 0]
+    assert [r["client_rank"] for r in rows] == [{str(c): r for c in range(4)} for r in (4, 2, 1)]
+    assert [r.get("pruned_rank") for r in rows] == [{str(c): r for c in range(4)} for r in (2, 1)] + [None]
+    up, down = [r["bytes_up"]["0"] for r in rows], [r["bytes_down"]["0"] for r in rows]
+    assert up[0] > up[1] == up[2] and down[0] > down[1] > down[2]  # sent at ranks 2, 1, 1; served at 4, 2, 1
+    server = make_server(rt.cfg.algorithm, rt.server.global_state, num_clients=4, clients_per_round=4,
+                         seed=rt.cfg.seed)
+    assert server.ranks == [4, 4, 4, 4]
+    server.load_state_dict(checkpoint.load(tmp_path / "alone")[1]["server"])
+    assert server.ranks == [1, 1, 1, 1]  # from the checkpoint, not the assignment
+    state = server.state_dict()
+    del state["ranks"]
+    with pytest.raises(ValueError, match="written before its clients' ranks were saved"):
+        server.load_state_dict(state)
+    with pytest.raises(ValueError, match="do not fit 4 clients of rank 1..4"):
+        server.load_state_dict({**state, "ranks": [1, 8, 1, 1]})
 
 
 def test_the_methods_refuse_other_peft_methods_and_impossible_ranks():

@@ -217,6 +217,10 @@ def test_attackers_are_seeded_and_attacks_do_what_they_say():
     assert mixed.arrays["v"].tolist() == [1, 1] and mixed.arrays["w"].tolist() == [0.5, 2.0]
     with pytest.raises(ValueError, match="nothing to poison"):
         poison(Payload({"v": np.zeros(2, np.float32)}, {}), received, cfg, 1, 0)
+    # a tensor the client cut (a HetLoRA client that pruned its rank): the change of the part it kept
+    factor = Payload({"a": np.ones((3, 2), np.float32)}, {"round": 1})
+    pruned = poison(Payload({"a": np.full((2, 2), 2.0, np.float32)}, {}), factor, cfg, 1, 0)
+    assert pruned.arrays["a"].tolist() == [[0.0, 0.0], [0.0, 0.0]]  # 1 - (2 - 1)
     flipped = flip_labels(Encoded(input_ids=[np.array([1]), np.array([2]), np.array([3])], labels=[0, 1, 2]), 3)
     assert flipped.labels == [2, 1, 0] and len(flipped) == 3
 

@@ -7,7 +7,8 @@ own control variate (kept in the client's state between its rounds). The correct
 before ``train.max_grad_norm`` clips it, so a clipped step is lr times the clipped corrected gradient (set
 ``train.max_grad_norm: null`` for the paper's step exactly). It then updates c_i <- c_i - c + (x - y) / (K lr) (the paper's
 option II; y: its trained state, K: its steps) and sends y and the change of c_i. The server moves x along
-the mean change of y and c by the sum of the control changes over all N clients.
+the mean change of y and c by the sum of the control changes over all N clients. The options refuse what the
+correction cannot account for: another optimizer or schedule, momentum, weight decay and fp16.
 
     fedpeft run examples/scaffold/config.yaml --plugin examples/scaffold/plugin.py
 """

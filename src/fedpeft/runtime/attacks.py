@@ -46,6 +46,9 @@ def poison(update: Payload, received: Payload, cfg: RunConfig, rnd: int, cid: in
     for name in sorted(update.arrays):
         sent = update.arrays[name]
         base = received.arrays.get(name)
+        if base is not None and base.ndim == sent.ndim and base.shape != sent.shape and all(
+                s <= b for s, b in zip(sent.shape, base.shape)):  # a tensor the client cut (a HetLoRA client that
+            base = base[tuple(slice(0, s) for s in sent.shape)]  # pruned its rank): the change of what it kept
         if base is None or base.shape != sent.shape or not np.issubdtype(sent.dtype, np.floating):
             continue  # not a change of something received (e.g. headprune's importance scores): sent as it is
         honest = sent.astype(np.float64) - base.astype(np.float64)

@@ -74,10 +74,16 @@ class HeteroRankServer(fedpeft.ServerAlgorithm[HeteroRankOptionsT]):
         self.sent: dict[int, int] = {}  # this round's clients -> the rank they were served at
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if "ranks" not in state:  # a checkpoint from before ranks could change: they were the assigned ones
-            state = {**state, "ranks": self.ranks}
-        super().load_state_dict(state)
-        self.ranks = [int(r) for r in self.ranks]
+        if "ranks" not in state:
+            raise ValueError(f"the checkpoint of this {self.options.name} run was written before its clients' ranks "
+                             "were saved (and before hetlora's self-pruning and flexlora's reference factorization, "
+                             "which its config would now turn on): finish it with the fedpeft version that started "
+                             "it, or start it again")
+        ranks = [int(r) for r in state["ranks"]]
+        if len(ranks) != self.num_clients or not all(1 <= r <= self.max_rank for r in ranks):
+            raise ValueError(f"the checkpoint's client ranks {ranks} do not fit {self.num_clients} clients of rank "
+                             f"1..{self.max_rank} (peft.r): it belongs to another federation")
+        super().load_state_dict({**state, "ranks": ranks})
 
     def at_rank(self, state: Mapping[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
         """``state`` with every factor cut to its first ``rank`` components."""
@@ -100,14 +106,16 @@ class HeteroRankServer(fedpeft.ServerAlgorithm[HeteroRankOptionsT]):
         """The ranks ``client``'s update may have: the one it was served at."""
         return [self.ranks[client]]
 
-    def update_rank(self, payload: fedpeft.Payload) -> int:
+    def update_rank(self, payload: fedpeft.Payload) -> int | None:
         """The rank of an update, read from its first A factor (every factor is then checked against it)."""
         a = payload.arrays.get(self.pairs[0].a)
-        return int(a.shape[0]) if a is not None and a.ndim == 2 else -1
+        return int(a.shape[0]) if a is not None and a.ndim == 2 else None
 
     def validate_from(self, rnd: int, client: int, payload: fedpeft.Payload) -> None:
         rank, allowed = self.update_rank(payload), self.ranks_allowed(client)
-        if rank not in allowed:
+        if rank is None:  # no readable A: check_update names what is missing or misshapen
+            rank = self.ranks[client]
+        elif rank not in allowed:
             raise fedpeft.UpdateRejected(f"{self.pairs[0].a}: an update of rank {rank} from client {client}, "
                                          f"which may send rank {' or '.join(map(str, allowed))}")
         fedpeft.check_update(payload, spec_at_rank(self.expected, self.pairs, rank), rnd)
@@ -137,7 +145,7 @@ class HeteroRankServer(fedpeft.ServerAlgorithm[HeteroRankOptionsT]):
             return {}
         ids = sorted(updates)
         for c in ids:  # accepted, so a rank the client may send: it keeps it from now on
-            self.ranks[c] = self.update_rank(updates[c])
+            self.ranks[c] = int(updates[c].arrays[self.pairs[0].a].shape[0])
         metrics = self.combine([self.padded(updates[c].arrays) for c in ids],
                                [updates[c].meta["num_examples"] for c in ids], [self.ranks[c] for c in ids])
         self.mean_others(updates)

@@ -57,7 +57,7 @@ class HetLoraOptions(HeteroRankOptions):
 
     def pruned_rank(self, rank: int) -> int | None:
         """The rank a client of ``rank`` prunes to, or None when it cannot prune (self-pruning off, or rank 1)."""
-        pruned = math.floor(self.decay * rank)
+        pruned = math.floor(self.decay * rank + 1e-9)  # (0.29 x 100 is 28.999... in floating point)
         return pruned if self.self_pruning and 1 <= pruned < rank else None
 
 
