@@ -97,6 +97,33 @@ def test_model_command_paper003_prompt_sizes(capsys):
         assert prefix["peft_parameters"] == expected
 
 
+def test_model_command_paper004_vit_offline(capsys):
+    """Paper 004's vision backbone (ViT-B/16) from its bundled config: what each adapter method sends against full
+    fine-tuning (its Eq. 1 ratio; the paper: transmission reduced by up to 98%)."""
+    import torch
+    from transformers import AutoModelForImageClassification, ViTConfig
+
+    out = model_json(capsys, "vit-base-patch16-224", "--methods", "full,houlsby,pfeiffer,lora,bitfit,ia3,prompt_tuning")
+    assert (out["task_head"], out["tokens"], out["layers"], out["heads"], out["hidden"]) == (
+        "classification", 197, 12, 12, 768)  # (224 / 16)^2 patches + the class token
+    rows = {r["method"]: r for r in out["methods"]}
+    config = ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                       image_size=224, patch_size=16, num_labels=2)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForImageClassification.from_config(config).parameters())
+    assert rows["full"]["trainable"] == params and rows["full"]["task_head_parameters"] == 768 * 2 + 2
+    assert rows["lora"]["peft_parameters"] == 12 * 3 * (768 * 16 + 16 * 768)  # r16 on query, key, value
+    for m, r in rows.items():
+        assert r["reduction_vs_full"] == pytest.approx(1 - r["run_bytes"] / rows["full"]["run_bytes"])
+    assert rows["houlsby"]["reduction_vs_full"] > 0.97 and all(
+        rows[m]["reduction_vs_full"] > 0.98 for m in ("pfeiffer", "lora", "bitfit", "ia3"))
+    assert "virtual tokens" in out["not_available"]["prompt_tuning"]
+    assert main(["model", "vit-base", "--task", "generation"]) == 2
+    assert "vision transformer" in capsys.readouterr().err
+    assert main(["model", "vit-base", "--memory"]) == 2
+    assert "does not take" in capsys.readouterr().err
+
+
 def test_every_bundled_architecture_builds_offline_with_lora(capsys):
     from fedpeft.models.architectures import bundled_architectures
 

@@ -313,12 +313,19 @@ def cmd_model(args: argparse.Namespace) -> int:
     from fedpeft.footprint import footprint
     from fedpeft.models import registry
     from fedpeft.models.architectures import architecture_config
-    from fedpeft.models.layout import model_shape
+    from fedpeft.models.layout import image_sequence_length, is_image_model, model_shape
 
     config = architecture_config(args.name)
     shape = model_shape(config)
-    task = args.task or ("classification" if config.model_type in ("bert", "roberta", "distilbert") else "generation")
+    image = is_image_model(config)
+    task = args.task or ("classification" if image or config.model_type in ("bert", "roberta", "distilbert")
+                         else "generation")
     kind = registry.model_kind(TaskConfig(type=task).type, config)
+    if args.tokens is None:
+        args.tokens = image_sequence_length(config) if image else 128
+    if image and (args.memory or args.device_memory is not None):
+        raise ConfigError(f"--memory: the training-memory estimate feeds token ids, which {args.name} (a vision "
+                          "transformer) does not take; leave out --memory and --device-memory")
     from fedpeft.plugins import load_plugins, resolve_plugin
     from fedpeft.tuners import PEFT_METHODS
 
@@ -338,7 +345,7 @@ def cmd_model(args: argparse.Namespace) -> int:
         raise ConfigError(f"--set peft.{unused[0]}: none of the methods {', '.join(methods)} has that option; "
                           "`fedpeft config` lists each method's options")
     rows, skipped = [], {}
-    for m in methods:
+    for m in dict.fromkeys([*methods, "full"]):  # full fine-tuning: what paper 004's Eq. 1 compares with
         # validated as `fedpeft run` validates them (one-line errors naming the key and the allowed values)
         opts = load_config(None, [f"peft={{method: {m}}}", *(f"peft.{k}={v}" for k, v in options.items()
                                                             if k in _option_names(m))], plugins=args.plugin).peft
@@ -347,6 +354,9 @@ def cmd_model(args: argparse.Namespace) -> int:
                                   tokens=args.tokens))
         except ValueError as exc:  # the method cannot drive this model (e.g. prompts on an encoder-decoder classifier)
             skipped[m] = str(exc).splitlines()[0]
+    full = next((r for r in rows if r.method == "full"), None)
+    rows, skipped = [r for r in rows if r.method in methods], {m: why for m, why in skipped.items() if m in methods}
+    reduction = {r.method: 1.0 - r.run_bytes / full.run_bytes for r in rows} if full is not None else {}
     about = {"model": args.name, "model_type": config.model_type, "layers": shape.num_layers,
              "attention_modules": shape.num_attention_modules, "heads": shape.num_heads, "kv_heads": shape.num_kv_heads,
              "hidden": shape.hidden, "feed_forward": shape.intermediate, "encoder_decoder": shape.encoder_decoder,
@@ -356,7 +366,8 @@ def cmd_model(args: argparse.Namespace) -> int:
         args.memory = True  # (how many clients fit is part of the memory estimate)
     memory = _memory_rows(args, config, kind, task, {r.method: r for r in rows}) if args.memory else None
     if args.json:
-        print(json.dumps({**about, "methods": [r.as_dict() for r in rows], "not_available": skipped,
+        print(json.dumps({**about, "methods": [{**r.as_dict(), "reduction_vs_full": reduction.get(r.method)}
+                                               for r in rows], "not_available": skipped,
                           **({"memory": memory} if memory is not None else {})}, indent=2))
         return 0
     print(f"{args.name}: {config.model_type}, {shape.num_layers} layers ({shape.num_attention_modules} attention modules), "
@@ -365,14 +376,17 @@ def cmd_model(args: argparse.Namespace) -> int:
     print(f"task head: {kind}" + (f" ({args.num_labels} labels)" if kind == "classification" else "")
           + f"; OPs per training sequence of {args.tokens} tokens")
     print("upload per client and round: 'paper MiB' = the method's tensors only (no task head), float32, MiB; "
-          "'run bytes' = what a client sends (task head, kept-head ids, metadata)")
-    header = ["method", "trainable", "PEFT params", "paper MiB", "run bytes", *(f"GOPs {c}" for c in _conventions(rows))]
+          "'run bytes' = what a client sends (task head, kept-head ids, metadata); 'vs full' = 1 - run bytes / "
+          "full fine-tuning's, the transmission saved (paper 004's Eq. 1 ratio)")
+    header = ["method", "trainable", "PEFT params", "paper MiB", "run bytes", "vs full",
+              *(f"GOPs {c}" for c in _conventions(rows))]
     if args.sparsity is not None:
         header += ["kept heads", f"paper MiB @{args.sparsity:g}", f"run bytes @{args.sparsity:g}",
                    *(f"GOPs {c} @{args.sparsity:g}" for c in _conventions(rows))]
     lines = []
     for r in rows:
         line = [r.method, f"{r.trainable:,}", f"{r.peft_parameters:,}", f"{r.paper_mib:.4f}", f"{r.run_bytes:,}",
+                f"{100 * reduction[r.method]:.2f}%" if r.method in reduction else "-",
                 *(_gops(r.ops[c]) for c in _conventions(rows))]
         if args.sparsity is not None:
             pruned = r.kept_heads is not None
@@ -577,7 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "client and round, and analytic OPs, from its architecture config alone (offline, no weights)")
     m.add_argument("name", help="a bundled architecture (t5-small, t5-base, bart-base, distilbert, roberta-base, "
                    "roberta-large, gpt2, gpt2-large, gpt2-xl, opt-1.3b, open-llama-3b, llama-7b, llama-3.2-1b, llama-3.2-3b, "
-                   "llama-3.1-8b, or their Hub ids), a bundled "
+                   "llama-3.1-8b, vit-base-patch16-224, or their Hub ids), a bundled "
                    "alias with weights, a local directory or a Hub id")
     m.add_argument("--task", choices=["classification", "generation", "multiple_choice"])
     m.add_argument("--methods", help="comma-separated PEFT methods (default: all)")
@@ -585,8 +599,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--set", action="append", default=[], metavar="peft.KEY=VALUE",
                    help="a PEFT option, as in `fedpeft run` (e.g. peft.r=8, peft.num_virtual_tokens=100)")
     m.add_argument("--sparsity", type=float, help="also show head pruning at this sparsity (paper 000)")
-    m.add_argument("--tokens", type=int, default=128, help="tokens per training sequence for the OPs and the memory "
-                   "estimate (paper 000: 512)")
+    m.add_argument("--tokens", type=int, help="tokens per training sequence for the OPs and the memory estimate "
+                   "(default 128; a vision transformer's patches and class token, 197 for ViT-B/16; paper 000: 512)")
     m.add_argument("--memory", action="store_true", help="also estimate one client's training memory in float32, "
                    "bfloat16, int8 and nf4, with and without gradient checkpointing")
     m.add_argument("--batch-size", type=int, default=4, help="sequences per training step for --memory")

@@ -54,7 +54,8 @@ def architecture_config(name: str):
 
 
 def build_on_meta(config, kind: str, num_labels: int | None = None) -> torch.nn.Module:
-    """The backbone of ``kind`` (classification / causal / seq2seq) from ``config``, on the meta device."""
+    """The backbone of ``kind`` (classification / causal / seq2seq) from ``config``, on the meta device (an image
+    classifier for a vision transformer's config)."""
     import copy
 
     import transformers
@@ -64,9 +65,15 @@ def build_on_meta(config, kind: str, num_labels: int | None = None) -> torch.nn.
         AutoModelForSequenceClassification,
     )
 
+    from fedpeft.models.layout import is_image_model
+
     transformers.logging.set_verbosity_error()
     auto = {"classification": AutoModelForSequenceClassification, "causal": AutoModelForCausalLM,
             "seq2seq": AutoModelForSeq2SeqLM}[kind]
+    if kind == "classification" and is_image_model(config):
+        from transformers import AutoModelForImageClassification
+
+        auto = AutoModelForImageClassification
     config = copy.deepcopy(config)
     if kind == "classification":
         config.num_labels = num_labels or 2

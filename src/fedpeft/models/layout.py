@@ -36,7 +36,29 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "t5": ArchSpec(("q", "k", "v"), ("SelfAttention.o", "EncDecAttention.o"), "DenseReluDense.wo"),
     "opt": ArchSpec(("q_proj", "k_proj", "v_proj"), ("self_attn.out_proj",), "fc2"),
     "bart": ArchSpec(("q_proj", "k_proj", "v_proj"), ("self_attn.out_proj", "encoder_attn.out_proj"), "fc2"),
+    # vision: transformers 5's ViT (ViTAttention's q/k/v/o_proj, ViTMLP's fc1/fc2)
+    "vit": ArchSpec(("q_proj", "k_proj", "v_proj"), ("attention.o_proj",), "mlp.fc2"),
 }
+
+# tokens a ViT-family encoder adds to its patches (the class token; DeiT's distillation token too)
+EXTRA_IMAGE_TOKENS = {"vit": 1, "deit": 2}
+
+
+def is_image_model(config) -> bool:
+    """Whether ``config`` is a vision transformer that classifies images (it has an image and patch size and no
+    text vocabulary)."""
+    return (getattr(config, "image_size", None) is not None and getattr(config, "patch_size", None) is not None
+            and getattr(config, "vocab_size", None) is None)
+
+
+def image_sequence_length(config) -> int:
+    """The tokens a ViT-family encoder sees per image: its patches plus its class (and distillation) tokens,
+    e.g. (224 / 16)^2 + 1 = 197 for ViT-B/16."""
+    size, patch = config.image_size, config.patch_size
+    height, width = (size, size) if isinstance(size, int) else size
+    patch_h, patch_w = (patch, patch) if isinstance(patch, int) else patch
+    patches = (height // patch_h) * (width // patch_w)
+    return patches + EXTRA_IMAGE_TOKENS.get(config.model_type, 1)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fedpeft.errors import UserError
 from fedpeft.models.bnb_gate import use_bitsandbytes
-from fedpeft.models.layout import TASK_HEADS
+from fedpeft.models.layout import TASK_HEADS, is_image_model
 
 if TYPE_CHECKING:
     import torch
@@ -204,6 +204,10 @@ def model_kind(task_type: str, config) -> ModelKind:
     encdec = bool(getattr(config, "is_encoder_decoder", False))
     if task_type == "classification":
         return "classification"
+    if is_image_model(config):
+        raise ModelError(f"task {task_type} needs a language model; {config.model_type!r} is a vision transformer, "
+                         "which classifies images: use task.type classification (fedpeft model: --task "
+                         "classification)")
     archs = " ".join(getattr(config, "architectures", None) or [])
     encoder = (config.model_type in ("bert", "roberta", "distilbert")
                or ("ForMaskedLM" in archs and "Causal" not in archs))
