@@ -72,6 +72,25 @@ def test_smollm2_nine_query_three_key_value_heads():
     assert v == [(0, 64, (27, 28, 29)), (64, 128, (30, 31, 32)), (128, 192, (33, 34, 35))]
 
 
+def test_vit_rows_per_head_follow_its_attention_modules():
+    """A vision transformer (paper 004's backbone; paper 000 names ViTs as a target of head pruning): the rows of
+    LoRA's B and IA3's key/value vectors split by head as the attention module's projections do."""
+    from transformers import ViTConfig
+
+    from fedpeft.models.architectures import build_on_meta
+
+    config = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                       image_size=16, patch_size=4, num_labels=3)
+    for method, fragment in (("lora", "layers.1.attention.k_proj.lora_B"), ("ia3", "layers.1.attention.v_proj.ia3_l")):
+        tuned = apply_tuner(build_on_meta(config, "classification", 3), method_options(method), "classification")
+        layout = build_layout(tuned.spec(), config, method)
+        attention = tuned.module.get_submodule("base_model.model.vit.layers.1.attention")
+        width = attention.k_proj.out_features // config.num_attention_heads  # each head's rows of the projection
+        assert (layout.num_modules, layout.heads_per_module) == (2, 4) and width == 8
+        assert units_of(layout, fragment) == [(h * width, (h + 1) * width, (4 + h,)) for h in range(4)]
+        assert not any("classifier" in n for n in layout.params)
+
+
 @pytest.mark.parametrize("model", ["tiny-t5", "tiny-bart"])
 def test_encoder_decoder_self_and_cross_attention_modules(model):
     layout, _ = layout_for(model, "lora", "seq2seq")
