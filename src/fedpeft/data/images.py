@@ -1,0 +1,108 @@
+"""Images for image classification, read strictly: decoded in full, in a mode the model can take, from the Hugging
+Face image schema (a parquet ``image`` column of ``{bytes, path}``), a file path, or an ImageFolder directory
+(``<root>/<class>/<file>``). A problem is one line naming the row or file, what is wrong and the fix; nothing is
+skipped or silently reinterpreted.
+
+Modes: 8-bit grayscale (``L``) and ``RGB`` are taken as they are; bilevel (``1``) and palette (``P``, without
+transparency) images are expanded losslessly. Grayscale becomes three equal channels for a model that expects
+three (MNIST into an ImageNet ViT). Anything that would lose information (an alpha channel, 16-bit or float
+pixels, CMYK, colour into a one-channel model) is refused with the conversion to make.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedpeft.data.catalog import Row
+from fedpeft.data.files import DataError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+_LOSSLESS = {"1": "L"}  # modes expanded without loss (palette images: see to_mode)
+_CONVERT_FIX = "convert it to RGB or 8-bit grayscale first (e.g. PIL: Image.open(f).convert('RGB').save(f))"
+
+
+def decode_image(value: Any, where: str) -> Any:
+    """A fully decoded PIL image from a Hugging Face image value (``{"bytes": ..., "path": ...}``), raw bytes or a
+    path; ``where`` names the row or file in the error."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(value, Mapping):
+        data, path = value.get("bytes"), value.get("path")
+        if data is None and not path:
+            raise DataError(f"{where}: the image has neither bytes nor a path; give each row its image")
+        value = data if data is not None else path
+    if value is None:
+        raise DataError(f"{where}: no image; give each row its image")
+    try:
+        source = io.BytesIO(value) if isinstance(value, (bytes, bytearray)) else Path(value)
+        image = Image.open(source)
+        image.load()  # decode every pixel now: a truncated file fails here, not in the middle of a round
+    except FileNotFoundError:
+        raise DataError(f"{where}: image file {value!s} does not exist; check the path") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{where}: the image cannot be decoded ({why}); replace the file with an intact PNG or "
+                        "JPEG") from None
+    return image
+
+
+def to_mode(image: Any, channels: int, where: str) -> Any:
+    """``image`` in the mode a model of ``channels`` input channels takes (``L`` for 1, ``RGB`` for 3)."""
+    mode = image.mode
+    if mode in _LOSSLESS:
+        image, mode = image.convert(_LOSSLESS[mode]), _LOSSLESS[mode]
+    elif mode == "P":
+        if "transparency" in image.info:
+            raise DataError(f"{where}: a palette image with transparency; {_CONVERT_FIX}")
+        image, mode = image.convert("RGB"), "RGB"
+    if mode not in ("L", "RGB"):
+        raise DataError(f"{where}: image mode {mode} ({_describe(mode)}) would lose information as RGB; {_CONVERT_FIX}")
+    if channels == 3:
+        return image if mode == "RGB" else image.convert("RGB")  # gray: the same value in all three channels
+    if channels == 1:
+        if mode == "RGB":
+            raise DataError(f"{where}: a colour image for a model of one input channel; convert the images to "
+                            "grayscale (PIL: .convert('L')) or use a model with num_channels 3")
+        return image
+    raise DataError(f"{where}: the model takes {channels} input channels; fedpeft reads images of 1 or 3")
+
+
+def _describe(mode: str) -> str:
+    return {"RGBA": "colour with alpha", "LA": "grayscale with alpha", "CMYK": "print colours",
+            "I;16": "16-bit grayscale", "I": "32-bit integer", "F": "32-bit float"}.get(mode, "not 8-bit L or RGB")
+
+
+def read_image_folder(root: Path, label_column: str = "label") -> list[Row]:
+    """The rows of an ImageFolder directory: ``root/<class>/<image>``, one row per image, ``{"image": path,
+    label_column: class name}``, classes and files in name order."""
+    if not root.is_dir():
+        raise DataError(f"{root}: not a directory; give an ImageFolder directory (<root>/<class>/<image>)")
+    stray = sorted(p.name for p in root.iterdir() if not p.is_dir())
+    if stray:
+        raise DataError(f"{root}: {stray[0]!r} is not a class folder; an ImageFolder directory holds only "
+                        "<class>/<image> folders: move or remove it")
+    classes = sorted(p for p in root.iterdir() if p.is_dir())
+    if not classes:
+        raise DataError(f"{root}: no class folders; an ImageFolder directory holds <class>/<image> folders")
+    rows: list[Row] = []
+    for folder in classes:
+        files = sorted(folder.iterdir())
+        if not files:
+            raise DataError(f"{folder}: class {folder.name!r} has no images; add its images or remove the folder")
+        for f in files:
+            if f.is_dir() or not f.name.lower().endswith(IMAGE_SUFFIXES):
+                raise DataError(f"{f}: not an image file ({', '.join(IMAGE_SUFFIXES)}); move or remove it "
+                                "(nothing in a class folder is skipped)")
+            rows.append({"image": str(f), label_column: folder.name})
+    return rows
+
+
+def pixel_values(images: list[Any], processor: Any) -> np.ndarray:
+    """(N, channels, height, width) float32: ``images`` resized and normalised by a transformers image processor
+    (e.g. ``AutoImageProcessor.from_pretrained(model)``)."""
+    return np.asarray(processor(images=images, return_tensors="np")["pixel_values"], dtype=np.float32)

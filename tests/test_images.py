@@ -1,0 +1,89 @@
+"""Images for image classification (issue 39's data side): decoding from the Hugging Face image schema, paths and
+ImageFolder directories, the modes a model takes, and the one-line refusals of bad images."""
+
+import io
+
+import numpy as np
+import pytest
+from conftest import DATA_DIR
+from PIL import Image
+
+from fedpeft.data.files import DataError, read_file
+from fedpeft.data.images import decode_image, pixel_values, read_image_folder, to_mode
+
+
+def png(mode: str = "L", size=(6, 4), value=7) -> bytes:
+    out = io.BytesIO()
+    Image.new(mode, size, value).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.mark.needs_data
+def test_mnist_in_the_hub_image_schema_decodes_and_gray_becomes_three_equal_channels():
+    rows = read_file(DATA_DIR / "mnist" / "test.parquet")
+    assert len(rows) == 10_000 and set(rows[0]) == {"image", "label"} and rows[0]["label"] == 7
+    image = decode_image(rows[0]["image"], "row 1")
+    assert (image.mode, image.size) == ("L", (28, 28))
+    rgb = np.asarray(to_mode(image, 3, "row 1"))
+    assert rgb.shape == (28, 28, 3) and (rgb == np.asarray(image)[..., None]).all()
+    assert to_mode(image, 1, "row 1") is image
+
+
+def test_an_image_folder_is_one_row_per_image_labelled_by_its_folder(tmp_path):
+    for cls, n in (("cat", 2), ("dog", 1)):
+        (tmp_path / cls).mkdir()
+        for i in range(n):
+            (tmp_path / cls / f"{i}.png").write_bytes(png())
+    rows = read_image_folder(tmp_path)
+    assert [(r["label"], r["image"].rsplit("/", 2)[-2:]) for r in rows] == [
+        ("cat", ["cat", "0.png"]), ("cat", ["cat", "1.png"]), ("dog", ["dog", "0.png"])]
+    assert decode_image(rows[2]["image"], "x").size == (6, 4)
+    (tmp_path / "bird").mkdir()
+    with pytest.raises(DataError, match="class 'bird' has no images; add its images or remove the folder"):
+        read_image_folder(tmp_path)
+    (tmp_path / "bird" / "notes.txt").write_text("x")
+    with pytest.raises(DataError, match=r"notes.txt: not an image file .*\(nothing in a class folder is skipped\)"):
+        read_image_folder(tmp_path)
+    (tmp_path / "bird" / "notes.txt").unlink()
+    (tmp_path / "bird" / "0.png").write_bytes(png())
+    (tmp_path / "README").write_text("x")
+    with pytest.raises(DataError, match="'README' is not a class folder"):
+        read_image_folder(tmp_path)
+    with pytest.raises(DataError, match="not a directory"):
+        read_image_folder(tmp_path / "README")
+
+
+def test_bad_images_are_refused_naming_the_row_and_the_fix(tmp_path):
+    good = png()
+    with pytest.raises(DataError, match=r"^row 3: the image cannot be decoded .*replace the file"):
+        decode_image({"bytes": good[: len(good) // 2], "path": None}, "row 3")  # truncated
+    with pytest.raises(DataError, match="row 4: the image cannot be decoded"):
+        decode_image(b"not an image", "row 4")
+    with pytest.raises(DataError, match="row 5: the image has neither bytes nor a path"):
+        decode_image({"bytes": None, "path": None}, "row 5")
+    with pytest.raises(DataError, match="does not exist"):
+        decode_image(str(tmp_path / "missing.png"), "row 6")
+    for mode, value, what in (("RGBA", (1, 2, 3, 4), "colour with alpha"), ("I;16", 300, "16-bit grayscale"),
+                              ("F", 0.5, "32-bit float")):
+        image = Image.new(mode, (2, 2), value)
+        with pytest.raises(DataError, match=rf"row 7: image mode {mode} \({what}\) would lose information.*convert"):
+            to_mode(image, 3, "row 7")
+    with pytest.raises(DataError, match="a colour image for a model of one input channel"):
+        to_mode(Image.new("RGB", (2, 2)), 1, "row 8")
+    palette = Image.new("P", (2, 2), 1)
+    palette.putpalette([0, 0, 0, 10, 20, 30] + [0] * 762)
+    assert np.asarray(to_mode(palette, 3, "row 9"))[0, 0].tolist() == [10, 20, 30]  # expanded without loss
+    palette.info["transparency"] = 0
+    with pytest.raises(DataError, match="a palette image with transparency"):
+        to_mode(palette, 3, "row 9")
+    assert to_mode(Image.new("1", (2, 2), 1), 1, "row 10").mode == "L"
+
+
+def test_pixel_values_are_resized_and_normalised_by_the_image_processor():
+    from transformers import ViTImageProcessor
+
+    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    images = [to_mode(Image.new("L", (28, 28), v), 3, "x") for v in (0, 255)]
+    values = pixel_values(images, processor)
+    assert values.shape == (2, 3, 16, 16) and values.dtype == np.float32
+    assert np.allclose(values[0], -1.0) and np.allclose(values[1], 1.0)  # (v / 255 - 0.5) / 0.5
