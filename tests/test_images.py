@@ -2,6 +2,7 @@
 ImageFolder directories, the modes a model takes, and the one-line refusals of bad images."""
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,10 +81,99 @@ def test_bad_images_are_refused_naming_the_row_and_the_fix(tmp_path):
 
 
 def test_pixel_values_are_resized_and_normalised_by_the_image_processor():
-    from transformers import ViTImageProcessor
+    from transformers import ViTImageProcessorPil
 
-    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    processor = ViTImageProcessorPil(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
     images = [to_mode(Image.new("L", (28, 28), v), 3, "x") for v in (0, 255)]
     values = pixel_values(images, processor)
     assert values.shape == (2, 3, 16, 16) and values.dtype == np.float32
     assert np.allclose(values[0], -1.0) and np.allclose(values[1], 1.0)  # (v / 255 - 0.5) / 0.5
+
+
+# --- image classification runs (tiny-vit: a ViT built from its config; no pretrained vision weights offline) ---
+
+IMAGES = ["model.name=tiny-vit", "task.type=image_classification", "task.train_split=test[:80%]",
+          "task.eval_split=test[80%:]", "task.split_shuffle_seed=0", "task.max_train_examples=48",
+          "eval.max_examples=32", "federation.rounds=1"]
+
+
+def mnist_config(*overrides: str):
+    from helpers import tiny_config
+
+    return tiny_config(*IMAGES, f"task.dataset={DATA_DIR / 'mnist'}", *overrides)
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("method", ["lora", "full", "houlsby", "pfeiffer", "bitfit", "ia3"])
+def test_each_method_trains_a_vit_on_mnist_and_sends_only_its_tensors(method, tmp_path):
+    from fedpeft.rundir import read_metrics
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+
+    rt = EmbeddedRuntime(mnist_config(f"peft.method={method}"), tmp_path / method)
+    trainable = set(rt.exp.tuned.params)
+    assert rt.exp.data.num_labels == 10 and rt.exp.data.train.pixel_values.shape[1:] == (3, 32, 32)
+    sent = {}
+    original = rt.run_client
+
+    def run_client(rnd, cid, payload, *args, **kwargs):
+        out = original(rnd, cid, payload, *args, **kwargs)
+        sent[cid] = (set(out[0].arrays), out[0].meta)
+        return out
+
+    rt.run_client = run_client
+    rt.run()
+    row = read_metrics(tmp_path / method)[1]
+    assert sent and all(names == trainable for names, _ in sent.values())
+    assert any("classifier" in n for n in trainable)  # the head is trained and sent with every method
+    assert np.isfinite(row["train_loss"]) and 0 <= row["eval_accuracy"] <= 1
+    for _, meta in sent.values():  # every image is its 16 patches and the class token
+        assert meta["train_tokens"] == 17 * meta["train_examples"] > 0
+    rt.close()
+
+
+@pytest.mark.needs_data
+def test_an_image_run_reloads_to_the_same_score(tmp_path, capsys):
+    import json
+
+    from fedpeft.cli import main
+    from fedpeft.rundir import read_metrics
+    from fedpeft.runtime.embedded import run
+
+    run(mnist_config("peft.method=lora", "federation.rounds=2"), tmp_path / "run")
+    rows = {r["round"]: r for r in read_metrics(tmp_path / "run")}
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run"), "--adapter", "last", "--max-examples", "32", "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["eval_accuracy"] == rows[2]["eval_accuracy"]
+    assert scored["eval_loss"] == pytest.approx(rows[2]["eval_loss"], rel=1e-5)
+    lines = [json.loads(x) for x in Path(scored["predictions"]).read_text().splitlines()]
+    assert len(lines) == 32 and all(x["prediction"] in [str(i) for i in range(10)] for x in lines)
+
+
+@pytest.mark.needs_data
+def test_an_image_folder_dataset_runs_and_text_only_methods_are_refused(tmp_path):
+    from helpers import tiny_config
+
+    from fedpeft.config import ConfigError
+    from fedpeft.models.registry import ModelError
+    from fedpeft.rundir import read_metrics
+    from fedpeft.runtime.embedded import run
+
+    rows = read_file(DATA_DIR / "mnist" / "test.parquet")[:60]
+    for i, row in enumerate(rows):
+        folder = tmp_path / "digits" / "train" / f"digit{row['label']}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i}.png").write_bytes(row["image"]["bytes"])
+    sets = ["model.name=tiny-vit", "task.type=image_classification", f"task.dataset={tmp_path / 'digits'}",
+            "task.train_split=train[:75%]", "task.eval_split=train[75%:]", "task.split_shuffle_seed=0",
+            "federation.rounds=1"]
+    run(tiny_config(*sets), tmp_path / "run")
+    assert "eval_accuracy" in read_metrics(tmp_path / "run")[1]
+    with pytest.raises(ConfigError, match="peft.method prompt_tuning cannot adapt a vision transformer"):
+        tiny_config(*sets, "peft.method=prompt_tuning")
+    with pytest.raises(ModelError, match="task image_classification needs a vision transformer"):
+        run(tiny_config(*sets, "model.name=tiny-bert"), tmp_path / "bert")
+    (tmp_path / "flat" / "digit1").mkdir(parents=True)
+    (tmp_path / "flat" / "digit1" / "0.png").write_bytes(rows[0]["image"]["bytes"])
+    with pytest.raises(DataError, match="holds class folders of images but no split folders"):
+        run(tiny_config(*sets[:2], f"task.dataset={tmp_path / 'flat'}", *sets[3:]), tmp_path / "flat-run")

@@ -183,6 +183,11 @@ def prediction_lines(data, predictions: list, instruction: str | None = None) ->
                          "prediction": data.label_names[pred], "prediction_id": int(pred)})
             if row.get("text_pair") is not None:
                 line["text_pair"] = row["text_pair"]
+        elif data.task_type == "image_classification":  # the image itself stays where it is (row and source)
+            image = row["image"]
+            path = image if isinstance(image, str) else image.get("path") if isinstance(image, dict) else None
+            line.update({"image": path, "label": row["label"], "prediction": data.label_names[pred],
+                         "prediction_id": int(pred)})
         elif data.task_type == "generation":
             line.update({"input": row["input"], "target": row["target"], "prediction": pred})
         elif data.task_type == "instruction":
@@ -318,8 +323,8 @@ def cmd_model(args: argparse.Namespace) -> int:
     config = architecture_config(args.name)
     shape = model_shape(config)
     image = is_image_model(config)
-    task = args.task or ("classification" if image or config.model_type in ("bert", "roberta", "distilbert")
-                         else "generation")
+    task = args.task or ("image_classification" if image else "classification"
+                         if config.model_type in ("bert", "roberta", "distilbert") else "generation")
     kind = registry.model_kind(TaskConfig(type=task).type, config)
     if args.tokens is None:
         args.tokens = image_sequence_length(config) if image else 128
@@ -593,7 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "roberta-large, gpt2, gpt2-large, gpt2-xl, opt-1.3b, open-llama-3b, llama-7b, llama-3.2-1b, llama-3.2-3b, "
                    "llama-3.1-8b, vit-base-patch16-224, or their Hub ids), a bundled "
                    "alias with weights, a local directory or a Hub id")
-    m.add_argument("--task", choices=["classification", "generation", "multiple_choice"])
+    m.add_argument("--task", choices=["classification", "generation", "multiple_choice", "image_classification"])
     m.add_argument("--methods", help="comma-separated PEFT methods (default: all)")
     m.add_argument("--num-labels", type=int, default=2)
     m.add_argument("--set", action="append", default=[], metavar="peft.KEY=VALUE",

@@ -181,6 +181,6 @@ class AttackersConfig(Section):
         if self.attack in MODEL_POISONING and reason is not None:
             raise ValueError(f"federation.attackers.attack {self.attack} changes the update a client sends, which "
                              f"algorithm {run.algorithm.name} cannot take: {reason}; use attack label_flip")
-        if self.attack == "label_flip" and run.task.type != "classification":
+        if self.attack == "label_flip" and run.task.type not in ("classification", "image_classification"):
             raise ValueError(f"federation.attackers.attack label_flip flips class labels; task.type is "
                              f"{run.task.type}: choose sign_flip, scale or noise")

@@ -28,6 +28,8 @@ class PeftOptions(Section):
     method: str
     # whether fedpeft.heads.layout splits this method's trainable tensors by attention head (head pruning)
     maps_to_heads: ClassVar[bool] = False
+    # why the method cannot adapt a vision transformer (task.type image_classification), or None when it can
+    no_images: ClassVar[str | None] = None
 
     def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this method cannot
@@ -69,7 +71,7 @@ class AlgorithmOptions(Section):
         return data
 
 
-TaskType = Literal["classification", "generation", "multiple_choice", "instruction"]
+TaskType = Literal["classification", "generation", "multiple_choice", "instruction", "image_classification"]
 
 
 class TaskConfig(Section):
@@ -77,11 +79,13 @@ class TaskConfig(Section):
 
     type: TaskType = Field(
         "classification", description="classification | generation | multiple_choice | instruction (chat and "
-        "instruction tuning of causal LMs: loss on the assistant's tokens)")
+        "instruction tuning of causal LMs: loss on the assistant's tokens) | image_classification (a vision "
+        "transformer on images: rows with an image and a label)")
     dataset: str = Field(
         "sst2",
         description="A catalog name (sst2, mnli, 20newsgroups, e2e_nlg, arc_easy, ...), a local "
-        "directory or file (jsonl, jsonl.gz, json, csv, tsv, parquet) or a Hugging Face Hub dataset id.",
+        "directory or file (jsonl, jsonl.gz, json, csv, tsv, parquet; for images also an ImageFolder directory, "
+        "<dir>/<class>/<image> or <dir>/<split>/<class>/<image>) or a Hugging Face Hub dataset id.",
     )
     dataset_config: str | None = Field(None, description="Hub dataset configuration name, if any.")
     data_dir: str | None = Field(
@@ -101,9 +105,10 @@ class TaskConfig(Section):
     columns: dict[str, str] = Field(
         default_factory=dict,
         description="Map fedpeft's field names (text, text_pair, label, input, target, question, "
-        "choices, context, messages, instruction, output, references) to the columns of your data.",
+        "choices, context, messages, instruction, output, references, image) to the columns of your data.",
     )
-    max_length: int = Field(128, ge=8, le=32768, description="Maximum input tokens (truncation).")
+    max_length: int = Field(128, ge=8, le=32768, description="Maximum input tokens (truncation; an image is "
+                            "always its model's patches).")
     max_target_length: int = Field(64, ge=1, le=4096, description="Generation: maximum target tokens.")
     max_train_examples: int | None = Field(
         None, ge=1, description="Use a seeded random slice of this many training rows (None = all)."
@@ -493,6 +498,11 @@ class RuntimeConfig(Section):
 # config's ``peft`` and ``algorithm`` sections accept exactly the registered options models.
 
 
+def _all_peft_methods() -> dict[str, type[PeftOptions]]:
+    """Every registered PEFT method's options model, by name (alphabetical)."""
+    return {name: PEFT_METHODS[name].options for name in sorted(PEFT_METHODS)}
+
+
 def _all_algorithms() -> dict[str, type[AlgorithmOptions]]:
     """Every registered algorithm's options model, by name (alphabetical)."""
     return {name: ALGORITHMS[name].options for name in sorted(ALGORITHMS)}
@@ -549,6 +559,11 @@ class RunConfig(Section):
             robust.check(self)
         if self.federation.attackers is not None:
             self.federation.attackers.check(self)
+        why = type(self.peft).no_images
+        if self.task.type == "image_classification" and why is not None:
+            able = ", ".join(n for n, m in _all_peft_methods().items() if m.no_images is None)
+            raise ValueError(f"peft.method {self.peft.method} cannot adapt a vision transformer: {why}; methods that "
+                             f"can: {able}")
         self.peft.check(self)
         self.algorithm.check(self)
         return self
@@ -583,7 +598,8 @@ class RunConfig(Section):
         entry = DATASETS.get(self.task.dataset) if self.task.dataset in DATASETS else None  # a registered dataset's
         if entry is not None and entry.default_metric and entry.task == self.task.type:
             return entry.default_metric
-        return {"classification": "accuracy", "generation": "rougeL", "multiple_choice": "accuracy"}[
+        return {"classification": "accuracy", "generation": "rougeL", "multiple_choice": "accuracy",
+                "image_classification": "accuracy"}[
             self.task.type
         ]
 

@@ -40,6 +40,27 @@ class Encoded:
         )
 
 
+@dataclass
+class ImageEncoded:
+    """Images of one split as their model takes them: ``pixel_values`` (N, channels, height, width) float32, resized
+    and normalised, and a class id per image; every image is ``tokens`` tokens long (its patches and class token),
+    so batches need no padding and the token counts are exact."""
+
+    pixel_values: np.ndarray
+    labels: list
+    tokens: int
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def lengths(self) -> np.ndarray:
+        return np.full(len(self.labels), self.tokens, dtype=np.int64)
+
+    def subset(self, idx: np.ndarray) -> ImageEncoded:
+        idx = np.asarray(idx, dtype=np.int64)
+        return ImageEncoded(self.pixel_values[idx], [self.labels[int(i)] for i in idx], self.tokens)
+
+
 def length_grouped_batches(
     lengths: np.ndarray, batch_size: int, rng: np.random.Generator, group_factor: int = 50
 ) -> list[np.ndarray]:
@@ -76,8 +97,13 @@ def _pad(seqs: list[np.ndarray], value: int, side: str) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def collate(data: Encoded, idx: np.ndarray, pad_id: int, padding_side: str = "right") -> dict[str, torch.Tensor]:
-    """Pad one batch to its own longest sequence."""
+def collate(data: Encoded | ImageEncoded, idx: np.ndarray, pad_id: int | None,
+            padding_side: str = "right") -> dict[str, torch.Tensor]:
+    """Pad one batch to its own longest sequence (images: the batch's pixel values, all of one size)."""
+    if isinstance(data, ImageEncoded):
+        return {"pixel_values": torch.from_numpy(data.pixel_values[np.asarray(idx, dtype=np.int64)]),
+                "labels": torch.tensor([data.labels[int(i)] for i in idx], dtype=torch.long)}
+    assert pad_id is not None, "text batches are padded with the tokenizer's pad id"
     ids = [data.input_ids[i] for i in idx]
     batch = {
         "input_ids": _pad(ids, pad_id, padding_side),

@@ -28,6 +28,7 @@ TASK_FIELDS = {
     "generation": ("input", "target"),
     "multiple_choice": ("question", "choices", "label"),
     "instruction": ("messages",),  # or an instruction record: instruction (or task.instruction), input, output
+    "image_classification": ("image", "label"),  # image: {bytes, path} (the Hub's image schema), bytes or a path
 }
 
 
@@ -112,7 +113,7 @@ def _e2e_fields(row: Row) -> Row:
     return mr_fields(row["input"]) if isinstance(row.get("input"), str) else {}
 
 
-TaskType = Literal["classification", "generation", "multiple_choice", "instruction"]
+TaskType = Literal["classification", "generation", "multiple_choice", "instruction", "image_classification"]
 Convert = Callable[[Row], Row]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fedpeft.data.batching import ImageEncoded
 from fedpeft.data.catalog import Row
 from fedpeft.data.files import DataError
 
@@ -106,3 +107,17 @@ def pixel_values(images: list[Any], processor: Any) -> np.ndarray:
     """(N, channels, height, width) float32: ``images`` resized and normalised by a transformers image processor
     (e.g. ``AutoImageProcessor.from_pretrained(model)``)."""
     return np.asarray(processor(images=images, return_tensors="np")["pixel_values"], dtype=np.float32)
+
+
+
+def encode_images(rows: list[Row], labels: list[int], where: list[str], processing: Any,
+                  batch: int = 256) -> ImageEncoded:
+    """The rows' images decoded (strictly, ``where`` naming each row), in the mode of the model's channels,
+    resized and normalised by its processor (``processing``: :class:`fedpeft.models.images.ImageProcessing`)."""
+    blocks = []
+    for start in range(0, len(rows), batch):
+        images = [to_mode(decode_image(r["image"], w), processing.channels, w)
+                  for r, w in zip(rows[start:start + batch], where[start:start + batch])]
+        blocks.append(pixel_values(images, processing.processor))
+    values = np.concatenate(blocks) if blocks else np.zeros((0, processing.channels, 1, 1), np.float32)
+    return ImageEncoded(values, list(labels), processing.tokens)

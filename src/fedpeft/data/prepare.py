@@ -11,18 +11,18 @@ from fedpeft.config.schema import TaskConfig
 from fedpeft.data import chat as C
 from fedpeft.data import features as F
 from fedpeft.data import validate as V
-from fedpeft.data.batching import Encoded
+from fedpeft.data.batching import Encoded, ImageEncoded
 from fedpeft.data.catalog import prompt_template
 from fedpeft.data.sources import DataError, load_rows, shared_rows
 
 log = logging.getLogger("fedpeft")
-EvalSet = Encoded | F.GenerationEval | F.ChoiceEval | C.InstructionEval
+EvalSet = Encoded | ImageEncoded | F.GenerationEval | F.ChoiceEval | C.InstructionEval
 
 
 @dataclass
 class TaskData:
     task_type: str
-    train: Encoded
+    train: Encoded | ImageEncoded
     eval: EvalSet
     train_labels: np.ndarray | None  # class labels (classification only), for label-skew partitions
     num_labels: int | None
@@ -39,7 +39,7 @@ class TaskData:
 def subset_eval(data: EvalSet, idx: np.ndarray) -> EvalSet:
     """The examples ``idx`` (positions) of an evaluation set, of whichever kind."""
     idx = np.asarray(idx, dtype=np.int64)
-    if isinstance(data, Encoded):
+    if isinstance(data, (Encoded, ImageEncoded)):
         return data.subset(idx)
     if isinstance(data, F.ChoiceEval):
         where = {int(e): i for i, e in enumerate(idx)}
@@ -113,7 +113,7 @@ def prepare_task(
     template = prompt_template(task.type, task.dataset, train_rows, task.prompt_template)
     _check_split(task.type, train_rows, train_origins, template, where_train, task.instruction)
     _check_split(task.type, eval_rows, eval_origins, template, where_eval, task.instruction)
-    if task.type == "classification":
+    if task.type in ("classification", "image_classification"):
         y_train, y_eval, names = F.class_labels(train_rows, eval_rows, train_origins, eval_origins, task.train_split)
     pick = _seeded_subset(len(train_rows), task.max_train_examples, seed)
     train_rows = [train_rows[i] for i in pick]
@@ -128,6 +128,19 @@ def prepare_task(
             data.train_eval = C.encode_instruction_eval(train_rows, origins, tokenizer, fmt, where=where_train,
                                                         max_length=task.max_length, instruction=task.instruction)
         return data
+    if task.type == "image_classification":
+        from fedpeft.data.images import encode_images
+
+        y_train = [y_train[i] for i in pick]
+        y_eval = [y_eval[i] for i in eval_pick]
+        images = encode_images(train_rows, y_train, [V.at(train_origins[i]) for i in pick], tokenizer)
+        return TaskData(
+            "image_classification", images,
+            encode_images(eval_rows, y_eval, [V.at(eval_origins[i]) for i in eval_pick], tokenizer),
+            np.asarray(y_train, dtype=np.int64), len(names), names, len(eval_rows), None,
+            "names" if isinstance(V.class_id(train_rows[0]["label"]), str) else "ids",
+            train_eval=images if train_eval else None,
+        )
     if task.type == "classification":
         y_train = [y_train[i] for i in pick]
         y_eval = [y_eval[i] for i in eval_pick]
@@ -244,11 +257,16 @@ def prepare_eval(task: TaskConfig, split: str, tokenizer, *, encoder_decoder: bo
     _check_split(task.type, rows, origins, None if task.type == "instruction" else template, where, task.instruction)
     pick = _seeded_subset(len(rows), max_examples, seed + 1)
     rows, origins = [rows[i] for i in pick], [origins[i] for i in pick]
-    if task.type == "classification":
+    if task.type in ("classification", "image_classification"):
         if not label_names:
             raise DataError("the adapter names no classes (fedpeft_adapter.json has no label_names)")
         ids = eval_class_ids(rows, origins, label_names, label_kind)
-        data: EvalSet = F.encode_classification(rows, ids, tokenizer, task.max_length, where)
+        if task.type == "image_classification":
+            from fedpeft.data.images import encode_images
+
+            data: EvalSet = encode_images(rows, ids, [V.at(o) for o in origins], tokenizer)
+        else:
+            data = F.encode_classification(rows, ids, tokenizer, task.max_length, where)
     elif task.type == "instruction":
         fmt = C.chat_format(tokenizer, template or task.chat_template)
         data = C.encode_instruction_eval(rows, origins, tokenizer, fmt, max_length=task.max_length, where=where,

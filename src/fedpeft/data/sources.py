@@ -47,11 +47,21 @@ def _supported(name: str) -> bool:
 def _available_splits(directory: Path) -> list[str]:
     out = []
     for p in sorted(directory.iterdir()):
+        if _is_image_folder(p):
+            out.append(p.name)
         for suffix in FILE_SUFFIXES:
             if p.is_file() and p.name.endswith(suffix):
                 out.append(p.name[: -len(suffix)])
                 break
     return out
+
+
+def _is_image_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder of class folders (an ImageFolder split: <split>/<class>/<image>)."""
+    if not path.is_dir() or path.name.startswith("."):
+        return False
+    inside = [p for p in path.iterdir() if not p.name.startswith(".")]
+    return bool(inside) and all(p.is_dir() for p in inside)
 
 
 def unsupported_files(directory: Path, split: str | None = None) -> list[str]:
@@ -84,7 +94,15 @@ def _load_local_split(location: Path, split: str, label_column: str) -> list[Row
     if location.is_file():
         return read_file(location, label_column)
     path = _split_file(location, split)
+    if path is None and (location / split).is_dir():
+        from fedpeft.data.images import read_image_folder
+
+        return read_image_folder(location / split, label_column)  # an ImageFolder split: <split>/<class>/<image>
     if path is None:
+        if _is_image_folder(location) and all(not _is_image_folder(p) for p in location.iterdir()):
+            raise DataError(f"dataset {str(location)!r} holds class folders of images but no split folders; move "
+                            "them under <dataset>/train/ (<dataset>/train/<class>/<image>) and carve parts with "
+                            "slices, e.g. task.train_split 'train[:80%]' and task.eval_split 'train[80%:]'")
         others = unsupported_files(location, split)
         if others:
             raise DataError(f"{location / others[0]}: split {split!r} is in a file type fedpeft does not read; "

@@ -51,6 +51,8 @@ def show(value: Any, width: int = 40) -> str:
 def infer_task_type(rows: list[Row]) -> str | None:
     """The task type a split's fields fit (for ``fedpeft data`` on a dataset outside the catalog)."""
     fields = {k for r in rows[:100] for k in r}
+    if "image" in fields:
+        return "image_classification"
     if "messages" in fields or {"instruction", "output"} <= fields:
         return "instruction"
     if "choices" in fields:
@@ -136,6 +138,18 @@ def _classification_row(row: Row) -> str | None:
     pair = row.get("text_pair")
     return (_text("text", row["text"]) or _label(row["label"])
             or (None if pair is None else _text("text_pair", pair, blank_ok=True)))
+
+
+def _image_row(row: Row) -> str | None:
+    """The image's form (it is decoded, strictly, when the split is encoded) and the label."""
+    image = row["image"]
+    if isinstance(image, dict):
+        if image.get("bytes") is None and not image.get("path"):
+            return "image has neither bytes nor a path; give each row its image"
+    elif not isinstance(image, (bytes, str)) or not image:
+        return (f"image is {_kind(image)} ({show(image)}); give the image's bytes, its path, or the Hub's image "
+                "form {'bytes': ..., 'path': ...}")
+    return _label(row["label"])
 
 
 def _generation_row(row: Row) -> str | None:
@@ -238,6 +252,7 @@ _ROW_CHECKS: dict[str, Callable[[Row], str | None]] = {
     "generation": _generation_row,
     "multiple_choice": _choice_row,
     "instruction": _instruction_row,
+    "image_classification": _image_row,
 }
 
 
@@ -349,6 +364,8 @@ def problems(task_type: str, rows: list[Row], origins: list[Origin], template: s
             yield f"{at(origin)}: {problem}"
     if task_type == "classification":
         yield from (p for p in (_mixed_labels(rows, origins), _whitespace_twins(rows, origins)) if p)
+    elif task_type == "image_classification":
+        yield from (p for p in (_mixed_labels(rows, origins),) if p)
 
 
 def unlabeled(task_type: str, rows: list[Row], origins: list[Origin]) -> str | None:
@@ -463,7 +480,7 @@ def report(task_type: str | None, rows: list[Row], origins: list[Origin], templa
     floats = float_labels(rows, origins) if task_type != "generation" else None
     if floats:
         notes.append(floats)
-    if task_type != "classification" or found:
+    if task_type not in ("classification", "image_classification") or found:
         return found, notes
     padded = padded_labels(rows, origins)
     if padded:

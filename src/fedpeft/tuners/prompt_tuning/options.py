@@ -10,6 +10,7 @@ from fedpeft.config.schema import PeftOptions
 
 
 class PromptTuningOptions(PeftOptions):
+    no_images: ClassVar[str | None] = "it prepends virtual tokens to a text model's token embeddings"
     method: Literal["prompt_tuning"] = "prompt_tuning"
     maps_to_heads: ClassVar[bool] = True
     num_virtual_tokens: int = Field(20, ge=1)
