@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import DATA_DIR
 from PIL import Image
 
@@ -67,7 +68,7 @@ def test_bad_images_are_refused_naming_the_row_and_the_fix(tmp_path):
     for mode, value, what in (("RGBA", (1, 2, 3, 4), "colour with alpha"), ("I;16", 300, "16-bit grayscale"),
                               ("F", 0.5, "32-bit float")):
         image = Image.new(mode, (2, 2), value)
-        with pytest.raises(DataError, match=rf"row 7: image mode {mode} \({what}\) would lose information.*convert"):
+        with pytest.raises(DataError, match=rf"row 7: image mode {mode} \({what}\): fedpeft reads .*convert"):
             to_mode(image, 3, "row 7")
     with pytest.raises(DataError, match="a colour image for a model of one input channel"):
         to_mode(Image.new("RGB", (2, 2)), 1, "row 8")
@@ -80,14 +81,23 @@ def test_bad_images_are_refused_naming_the_row_and_the_fix(tmp_path):
     assert to_mode(Image.new("1", (2, 2), 1), 1, "row 10").mode == "L"
 
 
-def test_pixel_values_are_resized_and_normalised_by_the_image_processor():
+def test_pixels_are_resized_by_the_image_processor_and_normalised_batch_by_batch():
     from transformers import ViTImageProcessorPil
 
+    from fedpeft.data.batching import ImageEncoded, collate
+    from fedpeft.data.images import normalisation
+
     processor = ViTImageProcessorPil(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    images = [to_mode(Image.new("L", (28, 28), v), 3, "x") for v in (0, 255)]
-    values = pixel_values(images, processor)
-    assert values.shape == (2, 3, 16, 16) and values.dtype == np.float32
-    assert np.allclose(values[0], -1.0) and np.allclose(values[1], 1.0)  # (v / 255 - 0.5) / 0.5
+    images = [to_mode(Image.new("L", (28, 28), v), 3, "x") for v in (0, 255, 51)]
+    pixels = pixel_values(images, processor)
+    assert pixels.shape == (3, 3, 16, 16) and pixels.dtype == np.uint8  # 1 byte a value, not 4
+    data = ImageEncoded(pixels, [0, 1, 2], 17, *normalisation(processor, 3))
+    batch = collate(data, np.array([2, 0, 1]), None)
+    expected = processor(images=[images[i] for i in (2, 0, 1)], return_tensors="np")["pixel_values"]
+    assert batch["pixel_values"].dtype == torch.float32 and np.allclose(batch["pixel_values"].numpy(), expected,
+                                                                          atol=1e-6)
+    assert np.allclose(batch["pixel_values"][1].numpy(), -1.0) and batch["labels"].tolist() == [2, 0, 1]
+    assert data.subset(np.array([1])).pixels.tolist() == pixels[[1]].tolist() and data.lengths().tolist() == [17] * 3
 
 
 # --- image classification runs (tiny-vit: a ViT built from its config; no pretrained vision weights offline) ---
@@ -111,7 +121,7 @@ def test_each_method_trains_a_vit_on_mnist_and_sends_only_its_tensors(method, tm
 
     rt = EmbeddedRuntime(mnist_config(f"peft.method={method}"), tmp_path / method)
     trainable = set(rt.exp.tuned.params)
-    assert rt.exp.data.num_labels == 10 and rt.exp.data.train.pixel_values.shape[1:] == (3, 32, 32)
+    assert rt.exp.data.num_labels == 10 and rt.exp.data.train.pixels.shape[1:] == (3, 32, 32)
     sent = {}
     original = rt.run_client
 
@@ -129,6 +139,18 @@ def test_each_method_trains_a_vit_on_mnist_and_sends_only_its_tensors(method, tm
     for _, meta in sent.values():  # every image is its 16 patches and the class token
         assert meta["train_tokens"] == 17 * meta["train_examples"] > 0
     rt.close()
+
+
+@pytest.mark.needs_data
+def test_head_pruning_and_label_flipping_attackers_run_on_images(tmp_path, caplog):
+    from fedpeft.rundir import read_metrics
+    from fedpeft.runtime.embedded import run
+
+    run(mnist_config("algorithm={name: headprune, sparsity: 0.5}", "runtime.clients_per_pass=2",
+                     "federation.attackers={fraction: 0.5, attack: label_flip}"), tmp_path / "run")
+    row = read_metrics(tmp_path / "run")[1]
+    assert np.isfinite(row["train_loss"]) and row["agg_importance_s_mean"] > 0  # importance from the attention
+    assert "image_classification: fused passes pack token rows" in caplog.text  # clients one at a time
 
 
 @pytest.mark.needs_data
@@ -173,7 +195,36 @@ def test_an_image_folder_dataset_runs_and_text_only_methods_are_refused(tmp_path
         tiny_config(*sets, "peft.method=prompt_tuning")
     with pytest.raises(ModelError, match="task image_classification needs a vision transformer"):
         run(tiny_config(*sets, "model.name=tiny-bert"), tmp_path / "bert")
+    bad = tmp_path / "digits" / "train" / "digit7" / "broken.png"
+    bad.write_bytes(rows[0]["image"]["bytes"][:40])  # truncated
+    with pytest.raises(DataError, match=rf"row \d+ \({bad}\): the image cannot be decoded"):
+        run(tiny_config(*sets), tmp_path / "broken")
+    bad.unlink()
+    (tmp_path / "digits" / "train" / "digit7" / ".DS_Store").write_bytes(b"x")
+    with pytest.raises(DataError, match="a hidden file in class folder 'digit7'; remove it"):
+        run(tiny_config(*sets), tmp_path / "hidden")
     (tmp_path / "flat" / "digit1").mkdir(parents=True)
     (tmp_path / "flat" / "digit1" / "0.png").write_bytes(rows[0]["image"]["bytes"])
     with pytest.raises(DataError, match="holds class folders of images but no split folders"):
         run(tiny_config(*sets[:2], f"task.dataset={tmp_path / 'flat'}", *sets[3:]), tmp_path / "flat-run")
+
+
+def test_other_vision_models_and_text_splits_in_folders_are_told_apart():
+    from transformers import SwinConfig
+
+    from fedpeft.models.registry import ModelError, model_kind
+
+    with pytest.raises(ModelError, match="vision model type 'swin' has no fedpeft layout yet; supported: vit"):
+        model_kind("image_classification", SwinConfig())
+    with pytest.raises(ModelError, match="is a vision transformer, which classifies images"):
+        model_kind("classification", SwinConfig())
+
+
+def test_a_text_dataset_with_a_folder_named_like_a_split_keeps_its_error(tmp_path):
+    from fedpeft.data.sources import _load_local_split
+
+    (tmp_path / "train.jsonl").write_text('{"text": "a", "label": 0}\n')
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "notes.txt").write_text("x")
+    with pytest.raises(DataError, match="has no split 'raw'; available: train"):
+        _load_local_split(tmp_path, "raw", "label")

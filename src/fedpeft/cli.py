@@ -321,11 +321,11 @@ def cmd_model(args: argparse.Namespace) -> int:
     from fedpeft.models.layout import image_sequence_length, is_image_model, model_shape
 
     config = architecture_config(args.name)
-    shape = model_shape(config)
     image = is_image_model(config)
     task = args.task or ("image_classification" if image else "classification"
                          if config.model_type in ("bert", "roberta", "distilbert") else "generation")
     kind = registry.model_kind(TaskConfig(type=task).type, config)
+    shape = model_shape(config)
     if args.tokens is None:
         args.tokens = image_sequence_length(config) if image else 128
     if image and (args.memory or args.device_memory is not None):

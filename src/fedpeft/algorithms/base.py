@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the types of the contract; importing this module loads none
     import torch
 
     from fedpeft.config.schema import AlgorithmOptions, PeftOptions
-    from fedpeft.data.batching import Encoded
+    from fedpeft.data.batching import Encoded, ImageEncoded
     from fedpeft.heads.layout import HeadLayout
     from fedpeft.training.local import TrainResult
     from fedpeft.training.server import ServerModel
@@ -221,7 +221,7 @@ class ClientContext:
     train: LocalTrain  # local training of ``tuned`` (or another TunedModel) on this client's data
     num_examples: int
     state: dict[str, Any] = field(default_factory=dict)  # per-client state kept between rounds
-    data: Encoded | None = None  # the client's tokenised examples
+    data: Encoded | ImageEncoded | None = None  # the client's tokenised examples (or images)
     resources: ClientResources = field(default_factory=ClientResources)
     # report(name, value): hand a value to the run's observers (RunObserver.on_client_report) for analysis;
     # it stays in this process and never travels (a runtime without observers ignores it)

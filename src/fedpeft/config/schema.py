@@ -85,7 +85,7 @@ class TaskConfig(Section):
         "sst2",
         description="A catalog name (sst2, mnli, 20newsgroups, e2e_nlg, arc_easy, ...), a local "
         "directory or file (jsonl, jsonl.gz, json, csv, tsv, parquet; for images also an ImageFolder directory, "
-        "<dir>/<class>/<image> or <dir>/<split>/<class>/<image>) or a Hugging Face Hub dataset id.",
+        "<dir>/<split>/<class>/<image>) or a Hugging Face Hub dataset id.",
     )
     dataset_config: str | None = Field(None, description="Hub dataset configuration name, if any.")
     data_dir: str | None = Field(

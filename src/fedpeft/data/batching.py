@@ -42,13 +42,24 @@ class Encoded:
 
 @dataclass
 class ImageEncoded:
-    """Images of one split as their model takes them: ``pixel_values`` (N, channels, height, width) float32, resized
-    and normalised, and a class id per image; every image is ``tokens`` tokens long (its patches and class token),
-    so batches need no padding and the token counts are exact."""
+    """Images of one split, resized to the model's input: ``pixels`` (N, channels, height, width) uint8, and a class
+    id per image. A batch is normalised when it is formed, ``(pixels x scale - mean) / std`` per channel (the
+    image processor's rescale and normalisation; 4x less memory than holding float32). Every image is ``tokens``
+    tokens long (its patches and class token), so batches need no padding and the token counts are exact."""
 
-    pixel_values: np.ndarray
+    pixels: np.ndarray
     labels: list
     tokens: int
+    scale: float = 1.0 / 255
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+
+    def pixel_values(self, idx: np.ndarray) -> torch.Tensor:
+        """The images ``idx`` as the model takes them: float32, rescaled and normalised."""
+        x = torch.from_numpy(self.pixels[np.asarray(idx, dtype=np.int64)]).to(torch.float32) * self.scale
+        mean = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32).view(1, -1, 1, 1)
+        return (x - mean) / std
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -58,7 +69,8 @@ class ImageEncoded:
 
     def subset(self, idx: np.ndarray) -> ImageEncoded:
         idx = np.asarray(idx, dtype=np.int64)
-        return ImageEncoded(self.pixel_values[idx], [self.labels[int(i)] for i in idx], self.tokens)
+        return ImageEncoded(self.pixels[idx], [self.labels[int(i)] for i in idx], self.tokens, self.scale,
+                            self.mean, self.std)
 
 
 def length_grouped_batches(
@@ -101,9 +113,10 @@ def collate(data: Encoded | ImageEncoded, idx: np.ndarray, pad_id: int | None,
             padding_side: str = "right") -> dict[str, torch.Tensor]:
     """Pad one batch to its own longest sequence (images: the batch's pixel values, all of one size)."""
     if isinstance(data, ImageEncoded):
-        return {"pixel_values": torch.from_numpy(data.pixel_values[np.asarray(idx, dtype=np.int64)]),
+        return {"pixel_values": data.pixel_values(idx),
                 "labels": torch.tensor([data.labels[int(i)] for i in idx], dtype=torch.long)}
-    assert pad_id is not None, "text batches are padded with the tokenizer's pad id"
+    if pad_id is None:
+        raise ValueError("a text batch needs the tokenizer's pad id")
     ids = [data.input_ids[i] for i in idx]
     batch = {
         "input_ids": _pad(ids, pad_id, padding_side),

@@ -24,7 +24,7 @@ from fedpeft.data.files import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 _LOSSLESS = {"1": "L"}  # modes expanded without loss (palette images: see to_mode)
-_CONVERT_FIX = "convert it to RGB or 8-bit grayscale first (e.g. PIL: Image.open(f).convert('RGB').save(f))"
+_CONVERT_FIX = "convert the images to RGB or 8-bit grayscale first (PIL: image.convert('RGB'))"
 
 
 def decode_image(value: Any, where: str) -> Any:
@@ -45,6 +45,12 @@ def decode_image(value: Any, where: str) -> Any:
         image.load()  # decode every pixel now: a truncated file fails here, not in the middle of a round
     except FileNotFoundError:
         raise DataError(f"{where}: image file {value!s} does not exist; check the path") from None
+    except (PermissionError, IsADirectoryError) as exc:
+        raise DataError(f"{where}: image file {value!s} cannot be read ({exc.strerror}); check the path and its "
+                        "permissions") from None
+    except Image.DecompressionBombError as exc:
+        raise DataError(f"{where}: {exc}; shrink the image, or raise PIL.Image.MAX_IMAGE_PIXELS if it is "
+                        "trusted") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataError(f"{where}: the image cannot be decoded ({why}); replace the file with an intact PNG or "
@@ -62,7 +68,8 @@ def to_mode(image: Any, channels: int, where: str) -> Any:
             raise DataError(f"{where}: a palette image with transparency; {_CONVERT_FIX}")
         image, mode = image.convert("RGB"), "RGB"
     if mode not in ("L", "RGB"):
-        raise DataError(f"{where}: image mode {mode} ({_describe(mode)}) would lose information as RGB; {_CONVERT_FIX}")
+        raise DataError(f"{where}: image mode {mode} ({_describe(mode)}): fedpeft reads 8-bit grayscale (L) and RGB "
+                        f"images and converts nothing that would lose information; {_CONVERT_FIX}")
     if channels == 3:
         return image if mode == "RGB" else image.convert("RGB")  # gray: the same value in all three channels
     if channels == 1:
@@ -83,7 +90,7 @@ def read_image_folder(root: Path, label_column: str = "label") -> list[Row]:
     label_column: class name}``, classes and files in name order."""
     if not root.is_dir():
         raise DataError(f"{root}: not a directory; give an ImageFolder directory (<root>/<class>/<image>)")
-    stray = sorted(p.name for p in root.iterdir() if not p.is_dir())
+    stray = sorted(p.name for p in root.iterdir() if not p.is_dir() or p.name.startswith("."))
     if stray:
         raise DataError(f"{root}: {stray[0]!r} is not a class folder; an ImageFolder directory holds only "
                         "<class>/<image> folders: move or remove it")
@@ -96,6 +103,9 @@ def read_image_folder(root: Path, label_column: str = "label") -> list[Row]:
         if not files:
             raise DataError(f"{folder}: class {folder.name!r} has no images; add its images or remove the folder")
         for f in files:
+            if f.name.startswith("."):
+                raise DataError(f"{f}: a hidden file in class folder {folder.name!r}; remove it (fedpeft skips "
+                                "nothing in a class folder)")
             if f.is_dir() or not f.name.lower().endswith(IMAGE_SUFFIXES):
                 raise DataError(f"{f}: not an image file ({', '.join(IMAGE_SUFFIXES)}); move or remove it "
                                 "(nothing in a class folder is skipped)")
@@ -104,20 +114,35 @@ def read_image_folder(root: Path, label_column: str = "label") -> list[Row]:
 
 
 def pixel_values(images: list[Any], processor: Any) -> np.ndarray:
-    """(N, channels, height, width) float32: ``images`` resized and normalised by a transformers image processor
-    (e.g. ``AutoImageProcessor.from_pretrained(model)``)."""
-    return np.asarray(processor(images=images, return_tensors="np")["pixel_values"], dtype=np.float32)
+    """(N, channels, height, width) uint8: ``images`` resized by a transformers image processor (e.g.
+    ``AutoImageProcessor.from_pretrained(model)``), not yet rescaled or normalised (:func:`normalisation`)."""
+    values = processor(images=images, return_tensors="np", do_rescale=False, do_normalize=False)["pixel_values"]
+    return np.clip(np.rint(np.asarray(values)), 0, 255).astype(np.uint8)
 
+
+def normalisation(processor: Any, channels: int) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
+    """(scale, mean, std) by which the processor turns 8-bit pixels into the model's input."""
+    scale = float(processor.rescale_factor) if getattr(processor, "do_rescale", True) else 1.0
+    if not getattr(processor, "do_normalize", True):
+        return scale, (0.0,) * channels, (1.0,) * channels
+    mean, std = processor.image_mean, processor.image_std
+    mean = [float(mean)] * channels if isinstance(mean, (int, float)) else [float(m) for m in mean]
+    std = [float(std)] * channels if isinstance(std, (int, float)) else [float(s) for s in std]
+    return scale, tuple(mean[:channels]), tuple(std[:channels])
 
 
 def encode_images(rows: list[Row], labels: list[int], where: list[str], processing: Any,
                   batch: int = 256) -> ImageEncoded:
-    """The rows' images decoded (strictly, ``where`` naming each row), in the mode of the model's channels,
-    resized and normalised by its processor (``processing``: :class:`fedpeft.models.images.ImageProcessing`)."""
+    """The rows' images decoded (strictly, ``where`` naming each row, and the file of an image given by path), in
+    the mode of the model's channels, resized by its processor (``processing``:
+    :class:`fedpeft.models.images.ImageProcessing`) and kept as 8-bit pixels."""
     blocks = []
     for start in range(0, len(rows), batch):
-        images = [to_mode(decode_image(r["image"], w), processing.channels, w)
-                  for r, w in zip(rows[start:start + batch], where[start:start + batch])]
+        images = []
+        for r, w in zip(rows[start:start + batch], where[start:start + batch]):
+            w = f"{w} ({r['image']})" if isinstance(r["image"], str) else w
+            images.append(to_mode(decode_image(r["image"], w), processing.channels, w))
         blocks.append(pixel_values(images, processing.processor))
-    values = np.concatenate(blocks) if blocks else np.zeros((0, processing.channels, 1, 1), np.float32)
-    return ImageEncoded(values, list(labels), processing.tokens)
+    pixels = np.concatenate(blocks) if blocks else np.zeros((0, processing.channels, 1, 1), np.uint8)
+    return ImageEncoded(pixels, list(labels), processing.tokens, *normalisation(processing.processor,
+                                                                               processing.channels))

@@ -94,7 +94,7 @@ def _load_local_split(location: Path, split: str, label_column: str) -> list[Row
     if location.is_file():
         return read_file(location, label_column)
     path = _split_file(location, split)
-    if path is None and (location / split).is_dir():
+    if path is None and _is_image_folder(location / split):
         from fedpeft.data.images import read_image_folder
 
         return read_image_folder(location / split, label_column)  # an ImageFolder split: <split>/<class>/<image>

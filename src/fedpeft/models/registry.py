@@ -39,6 +39,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_TEXT = ("tiny-bert", "tiny-gpt2", "tiny-llama", "tiny-t5", "tiny-bart")
 TINY_IMAGE = ("tiny-vit",)  # a vision transformer built from its config (no pretrained vision weights offline)
 TINY = (*TINY_TEXT, *TINY_IMAGE)
+IMAGE_MODEL_TYPES = ("vit",)  # the vision transformers fedpeft.models.layout has a row for
 
 
 class ModelError(UserError, ValueError):
@@ -220,6 +221,12 @@ def load_image_processing(name: str, src: ModelSource):
             processor = AutoImageProcessor.from_pretrained(src.path, **_hub_options(src))
         except Exception as exc:  # noqa: BLE001 (every load failure becomes one ModelError)
             raise _hub_failure(name, exc) from None
+    size = getattr(processor, "size", None) or {}
+    wanted = (size.get("height"), size.get("width")) if isinstance(size, dict) else (None, None)
+    image = config.image_size if isinstance(config.image_size, (list, tuple)) else (config.image_size,) * 2
+    if None not in wanted and tuple(wanted) != tuple(image):
+        raise ModelError(f"model {name!r}: its image processor resizes to {wanted[0]} x {wanted[1]} but its config "
+                         f"takes {image[0]} x {image[1]} images; fix the processor's size (preprocessor_config.json)")
     return ImageProcessing(processor, channels=int(config.num_channels), tokens=image_sequence_length(config))
 
 
@@ -250,6 +257,10 @@ def model_kind(task_type: str, config) -> ModelKind:
             raise ModelError(f"task image_classification needs a vision transformer (tiny-vit, or a ViT such as "
                              f"google/vit-base-patch16-224-in21k); {config.model_type!r} is a text model: set "
                              "model.name to one, or use a text task")
+        if config.model_type not in IMAGE_MODEL_TYPES:
+            raise ModelError(f"vision model type {config.model_type!r} has no fedpeft layout yet; supported: "
+                             f"{', '.join(IMAGE_MODEL_TYPES)} (a row in fedpeft.models.layout says where an "
+                             "architecture's attention and feed-forward layers are)")
         return "classification"
     if is_image_model(config):
         raise ModelError(f"task {task_type} needs a language model; {config.model_type!r} is a vision transformer, "
