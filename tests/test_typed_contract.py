@@ -64,7 +64,7 @@ def test_the_lazy_exports_are_what_a_type_checker_sees():
 def test_the_client_context_is_typed():
     from torch import Tensor
 
-    from fedpeft.data.batching import Encoded
+    from fedpeft.data.batching import Encoded, ImageEncoded
     from fedpeft.heads.layout import HeadLayout
     from fedpeft.training.local import TrainResult
     from fedpeft.tuners.prefix_layers import PrefixLayout
@@ -72,7 +72,7 @@ def test_the_client_context_is_typed():
 
     fields = hints(base.ClientContext, "fedpeft.algorithms.base")
     assert fields["tuned"] is TunedModel
-    assert fields["data"] == Encoded | None
+    assert fields["data"] == Encoded | ImageEncoded | None
     assert fields["train"] is base.LocalTrain
     assert fields["resources"] is base.ClientResources
     assert fields["evaluate_personal"] == Callable[[], dict[str, typing.Any] | None]
