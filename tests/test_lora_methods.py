@@ -69,6 +69,23 @@ def test_padding_truncation_and_svd_truncation():
     assert fb.shape == (2, 2) and fa.shape == (2, 9)
 
 
+def test_the_svd_falls_back_to_qr_iteration_where_divide_and_conquer_does_not_converge(monkeypatch):
+    """numpy's gesdd can fail to converge on an ill-conditioned finite matrix (seen once in the LoRA benchmark's
+    FlexLoRA rows); gesvd then gives the same factorisation. A non-finite matrix is refused."""
+    w = np.random.default_rng(4).normal(size=(6, 5))
+    expected = svd_factors(w, 3, split="b")
+
+    def no_convergence(*args, **kwargs):
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setattr(np.linalg, "svd", no_convergence)
+    b, a = svd_factors(w, 3, split="b")
+    assert np.allclose(b @ a, expected[0] @ expected[1], atol=1e-6)
+    assert np.allclose(a @ a.T, np.eye(3), atol=1e-6)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        svd_factors(np.full((2, 2), np.nan), 1)
+
+
 def test_ranks_are_assigned_by_share_seeded_and_overridable():
     groups = [RankGroup(rank=4, share=1 / 3), RankGroup(rank=8, share=1 / 3), RankGroup(rank=16, share=1 / 3)]
     ranks = assign_ranks(10, groups, seed=7)

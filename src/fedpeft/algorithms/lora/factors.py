@@ -102,6 +102,21 @@ def truncate_rank(factor: np.ndarray, rank: int, *, is_a: bool) -> np.ndarray:
     return np.ascontiguousarray(factor[:rank] if is_a else factor[:, :rank]).astype(np.float32)
 
 
+def svd(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The thin SVD U S V^T of a finite matrix in float64: LAPACK's divide and conquer (gesdd, numpy's), and where
+    that does not converge, which it may fail to do on some ill-conditioned matrices, the slower QR iteration
+    (gesvd)."""
+    m = np.asarray(matrix, dtype=np.float64)
+    if not np.all(np.isfinite(m)):
+        raise ValueError("the matrix to factorise holds NaN or infinite values")
+    try:
+        return np.linalg.svd(m, full_matrices=False)
+    except np.linalg.LinAlgError:
+        import scipy.linalg
+
+        return scipy.linalg.svd(m, full_matrices=False, lapack_driver="gesvd")
+
+
 def svd_factors(product: np.ndarray, rank: int, *, split: str = "sqrt") -> tuple[np.ndarray, np.ndarray]:
     """The best rank-``rank`` factorisation (B, A) of ``product`` (out x in) in the Frobenius norm (Eckart-Young).
     With product = U S V^T: ``split="sqrt"`` gives B = U_r sqrt(S_r), A = sqrt(S_r) V_r^T (the singular values
@@ -109,7 +124,7 @@ def svd_factors(product: np.ndarray, rank: int, *, split: str = "sqrt") -> tuple
     A = V_r^T (orthonormal rows, FlexLoRA's reference code). Either way B @ A = U_r S_r V_r^T."""
     if split not in ("sqrt", "b"):
         raise ValueError(f"split must be 'sqrt' or 'b', not {split!r}")
-    u, s, vt = np.linalg.svd(np.asarray(product, dtype=np.float64), full_matrices=False)
+    u, s, vt = svd(product)
     k = min(rank, s.size)
     to_b, to_a = (np.sqrt(s[:k]), np.sqrt(s[:k])) if split == "sqrt" else (s[:k], np.ones(k))
     b = np.zeros((product.shape[0], rank))
