@@ -26,6 +26,11 @@ class LoraPair:
     a: str
     b: str
 
+    @property
+    def adapter(self) -> str:
+        """The peft adapter the factors belong to (``default``): the name after ``.lora_A.``."""
+        return self.a.split(".lora_A.")[1].split(".")[0]
+
 
 def lora_pairs(names: Iterable[str]) -> list[LoraPair]:
     """The LoRA modules among ``names``, sorted; raises ValueError if an A has no B or the other way round."""

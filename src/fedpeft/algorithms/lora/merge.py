@@ -50,7 +50,7 @@ def merge_round(tuned: Any, pairs: list[LoraPair], factors: Mapping[str, np.ndar
     with torch.no_grad():
         for p in pairs:
             layer = tuned.module.get_submodule(p.module)
-            adapter = p.a.split(".lora_A.")[1].split(".")[0]
+            adapter = p.adapter
             delta = np.asarray(factors[p.b], np.float64) @ np.asarray(factors[p.a], np.float64)
             delta *= float(layer.scaling[adapter])
             weight = layer.base_layer.weight

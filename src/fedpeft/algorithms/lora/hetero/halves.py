@@ -255,7 +255,7 @@ def lora_scale(tuned: Any, pairs: list[LoraPair], ratio: float) -> Iterator[None
     saved = []
     for p in pairs:
         layer = tuned.module.get_submodule(p.module)
-        adapter = p.a.split(".lora_A.")[1].split(".")[0]
+        adapter = p.adapter
         saved.append((layer, adapter, layer.scaling[adapter]))
         layer.set_scale(adapter, ratio)
     try:
