@@ -228,3 +228,60 @@ def test_a_text_dataset_with_a_folder_named_like_a_split_keeps_its_error(tmp_pat
     (tmp_path / "raw" / "notes.txt").write_text("x")
     with pytest.raises(DataError, match="has no split 'raw'; available: train"):
         _load_local_split(tmp_path, "raw", "label")
+
+
+@pytest.mark.needs_data
+def test_a_hub_image_dataset_is_read_undecoded_then_decoded_strictly_and_trains(tmp_path, monkeypatch):
+    """A Hub id's image column (``datasets.Image``, which decodes to PIL images) is read as stored and decoded by
+    fedpeft, like a parquet file's; a truncated image in it is refused with its row. The Hub is served from memory
+    (it is unreachable here) with MNIST's own rows in the Hub's features."""
+    import datasets
+
+    from fedpeft import hub
+    from fedpeft.data.sources import load_rows
+    from fedpeft.rundir import read_metrics
+    from fedpeft.runtime.embedded import run
+
+    mnist = read_file(DATA_DIR / "mnist" / "test.parquet")[:140]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)})
+    served = {"train": mnist[:100], "test": mnist[100:]}
+    calls = []
+
+    def load_dataset(hub_id, config=None, split=None, **_):
+        calls.append((hub_id, split))
+        rows = served[split]
+        return datasets.Dataset.from_dict({"image": [r["image"] for r in rows], "label": [r["label"] for r in rows]},
+                                          features=features)
+
+    monkeypatch.setattr(hub, "hub_unavailable", lambda *a, **k: None)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    rows = load_rows("example-org/digits", "train", data_dir=str(tmp_path))
+    assert rows[0]["image"]["bytes"] == mnist[0]["image"]["bytes"] and rows[0]["label"] == mnist[0]["label"]
+    run(mnist_config("task.dataset=example-org/digits", f"task.data_dir={tmp_path}", "task.train_split=train",
+                     "task.eval_split=test", "task.split_shuffle_seed=null"), tmp_path / "run")
+    assert ("example-org/digits", "train") in calls and "eval_accuracy" in read_metrics(tmp_path / "run")[1]
+    served["train"] = [*mnist[:5], {"image": {"bytes": mnist[5]["image"]["bytes"][:50], "path": None}, "label": 3},
+                       *mnist[6:100]]
+    with pytest.raises(DataError, match=r"^hub:example-org/digits:train: split 'train' row 6: the image cannot be decoded"):
+        run(mnist_config("task.dataset=example-org/digits", f"task.data_dir={tmp_path}", "task.train_split=train",
+                         "task.eval_split=test", "task.split_shuffle_seed=null", "task.max_train_examples=null"),
+            tmp_path / "broken")
+
+
+def test_a_hub_image_dataset_offline_is_refused_naming_the_id_and_the_fix(tmp_path, monkeypatch):
+    from fedpeft.data.sources import load_rows
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError, match=r"^dataset 'ylecun/mnist': not found locally .*HF_HUB_OFFLINE.* unset "
+                                        "HF_HUB_OFFLINE / HF_DATASETS_OFFLINE to load it from the Hub"):
+        load_rows("ylecun/mnist", "train", data_dir=str(tmp_path))
+
+
+def test_a_loader_may_give_pil_images():
+    from fedpeft.data.validate import row_problem
+
+    image = Image.new("L", (3, 3), 9)
+    assert row_problem("image_classification", {"image": image, "label": 1}) is None
+    assert decode_image(image, "row 1") is image
+    assert "give the image's bytes, its path, a PIL image" in row_problem("image_classification",
+                                                                          {"image": 3, "label": 1})

@@ -1,6 +1,6 @@
 """Images for image classification, read strictly: decoded in full, in a mode the model can take, from the Hugging
-Face image schema (a parquet ``image`` column of ``{bytes, path}``), a file path, or an ImageFolder directory
-(``<root>/<class>/<file>``). A problem is one line naming the row or file, what is wrong and the fix; nothing is
+Face image schema (a parquet ``image`` column of ``{bytes, path}``, and a Hub dataset's image column, read
+undecoded), a file path, a PIL image, or an ImageFolder directory (``<root>/<class>/<file>``). A problem is one line naming the row or file, what is wrong and the fix; nothing is
 skipped or silently reinterpreted.
 
 Modes: 8-bit grayscale (``L``) and ``RGB`` are taken as they are; bilevel (``1``) and palette (``P``, without
@@ -28,10 +28,13 @@ _CONVERT_FIX = "convert the images to RGB or 8-bit grayscale first (PIL: image.c
 
 
 def decode_image(value: Any, where: str) -> Any:
-    """A fully decoded PIL image from a Hugging Face image value (``{"bytes": ..., "path": ...}``), raw bytes or a
-    path; ``where`` names the row or file in the error."""
+    """A fully decoded PIL image from a Hugging Face image value (``{"bytes": ..., "path": ...}``), raw bytes, a
+    path or a PIL image (a dataset loader's); ``where`` names the row or file in the error."""
     from PIL import Image, UnidentifiedImageError
 
+    if isinstance(value, Image.Image):
+        value.load()
+        return value
     if isinstance(value, Mapping):
         data, path = value.get("bytes"), value.get("path")
         if data is None and not path:

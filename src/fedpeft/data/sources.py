@@ -190,8 +190,20 @@ def _load_hub_split(dataset: str, config: str | None, split: str, data_dir: str 
             f"and the Hub load of {hub_id!r} failed: {first[:200]}. Set task.data_dir or FEDPEFT_DATA_DIR to a "
             "folder holding <dataset>/<split>.jsonl"
         ) from None
-    rows = [dict(r) for r in ds]
+    rows = [dict(r) for r in _undecoded_images(ds)]
     return _convert_hub_rows(dataset, hub_id, split, rows, convert) if convert is not None else rows
+
+
+def _undecoded_images(ds: Any) -> Any:
+    """A Hub dataset with its image columns as stored (``{"bytes": ..., "path": ...}``), so that they are decoded
+    strictly, row by row, like a parquet file's (fedpeft.data.images), not by ``datasets`` as PIL images."""
+    import datasets
+
+    features = getattr(ds, "features", None) or {}
+    for name, feature in features.items():
+        if isinstance(feature, datasets.Image) and feature.decode:
+            ds = ds.cast_column(name, datasets.Image(decode=False))
+    return ds
 
 
 def _convert_hub_rows(dataset: str, hub_id: str, split: str, rows: list[Row], convert: Callable[[Row], Row],
@@ -309,8 +321,8 @@ def _source_key(dataset: str, config: str | None, location: Path | None, name: s
     if entry is not None and entry.loader is not None:
         return f"loader:{dataset}:{name}"
     if entry is not None:
-        return f"hub:{entry.hub_id}:{config or entry.hub_config}:{entry.hub_splits.get(name, name)}"
-    return f"hub:{dataset}:{config}:{name}"
+        dataset, config, name = entry.hub_id or dataset, config or entry.hub_config, entry.hub_splits.get(name, name)
+    return f"hub:{dataset}" + (f":{config}" if config else "") + f":{name}"  # the split: two splits, two sources
 
 
 def shared_rows(a: dict[str, list[tuple[int, int]]], b: dict[str, list[tuple[int, int]]]) -> str | None:

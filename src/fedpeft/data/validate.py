@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import string
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -140,15 +141,20 @@ def _classification_row(row: Row) -> str | None:
             or (None if pair is None else _text("text_pair", pair, blank_ok=True)))
 
 
+def _is_pil_image(value: Any) -> bool:
+    image_module = sys.modules.get("PIL.Image")  # a PIL image exists only if PIL was imported
+    return image_module is not None and isinstance(value, image_module.Image)
+
+
 def _image_row(row: Row) -> str | None:
     """The image's form (it is decoded, strictly, when the split is encoded) and the label."""
     image = row["image"]
     if isinstance(image, dict):
         if image.get("bytes") is None and not image.get("path"):
             return "image has neither bytes nor a path; give each row its image"
-    elif not isinstance(image, (bytes, str)) or not image:
-        return (f"image is {_kind(image)} ({show(image)}); give the image's bytes, its path, or the Hub's image "
-                "form {'bytes': ..., 'path': ...}")
+    elif not (isinstance(image, (bytes, str)) and image) and not _is_pil_image(image):
+        return (f"image is {_kind(image)} ({show(image)}); give the image's bytes, its path, a PIL image or the "
+                "Hub's image form {'bytes': ..., 'path': ...}")
     return _label(row["label"])
 
 
