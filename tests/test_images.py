@@ -210,12 +210,13 @@ def test_an_image_folder_dataset_runs_and_text_only_methods_are_refused(tmp_path
 
 
 def test_other_vision_models_and_text_splits_in_folders_are_told_apart():
-    from transformers import SwinConfig
+    from transformers import MobileViTConfig, SwinConfig
 
     from fedpeft.models.registry import ModelError, model_kind
 
-    with pytest.raises(ModelError, match="vision model type 'swin' has no fedpeft layout yet; supported: vit"):
-        model_kind("image_classification", SwinConfig())
+    with pytest.raises(ModelError, match="vision model type 'mobilevit' has no fedpeft layout yet; supported: vit, "
+                                         "deit, beit, swin, convnext"):
+        model_kind("image_classification", MobileViTConfig())
     with pytest.raises(ModelError, match="is a vision transformer, which classifies images"):
         model_kind("classification", SwinConfig())
 
@@ -285,3 +286,113 @@ def test_a_loader_may_give_pil_images():
     assert decode_image(image, "row 1") is image
     assert "give the image's bytes, its path, a PIL image" in row_problem("image_classification",
                                                                           {"image": 3, "label": 1})
+
+
+def test_fedpeft_data_decodes_every_image_and_lists_the_ones_a_run_would_refuse(tmp_path, capsys):
+    from fedpeft.cli import main
+
+    for cls, n in (("cat", 3), ("dog", 2)):
+        (tmp_path / "pets" / "train" / cls).mkdir(parents=True)
+        for i in range(n):
+            (tmp_path / "pets" / "train" / cls / f"{i}.png").write_bytes(png("RGB", (5, 4), (1, 2, 3)))
+    assert main(["data", str(tmp_path / "pets")]) == 0
+    out = capsys.readouterr().out
+    assert "train: 5 rows; fields: image, label" in out and "labels: 'cat': 3, 'dog': 2" in out
+    assert "images (width x height mode): 5 x 4 RGB: 5" in out
+    (tmp_path / "pets" / "train" / "dog" / "1.png").write_bytes(png("RGB")[:30])
+    (tmp_path / "pets" / "train" / "cat" / "2.png").write_bytes(png("RGBA", (2, 2), (1, 2, 3, 4)))
+    assert main(["data", str(tmp_path / "pets")]) == 2
+    out = capsys.readouterr().out
+    assert "images (width x height mode): 5 x 4 RGB: 3" in out
+    assert f"problem: {tmp_path / 'pets' / 'train'}: split 'train' row 3 ({tmp_path}/pets/train/cat/2.png): image " \
+           "mode RGBA (colour with alpha)" in out
+    assert "split 'train' row 5 (" in out and "dog/1.png): the image cannot be decoded" in out
+
+
+def vision_model_dir(path: Path, model_type: str) -> Path:
+    """A Hugging Face model directory of a small vision model of ``model_type`` (random weights) and its image
+    processor, as a Hub download or save_pretrained leaves it: the path a user passes as model.name."""
+    import transformers as T
+
+    small = {"image_size": 32, "num_labels": 10}
+    classes = {
+        "deit": (T.DeiTConfig, T.DeiTForImageClassification,
+                 {"patch_size": 8, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}),
+        "beit": (T.BeitConfig, T.BeitForImageClassification,
+                 {"patch_size": 8, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}),
+        "convnext": (T.ConvNextConfig, T.ConvNextForImageClassification,
+                     {"patch_size": 4, "hidden_sizes": [16, 32], "depths": [1, 1], "num_stages": 2}),
+        "swin": (T.SwinConfig, T.SwinForImageClassification,
+                 {"patch_size": 4, "embed_dim": 16, "depths": [1, 1], "num_heads": [2, 4], "window_size": 4}),
+    }
+    config_class, model_class, shape = classes[model_type]
+    torch.manual_seed(0)
+    model_class(config_class(**shape, **small)).save_pretrained(path)
+    T.ViTImageProcessorPil(size={"height": 32, "width": 32}, image_mean=[0.5] * 3,
+                           image_std=[0.5] * 3).save_pretrained(path)
+    return path
+
+
+@pytest.mark.needs_data
+def test_swin_trains_with_adapters_and_lora_and_head_level_algorithms_are_refused_by_reason(tmp_path):
+    """Swin's stages differ in width and heads: its adapters follow each stage's width; head pruning, which needs
+    one head count, is refused in one line."""
+    from fedpeft.heads.layout import LayoutError
+    from fedpeft.rundir import read_metrics
+    from fedpeft.runtime.embedded import EmbeddedRuntime, run
+
+    model = vision_model_dir(tmp_path / "swin", "swin")
+    rt = EmbeddedRuntime(mnist_config(f"model.name={model}", "peft={method: houlsby, reduction_factor: 4}"),
+                         tmp_path / "houlsby")
+    widths = {n: tuple(p.shape) for n, p in rt.exp.tuned.params.items() if n.endswith("down.weight")}
+    assert sorted(set(widths.values())) == [(4, 16), (8, 32)]  # stage 1 is 16 wide, stage 2 32: 16/4 and 32/4
+    assert rt.exp.data.train.tokens == 64  # (32 / 4)^2 patches, no class token
+    rt.run()
+    rt.close()
+    run(mnist_config(f"model.name={model}", "peft.method=lora"), tmp_path / "lora")
+    assert np.isfinite(read_metrics(tmp_path / "lora")[1]["train_loss"])
+    with pytest.raises(LayoutError, match=r"model type 'swin' has stages of different widths and head counts "
+                                          r"\(heads \[2, 4\]\).*use a model with one head count"):
+        run(mnist_config(f"model.name={model}", "peft.method=lora", "algorithm={name: headprune, sparsity: 0.5}"),
+            tmp_path / "heads")
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("model_type", ["deit", "beit"])
+def test_vit_family_models_from_a_model_directory_train_with_adapters_lora_and_head_pruning(model_type, tmp_path):
+    from fedpeft.rundir import read_metrics
+    from fedpeft.runtime.embedded import EmbeddedRuntime, run
+
+    model = vision_model_dir(tmp_path / model_type, model_type)
+    rt = EmbeddedRuntime(mnist_config(f"model.name={model}", "peft.method=houlsby"), tmp_path / "houlsby")
+    adapters = [n for n in rt.exp.tuned.params if "classifier" not in n]
+    assert len(adapters) == 2 * 2 * 4  # two adapters (after attention and MLP) in each of 2 layers: down/up weight/bias
+    assert rt.exp.data.train.tokens == 16 + {"deit": 2, "beit": 1}[model_type]  # patches, class (and distillation)
+    rt.run()
+    rt.close()
+    assert np.isfinite(read_metrics(tmp_path / "houlsby")[1]["train_loss"])
+    run(mnist_config(f"model.name={model}", "peft.method=lora", "algorithm={name: headprune, sparsity: 0.5}"),
+        tmp_path / "heads")
+    row = read_metrics(tmp_path / "heads")[1]
+    assert np.isfinite(row["train_loss"]) and row["agg_importance_s_mean"] > 0
+
+
+@pytest.mark.needs_data
+def test_convnext_takes_the_methods_that_need_no_attention_and_refuses_the_others_by_reason(tmp_path):
+    from fedpeft.heads.layout import LayoutError
+    from fedpeft.rundir import read_metrics
+    from fedpeft.runtime.embedded import EmbeddedRuntime, run
+
+    model = vision_model_dir(tmp_path / "convnext", "convnext")
+    for method, trained in (("lora", ("pwconv1.lora_", "pwconv2.lora_")), ("pfeiffer", ("pwconv2.adapter",)),
+                            ("ia3", ("pwconv2.ia3_l",)), ("bitfit", ("bias",))):
+        rt = EmbeddedRuntime(mnist_config(f"model.name={model}", f"peft.method={method}"), tmp_path / method)
+        names = [n for n in rt.exp.tuned.params if "classifier" not in n]
+        assert names and all(any(t in n for t in trained) for n in names), (method, names)
+        rt.run()
+        rt.close()
+        assert np.isfinite(read_metrics(tmp_path / method)[1]["train_loss"])
+    with pytest.raises(ValueError, match="houlsby puts an adapter after each attention .* use pfeiffer"):
+        run(mnist_config(f"model.name={model}", "peft.method=houlsby"), tmp_path / "houlsby")
+    with pytest.raises(LayoutError, match="model type 'convnext' has no attention heads"):
+        run(mnist_config(f"model.name={model}", "algorithm={name: headprune, sparsity: 0.5}"), tmp_path / "heads")

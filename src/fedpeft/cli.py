@@ -258,6 +258,11 @@ def cmd_data(args: argparse.Namespace) -> int:
         task_type = entry.task if entry else validate.infer_task_type(rows)
         template = prompt_template(task_type, args.dataset, rows) if task_type and rows else None
         problems, notes = validate.report(task_type, rows, origins, template, split)
+        if task_type == "image_classification" and not problems:
+            from fedpeft.data.images import image_report
+
+            images, problems = image_report(rows, [validate.at(o) for o in origins])
+            print(f"    {images}")
         for line in [f"note: {n}" for n in notes] + [f"problem: {p}" for p in problems[:10]]:
             print(f"    {line}")
         if len(problems) > 10:

@@ -116,6 +116,27 @@ def read_image_folder(root: Path, label_column: str = "label") -> list[Row]:
     return rows
 
 
+def image_report(rows: list[Row], where: list[str], listed: int = 3) -> tuple[str, list[str]]:
+    """What ``fedpeft data`` says of a split's images: every image decoded (strictly), a line of the most common
+    sizes and modes, and one problem line for each image a run would refuse (``where`` names each row)."""
+    from collections import Counter
+
+    kinds: Counter[str] = Counter()
+    problems = []
+    for row, w in zip(rows, where):
+        w = f"{w} ({row['image']})" if isinstance(row.get("image"), str) else w
+        try:
+            image = decode_image(row.get("image"), w)
+            to_mode(image, 3, w)  # a lossy mode is refused whatever the model (colour into one channel is not)
+        except DataError as exc:
+            problems.append(str(exc))
+            continue
+        kinds[f"{image.size[0]} x {image.size[1]} {image.mode}"] += 1
+    shown = ", ".join(f"{kind}: {n}" for kind, n in kinds.most_common(listed))
+    more = f", and {len(kinds) - listed} other sizes and modes" if len(kinds) > listed else ""
+    return f"images (width x height mode): {shown or 'none decoded'}{more}", problems
+
+
 def pixel_values(images: list[Any], processor: Any) -> np.ndarray:
     """(N, channels, height, width) uint8: ``images`` resized by a transformers image processor (e.g.
     ``AutoImageProcessor.from_pretrained(model)``), not yet rescaled or normalised (:func:`normalisation`)."""

@@ -243,7 +243,10 @@ def build_layout(spec: Mapping[str, tuple[tuple[int, ...], str]], config, method
     if mapper is None:
         heads = ", ".join(name for name, m in PEFT_METHODS.items() if m.head_params is not None)
         raise LayoutError(f"peft method {method!r} has no head layout; use one of {heads}")
-    geo = head_geometry(config)
+    try:
+        geo = head_geometry(config)
+    except ValueError as exc:
+        raise LayoutError(f"{exc}: use a model with one head count (ViT, DeiT, BEiT) for head-level algorithms") from None
     params = mapper(spec, geo)
     if not params:
         raise LayoutError(f"no trainable parameter of {method!r} maps to an attention head (check target modules)")

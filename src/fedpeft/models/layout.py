@@ -36,19 +36,25 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "t5": ArchSpec(("q", "k", "v"), ("SelfAttention.o", "EncDecAttention.o"), "DenseReluDense.wo"),
     "opt": ArchSpec(("q_proj", "k_proj", "v_proj"), ("self_attn.out_proj",), "fc2"),
     "bart": ArchSpec(("q_proj", "k_proj", "v_proj"), ("self_attn.out_proj", "encoder_attn.out_proj"), "fc2"),
-    # vision: transformers 5's ViT (ViTAttention's q/k/v/o_proj, ViTMLP's fc1/fc2)
+    # vision: transformers 5's ViT, DeiT and BEiT (their attention's q/k/v/o_proj, their MLP's fc1/fc2)
     "vit": ArchSpec(("q_proj", "k_proj", "v_proj"), ("attention.o_proj",), "mlp.fc2"),
+    "deit": ArchSpec(("q_proj", "k_proj", "v_proj"), ("attention.o_proj",), "mlp.fc2"),
+    "beit": ArchSpec(("q_proj", "k_proj", "v_proj"), ("attention.o_proj",), "mlp.fc2"),
+    "swin": ArchSpec(("q_proj", "k_proj", "v_proj"), ("attention.o_proj",), "mlp.fc2"),
+    # ConvNeXt has no attention: LoRA's default targets are each block's two pointwise (linear) layers, and only
+    # the feed-forward output (pwconv2) takes an adapter (Pfeiffer's site; Houlsby's attention site is missing)
+    "convnext": ArchSpec(("pwconv1", "pwconv2"), (), "pwconv2"),
 }
 
-# tokens a ViT-family encoder adds to its patches (the class token; DeiT's distillation token too)
-EXTRA_IMAGE_TOKENS = {"vit": 1, "deit": 2}
+# tokens a ViT-family encoder adds to its patches (the class token; DeiT's distillation token too; none for Swin's
+# windows and ConvNeXt's stem): one entry per vision model with a row above
+EXTRA_IMAGE_TOKENS = {"vit": 1, "deit": 2, "beit": 1, "swin": 0, "convnext": 0}
 
 
 def is_image_model(config) -> bool:
-    """Whether ``config`` is a vision transformer that classifies images (it has an image and patch size and no
-    text vocabulary)."""
-    return (getattr(config, "image_size", None) is not None and getattr(config, "patch_size", None) is not None
-            and getattr(config, "vocab_size", None) is None)
+    """Whether ``config`` is a vision model (it takes images of a size and a number of channels; BEiT's
+    ``vocab_size`` is its visual tokens', not a text vocabulary)."""
+    return getattr(config, "image_size", None) is not None and getattr(config, "num_channels", None) is not None
 
 
 def image_sequence_length(config) -> int:
@@ -104,6 +110,11 @@ def model_shape(config) -> ModelShape:
         layers = int(enc) + int(dec)
         attention_modules = int(enc) + 2 * int(dec)
     heads = get("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
+    if not isinstance(heads, int):  # Swin: heads per stage, stages of different widths; ConvNeXt: no attention
+        what = f"stages of different widths and head counts (heads {heads})" if heads else "no attention heads"
+        raise ValueError(  # noqa: TRY004 (a model fedpeft cannot describe by one shape, caught as ValueError)
+            f"model type {config.model_type!r} has {what}; analytic OPs and head-level algorithms need one width "
+            "and head count in every block")
     hidden = get("hidden_size", "n_embd", "d_model", "dim")
     inter = get("intermediate_size", "n_inner", "d_ff", "encoder_ffn_dim", "hidden_dim", default=None)
     if inter is None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fedpeft.errors import UserError
 from fedpeft.models.bnb_gate import use_bitsandbytes
-from fedpeft.models.layout import TASK_HEADS, is_image_model
+from fedpeft.models.layout import EXTRA_IMAGE_TOKENS, TASK_HEADS, is_image_model
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +39,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_TEXT = ("tiny-bert", "tiny-gpt2", "tiny-llama", "tiny-t5", "tiny-bart")
 TINY_IMAGE = ("tiny-vit",)  # a vision transformer built from its config (no pretrained vision weights offline)
 TINY = (*TINY_TEXT, *TINY_IMAGE)
-IMAGE_MODEL_TYPES = ("vit",)  # the vision transformers fedpeft.models.layout has a row for
+IMAGE_MODEL_TYPES = tuple(EXTRA_IMAGE_TOKENS)  # the vision transformers fedpeft.models.layout has a row for
 
 
 class ModelError(UserError, ValueError):

@@ -48,7 +48,7 @@ class Experiment:
     parts: list[np.ndarray]
     partition_stats: dict[str, Any]
     tuned: TunedModel
-    shape: ModelShape
+    shape: ModelShape | None  # None: a model of stages of different widths (Swin)
     device: torch.device
     trainer: LocalTrainer
     head_layout: Any = None  # fedpeft.heads.HeadLayout, for algorithms that work per attention head
@@ -179,11 +179,15 @@ def build_experiment(cfg: RunConfig) -> Experiment:
         tuned.module.to(device)
     else:  # the quantized backbone was placed when it loaded; the method's new tensors may not be
         registry.place_on(tuned.module, device)
-    shape = model_shape(mconfig)
+    try:
+        shape: ModelShape | None = model_shape(mconfig)
+    except ValueError as exc:  # a model of stages (Swin): no analytic OPs, reported as unknown
+        shape = None
+        log.info("%s", exc)
     options = cfg.peft.model_dump()
     rows = registered_peft_method(cfg.peft.method).analytic_ops
-    ops_per_sequence = None  # a method without analytic OPs rows: reported as unknown
-    if rows is not None:
+    ops_per_sequence = None  # a method without analytic OPs rows (or a model without one shape): reported as unknown
+    if rows is not None and shape is not None:
         ops_per_sequence = functools.partial(_ops_per_sequence, rows, shape, options)
     trainer = LocalTrainer(cfg.train, device=device, pad_id=tokenizer.pad_token_id, precision=cfg.runtime.precision,
                            flops_sample_steps=cfg.runtime.flops_sample_steps, ops_per_sequence=ops_per_sequence)

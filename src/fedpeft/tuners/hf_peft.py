@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from fedpeft.models.layout import model_shape
+from fedpeft.models.layout import is_image_model, model_shape
 from fedpeft.tuners.registry import TunerContext
 
 
@@ -23,7 +23,10 @@ def task_type(kind: str):
 
 
 def config_kwargs(model: nn.Module, ctx: TunerContext) -> dict[str, Any]:
-    common: dict[str, Any] = {"task_type": task_type(ctx.kind)}
+    # an image classifier: peft's plain wrapper, which passes the batch on as it is (its sequence-classification
+    # wrapper adds text arguments, e.g. attention_mask=None, that Swin's layers take as a second mask)
+    kind = None if is_image_model(model.config) else task_type(ctx.kind)
+    common: dict[str, Any] = {"task_type": kind}
     if ctx.kind == "classification":
         common["modules_to_save"] = list(ctx.head_modules) or None
     return common

@@ -58,6 +58,9 @@ def _hook(module: nn.Module, args, output):
 
 def adapter_sites(model: nn.Module, spec: ArchSpec, kind: str) -> list[str]:
     """Names of the projections that get an adapter: 'houlsby' or 'pfeiffer'."""
+    if kind == "houlsby" and not spec.attn_out:
+        raise ValueError("houlsby puts an adapter after each attention and each feed-forward block, and this "
+                         "architecture has no attention; use pfeiffer (an adapter after each feed-forward block)")
     sites = []
     for name, _ in model.named_modules():
         is_ffn = name.endswith(spec.ffn_out) and not any(name.endswith(x) for x in spec.ffn_out_excludes)

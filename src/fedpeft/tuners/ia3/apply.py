@@ -24,4 +24,6 @@ def apply_ia3(model: nn.Module, opts: Any, ctx: TunerContext) -> nn.Module:
         # output, IA3's original choice (peft's own defaults vary by architecture)
         kw["target_modules"] = [spec.qkv[1], spec.qkv[2], spec.ffn_out]
         kw["feedforward_modules"] = [spec.ffn_out]
+    elif spec is not None and not spec.attn_out:  # no attention (ConvNeXt): IA3's feed-forward scaling only
+        kw["target_modules"] = kw["feedforward_modules"] = [spec.ffn_out]
     return wrap(model, peft.IA3Config(**kw, **config_kwargs(model, ctx)))
