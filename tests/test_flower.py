@@ -121,6 +121,24 @@ def test_federated_lora_methods_run_on_flower_like_embedded(algorithm, deploymen
                 r["bytes_up"][str(by_rank[0])] < r["bytes_up"][str(by_rank[-1])])
 
 
+def test_an_image_classification_run_on_flower_is_the_embedded_run(deployment, tmp_path):
+    """A ViT on MNIST with Houlsby adapters: the SuperNodes decode their images and send only the adapters and
+    the head, as the embedded runtime does."""
+    from conftest import DATA_DIR
+
+    cfg = tiny_config("model.name=tiny-vit", "task.type=image_classification", f"task.dataset={DATA_DIR / 'mnist'}",
+                      "task.train_split=test[:80%]", "task.eval_split=test[80%:]", "task.split_shuffle_seed=0",
+                      "task.max_train_examples=48", "eval.max_examples=32", "peft.method=houlsby",
+                      "federation.rounds=2")
+    EmbeddedRuntime(cfg, tmp_path / "embedded").run()
+    summary = run_flower(cfg, tmp_path / "flower", deployment=deployment, log=lambda m: None)
+    assert summary["rounds"] == 2 and summary["rejected_updates"] == 0
+    assert_same_metrics(comparable(read_metrics(tmp_path / "embedded")), comparable(read_metrics(tmp_path / "flower")))
+    assert_same_globals(tmp_path / "embedded", tmp_path / "flower")
+    assert {k.split(".")[-3] for k in checkpoint.load(tmp_path / "flower")[1]["server"]["global_state"]
+            if "classifier" not in k} == {"adapter"}  # only the adapters and the head travelled
+
+
 def test_attackers_and_a_robust_rule_run_on_flower_like_embedded(deployment, tmp_path):
     from test_tracking import check_tensorboard
 

@@ -154,14 +154,19 @@ def test_head_pruning_and_label_flipping_attackers_run_on_images(tmp_path, caplo
 
 
 @pytest.mark.needs_data
-def test_an_image_run_reloads_to_the_same_score(tmp_path, capsys):
+@pytest.mark.parametrize("method", ["lora", "houlsby", "full"])
+def test_an_image_run_reloads_to_the_same_score(method, tmp_path, capsys):
+    """``fedpeft eval`` scores the saved adapter (a full model for full fine-tuning) as the run did, and
+    ``fedpeft.load_adapter`` gives a model and image processing that predict the same classes for the same images."""
     import json
 
+    import fedpeft
     from fedpeft.cli import main
+    from fedpeft.data.images import normalisation
     from fedpeft.rundir import read_metrics
     from fedpeft.runtime.embedded import run
 
-    run(mnist_config("peft.method=lora", "federation.rounds=2"), tmp_path / "run")
+    run(mnist_config(f"peft.method={method}", "federation.rounds=2"), tmp_path / "run")
     rows = {r["round"]: r for r in read_metrics(tmp_path / "run")}
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "run"), "--adapter", "last", "--max-examples", "32", "--json"]) == 0
@@ -170,6 +175,18 @@ def test_an_image_run_reloads_to_the_same_score(tmp_path, capsys):
     assert scored["eval_loss"] == pytest.approx(rows[2]["eval_loss"], rel=1e-5)
     lines = [json.loads(x) for x in Path(scored["predictions"]).read_text().splitlines()]
     assert len(lines) == 32 and all(x["prediction"] in [str(i) for i in range(10)] for x in lines)
+    loaded = fedpeft.load_adapter(tmp_path / "run" / "adapter")
+    processing = loaded.tokenizer  # an image run's: the model's image processing
+    rows = read_file(DATA_DIR / "mnist" / "test.parquet")
+    images = [to_mode(decode_image(rows[x["row"] - 1]["image"], "x"), processing.channels, "x") for x in lines]
+    scale, mean, std = normalisation(processing.processor, processing.channels)
+    pixels = torch.tensor(pixel_values(images, processing.processor), dtype=torch.float32) * scale
+    pixels = (pixels - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+    with torch.no_grad():
+        logits = loaded.model(pixel_values=pixels).logits
+    assert logits.argmax(-1).tolist() == [x["prediction_id"] for x in lines]
+    loss = torch.nn.functional.cross_entropy(logits, torch.tensor([x["label"] for x in lines]))
+    assert float(loss) == pytest.approx(scored["eval_loss"], rel=1e-5)  # the same images, labels and model
 
 
 @pytest.mark.needs_data
