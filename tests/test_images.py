@@ -413,3 +413,21 @@ def test_convnext_takes_the_methods_that_need_no_attention_and_refuses_the_other
         run(mnist_config(f"model.name={model}", "peft.method=houlsby"), tmp_path / "houlsby")
     with pytest.raises(LayoutError, match="model type 'convnext' has no attention heads"):
         run(mnist_config(f"model.name={model}", "algorithm={name: headprune, sparsity: 0.5}"), tmp_path / "heads")
+
+
+@pytest.mark.parametrize("model_type", ["swin", "convnext"])
+def test_fedpeft_model_accounts_for_models_of_stages_without_analytic_ops(model_type, tmp_path, capsys):
+    import json
+
+    from fedpeft.cli import main
+
+    model = vision_model_dir(tmp_path / model_type, model_type)
+    capsys.readouterr()
+    assert main(["model", str(model), "--num-labels", "10", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == 64 and "heads" not in out  # (32 / 4)^2 positions; no one head count to report
+    rows = {r["method"]: r for r in out["methods"]}
+    assert all(v is None for r in rows.values() for v in r["ops"].values())  # OPs not counted, not made up
+    assert rows["full"]["reduction_vs_full"] == 0 and 0 < rows["lora"]["reduction_vs_full"] < 1
+    if model_type == "convnext":
+        assert "houlsby" not in rows and "has no attention" in out["not_available"]["houlsby"]

@@ -323,14 +323,14 @@ def cmd_model(args: argparse.Namespace) -> int:
     from fedpeft.footprint import footprint
     from fedpeft.models import registry
     from fedpeft.models.architectures import architecture_config
-    from fedpeft.models.layout import image_sequence_length, is_image_model, model_shape
+    from fedpeft.models.layout import image_sequence_length, is_image_model, uniform_shape
 
     config = architecture_config(args.name)
     image = is_image_model(config)
     task = args.task or ("image_classification" if image else "classification"
                          if config.model_type in ("bert", "roberta", "distilbert") else "generation")
     kind = registry.model_kind(TaskConfig(type=task).type, config)
-    shape = model_shape(config)
+    shape = uniform_shape(config)  # None: stages of different widths (Swin) or no attention (ConvNeXt)
     if args.tokens is None:
         args.tokens = image_sequence_length(config) if image else 128
     if image and (args.memory or args.device_memory is not None):
@@ -367,10 +367,10 @@ def cmd_model(args: argparse.Namespace) -> int:
     full = next((r for r in rows if r.method == "full"), None)
     rows, skipped = [r for r in rows if r.method in methods], {m: why for m, why in skipped.items() if m in methods}
     reduction = {r.method: 1.0 - r.run_bytes / full.run_bytes for r in rows} if full is not None else {}
-    about = {"model": args.name, "model_type": config.model_type, "layers": shape.num_layers,
-             "attention_modules": shape.num_attention_modules, "heads": shape.num_heads, "kv_heads": shape.num_kv_heads,
-             "hidden": shape.hidden, "feed_forward": shape.intermediate, "encoder_decoder": shape.encoder_decoder,
-             "task_head": kind, "num_labels": args.num_labels if kind == "classification" else None,
+    dims = ({"layers": shape.num_layers, "attention_modules": shape.num_attention_modules, "heads": shape.num_heads,
+             "kv_heads": shape.num_kv_heads, "hidden": shape.hidden, "feed_forward": shape.intermediate,
+             "encoder_decoder": shape.encoder_decoder} if shape is not None else {})
+    about = {"model": args.name, "model_type": config.model_type, **dims, "task_head": kind, "num_labels": args.num_labels if kind == "classification" else None,
              "tokens": args.tokens, "sparsity": args.sparsity}
     if args.device_memory is not None:
         args.memory = True  # (how many clients fit is part of the memory estimate)
@@ -380,9 +380,12 @@ def cmd_model(args: argparse.Namespace) -> int:
                                                for r in rows], "not_available": skipped,
                           **({"memory": memory} if memory is not None else {})}, indent=2))
         return 0
-    print(f"{args.name}: {config.model_type}, {shape.num_layers} layers ({shape.num_attention_modules} attention modules), "
-          f"{shape.num_heads} heads ({shape.num_kv_heads} key/value), hidden {shape.hidden}, feed-forward "
-          f"{shape.intermediate}, encoder-decoder: {shape.encoder_decoder}")
+    if shape is None:
+        print(f"{args.name}: {config.model_type}, stages of different widths or no attention heads (no analytic OPs)")
+    else:
+        print(f"{args.name}: {config.model_type}, {shape.num_layers} layers ({shape.num_attention_modules} attention "
+              f"modules), {shape.num_heads} heads ({shape.num_kv_heads} key/value), hidden {shape.hidden}, "
+              f"feed-forward {shape.intermediate}, encoder-decoder: {shape.encoder_decoder}")
     print(f"task head: {kind}" + (f" ({args.num_labels} labels)" if kind == "classification" else "")
           + f"; OPs per training sequence of {args.tokens} tokens")
     print("upload per client and round: 'paper MiB' = the method's tensors only (no task head), float32, MiB; "

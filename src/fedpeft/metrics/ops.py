@@ -163,9 +163,11 @@ def all_conventions(method: str, config, tokens: int, options: dict[str, Any] | 
     (the paper's exact fraction) when a sparsity is given, else by ``head_fraction``; ``appendix_a`` counts the
     Table 6 ``rows`` (a registered method's ``analytic_ops``; None: not counted) with ``head_fraction`` (the kept heads / all
     heads of a run)."""
-    from fedpeft.models.layout import model_shape
+    from fedpeft.models.layout import uniform_shape
 
-    shape = model_shape(config)
+    shape = uniform_shape(config)
+    if shape is None:  # stages of different widths (Swin), or no attention (ConvNeXt): not counted
+        return {"paper000_macs": None, "appendix_a": None}
     L, d = shape.num_attention_modules, shape.hidden
     kept = head_fraction if sparsity is None else 1.0 - sparsity
     counted = method in PAPER000_METHODS

@@ -129,3 +129,12 @@ def model_shape(config) -> ModelShape:
         intermediate=int(inter),
         encoder_decoder=encdec,
     )
+
+
+def uniform_shape(config) -> ModelShape | None:
+    """:func:`model_shape`, or None for a model without one width and head count in every block (Swin's stages,
+    ConvNeXt), whose analytic OPs fedpeft does not count."""
+    try:
+        return model_shape(config)
+    except ValueError:
+        return None

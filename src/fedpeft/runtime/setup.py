@@ -20,7 +20,7 @@ from fedpeft.data.prepare import TaskData, prepare_task, subset_eval
 from fedpeft.heads import build_layout
 from fedpeft.metrics.ops import rows_ops
 from fedpeft.models import registry
-from fedpeft.models.layout import ModelShape, model_shape
+from fedpeft.models.layout import ModelShape, uniform_shape
 from fedpeft.training.local import LocalTrainer
 from fedpeft.training.server import ServerModel
 from fedpeft.tuners import TunedModel, apply_tuner, registered_peft_method
@@ -179,11 +179,7 @@ def build_experiment(cfg: RunConfig) -> Experiment:
         tuned.module.to(device)
     else:  # the quantized backbone was placed when it loaded; the method's new tensors may not be
         registry.place_on(tuned.module, device)
-    try:
-        shape: ModelShape | None = model_shape(mconfig)
-    except ValueError as exc:  # a model of stages (Swin): no analytic OPs, reported as unknown
-        shape = None
-        log.info("%s", exc)
+    shape = uniform_shape(mconfig)  # None for a model of stages (Swin) or without attention: OPs unknown
     options = cfg.peft.model_dump()
     rows = registered_peft_method(cfg.peft.method).analytic_ops
     ops_per_sequence = None  # a method without analytic OPs rows (or a model without one shape): reported as unknown
