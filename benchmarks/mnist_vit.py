@@ -9,8 +9,9 @@ Data: the official MNIST test set (../shared/data/mnist/test.parquet, 10,000 ima
 cannot be obtained here). Its 5,139 images of digits 0-4 pretrain the ViT; its 4,861 images of 5-9 are split once
 (seed 0) into 3,861 for the clients and 1,000 for the server's evaluation, written as parquet in the Hub image
 schema with labels 0-4 (label_text '5'..'9'). The ViT (28 px, patch 4: 49 patches and a class token, width 96,
-4 layers of 4 heads, MLP 192, one channel) is trained from random weights for 6 epochs with AdamW; it and its
-image processor are saved as a Hugging Face model directory, which the runs load by path like any Hub model.
+4 layers of 4 heads, MLP 192, one channel) is trained from random weights for 6 epochs with AdamW; its encoder
+(without the 0-4 head, as google/vit-base-patch16-224-in21k comes without one) and its image processor are saved as
+a Hugging Face model directory, which the runs load by path like any Hub model, with a new head for 5-9.
 
 Federated runs: configs/mnist_vit_adapters.yaml (10 rounds, all 10 clients, 1 local epoch, batch 32). Reported
 per run: accuracy per evaluation round, bytes up and down per client and round (measured), local training time per
@@ -102,7 +103,7 @@ def prepare(work: Path, mnist: Path, epochs: int = 6, seed: int = 0) -> None:
         print(f"pretrain epoch {epoch + 1}/{epochs}: train accuracy {correct / len(x):.4f} "
               f"({time.perf_counter() - start:.0f} s)", flush=True)
     out_dir = work / "vit-mnist-0to4"
-    model.save_pretrained(out_dir)
+    model.vit.save_pretrained(out_dir)  # the encoder only, as google/vit-base-patch16-224-in21k: a new head learns 5-9
     ViTImageProcessorPil(size={"height": 28, "width": 28}, image_mean=[0.5], image_std=[0.5]).save_pretrained(out_dir)
     print(f"wrote {out_dir} and {data} ({len(old)} pretraining images; {len(new) - 1000} train / 1000 test)")
 
