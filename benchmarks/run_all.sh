@@ -9,6 +9,11 @@ for b in throughput overhead memory precision paper004; do
   echo "== $b"
   $PY benchmarks/$b.py 2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/$b.log
 done
+echo "== paper 004's vision half: a ViT pretrained on MNIST 0-4 learns 5-9 federated (3 seeds)"
+$PY benchmarks/mnist_vit.py prepare 2>&1 | grep -v -i -E "warn|Loading weights|Writing model" \
+  | tee benchmarks/results/mnist_vit_prepare.log
+$PY benchmarks/mnist_vit.py run --seeds 0,1,2 2>&1 | grep -v -i -E "warn|Loading weights|Writing model" \
+  | tee benchmarks/results/mnist_vit.log
 echo "== clients per pass"
 $PY benchmarks/clients_per_pass.py --scenario cross-device cross-silo-minilm --out benchmarks/results/clients_per_pass.json \
   2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/clients_per_pass.log

@@ -431,3 +431,32 @@ def test_fedpeft_model_accounts_for_models_of_stages_without_analytic_ops(model_
     assert rows["full"]["reduction_vs_full"] == 0 and 0 < rows["lora"]["reduction_vs_full"] < 1
     if model_type == "convnext":
         assert "houlsby" not in rows and "has no attention" in out["not_available"]["houlsby"]
+
+
+@pytest.mark.needs_data
+def test_the_mnist_vit_quickstart_config_runs_on_the_pretrained_encoder_its_benchmark_writes(tmp_path, monkeypatch):
+    """configs/mnist_vit_adapters.yaml on what ``python benchmarks/mnist_vit.py prepare`` writes (here pretrained
+    for one epoch): the encoder loads without its digits-0-4 head, a new head learns 5-9, only the adapters and
+    the head travel."""
+    import sys
+
+    from conftest import REPO
+
+    from fedpeft.config import load_config
+    from fedpeft.rundir import read_metrics
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import mnist_vit
+
+    monkeypatch.chdir(tmp_path)
+    mnist_vit.prepare(tmp_path / "runs" / "mnist_vit", DATA_DIR / "mnist" / "test.parquet", epochs=1)
+    cfg = load_config(REPO / "configs" / "mnist_vit_adapters.yaml",
+                      ["federation.rounds=1", "task.max_train_examples=200", "eval.max_examples=100",
+                       "runtime.progress=false"])
+    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    assert rt.exp.data.label_names == ["5", "6", "7", "8", "9"] and rt.exp.data.train.pixels.shape[1:] == (1, 28, 28)
+    assert {n.split(".")[-3] for n in rt.exp.tuned.params if "classifier" not in n} == {"adapter"}
+    rt.run()
+    rt.close()
+    assert 0 <= read_metrics(tmp_path / "run")[1]["eval_accuracy"] <= 1
