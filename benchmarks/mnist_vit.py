@@ -2,7 +2,7 @@
 federated on digits 5-9 (a new head, classes it never saw) with full fine-tuning vs Houlsby vs Pfeiffer adapters
 vs LoRA under FedAvg, 10 clients, IID and Dirichlet(0.5) label skew, 3 seeds.
 
-    python benchmarks/mnist_vit.py prepare            # the pretrained ViT and the digits-5-9 data (about 2 min)
+    python benchmarks/mnist_vit.py prepare            # the pretrained ViT and the digits-5-9 data (about 40 s)
     python benchmarks/mnist_vit.py run --seeds 0,1,2 --out benchmarks/results/mnist_vit.json
 
 Data: the official MNIST test set (../shared/data/mnist/test.parquet, 10,000 images; the 60,000 training images

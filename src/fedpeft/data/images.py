@@ -32,8 +32,13 @@ def decode_image(value: Any, where: str) -> Any:
     path or a PIL image (a dataset loader's); ``where`` names the row or file in the error."""
     from PIL import Image, UnidentifiedImageError
 
-    if isinstance(value, Image.Image):
-        value.load()
+    if isinstance(value, Image.Image):  # a loader's, perhaps opened lazily: decoded here like a file
+        try:
+            value.load()
+        except (OSError, SyntaxError, ValueError) as exc:
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DataError(f"{where}: the image cannot be decoded ({why}); replace the file with an intact PNG or "
+                            "JPEG") from None
         return value
     if isinstance(value, Mapping):
         data, path = value.get("bytes"), value.get("path")
@@ -118,7 +123,8 @@ def read_image_folder(root: Path, label_column: str = "label") -> list[Row]:
 
 def image_report(rows: list[Row], where: list[str], listed: int = 3) -> tuple[str, list[str]]:
     """What ``fedpeft data`` says of a split's images: every image decoded (strictly), a line of the most common
-    sizes and modes, and one problem line for each image a run would refuse (``where`` names each row)."""
+    sizes and modes, and one problem line for each image a run would refuse whatever its model (``where`` names
+    each row); a colour image for a one-channel model is told by the run, which knows the model."""
     from collections import Counter
 
     kinds: Counter[str] = Counter()

@@ -190,7 +190,7 @@ def _load_hub_split(dataset: str, config: str | None, split: str, data_dir: str 
             f"and the Hub load of {hub_id!r} failed: {first[:200]}. Set task.data_dir or FEDPEFT_DATA_DIR to a "
             "folder holding <dataset>/<split>.jsonl"
         ) from None
-    rows = [dict(r) for r in _undecoded_images(ds)]
+    rows = _with_class_names([dict(r) for r in _undecoded_images(ds)], ds)
     return _convert_hub_rows(dataset, hub_id, split, rows, convert) if convert is not None else rows
 
 
@@ -204,6 +204,22 @@ def _undecoded_images(ds: Any) -> Any:
         if isinstance(feature, datasets.Image) and feature.decode:
             ds = ds.cast_column(name, datasets.Image(decode=False))
     return ds
+
+
+def _with_class_names(rows: list[Row], ds: Any) -> list[Row]:
+    """Rows whose ``label`` column is a ``datasets.ClassLabel`` get its class name as ``label_text`` (what
+    predictions and reports name the class by, e.g. CIFAR-10's 'airplane'), unless they carry one."""
+    import datasets
+
+    feature = (getattr(ds, "features", None) or {}).get("label")
+    if not isinstance(feature, datasets.ClassLabel) or not rows or "label_text" in rows[0]:
+        return rows
+    names = feature.names
+    for row in rows:
+        label = row.get("label")
+        if isinstance(label, int) and 0 <= label < len(names):
+            row["label_text"] = names[label]
+    return rows
 
 
 def _convert_hub_rows(dataset: str, hub_id: str, split: str, rows: list[Row], convert: Callable[[Row], Row],

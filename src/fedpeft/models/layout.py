@@ -52,9 +52,12 @@ EXTRA_IMAGE_TOKENS = {"vit": 1, "deit": 2, "beit": 1, "swin": 0, "convnext": 0}
 
 
 def is_image_model(config) -> bool:
-    """Whether ``config`` is a vision model (it takes images of a size and a number of channels; BEiT's
-    ``vocab_size`` is its visual tokens', not a text vocabulary)."""
-    return getattr(config, "image_size", None) is not None and getattr(config, "num_channels", None) is not None
+    """Whether ``config`` is a vision model: it takes images of a size and a number of channels, and has no text
+    vocabulary (BEiT's ``vocab_size`` is its visual tokens': a vision model with a row here; Fuyu, UDOP or ViLT,
+    which take text too, are not)."""
+    if getattr(config, "image_size", None) is None or getattr(config, "num_channels", None) is None:
+        return False
+    return getattr(config, "vocab_size", None) is None or config.model_type in EXTRA_IMAGE_TOKENS
 
 
 def image_sequence_length(config) -> int:

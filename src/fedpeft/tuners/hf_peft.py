@@ -40,7 +40,7 @@ def wrap(model: nn.Module, config) -> nn.Module:
 
 def prompt_config_kwargs(model: nn.Module, method: str, ctx: TunerContext) -> dict[str, Any]:
     """The shared part of the prompt methods' configs; refuses the classifiers that take no prompts."""
-    if getattr(model.config, "vocab_size", None) is None:
+    if getattr(model.config, "vocab_size", None) is None or is_image_model(model.config):  # BEiT: visual tokens
         raise ValueError(f"{method} cannot drive {type(model).__name__}: peft's prompt methods feed virtual tokens or "
                          "key/value prefixes to a text model, and this model takes no tokens. Use a method that "
                          "adapts its layers (lora, ia3, adapters, bitfit, full)")
