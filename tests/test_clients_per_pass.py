@@ -90,6 +90,20 @@ def test_every_algorithm_and_peft_method_gives_the_same_metrics_trained_together
 
 
 @pytest.mark.needs_data
+@pytest.mark.parametrize("method", ["lora", "houlsby", "ia3"])
+def test_image_clients_trained_together_get_the_updates_they_get_alone(method, tmp_path):
+    """A ViT's clients in one pass: their images stacked, each row through its own client's tensors."""
+    from conftest import DATA_DIR
+
+    rows = assert_same_as_alone(["model.name=tiny-vit", "task.type=image_classification",
+                                 f"task.dataset={DATA_DIR / 'mnist'}", "task.train_split=test[:80%]",
+                                 "task.eval_split=test[80%:]", "task.split_shuffle_seed=0",
+                                 "task.max_train_examples=96", "eval.max_examples=32", f"peft.method={method}",
+                                 "federation.rounds=2"], tmp_path)
+    assert all(r["fused_sub_batches"] > 0 and r["fused_padded_share"] == 0 for r in rows[1:])  # images: no padding
+
+
+@pytest.mark.needs_data
 def test_hetlora_clients_prune_alike_trained_together(tmp_path):
     """Every client prunes every round (tests/test_lora_methods.py); the regulariser and the prune decision in
     fused passes give the run they give alone."""

@@ -405,8 +405,6 @@ def make_cohort(exp: Any, client: Any) -> Cohort | None:
         reason = f"peft.method {cfg.peft.method} trains every client's own copy of the weights"
     elif not getattr(client, "trains_batched", True):
         reason = f"the client half of algorithm {cfg.algorithm.name} declares trains_batched = False"
-    elif cfg.task.type == "image_classification":
-        reason = "task.type image_classification: fused passes pack token rows, not images, yet"
     elif cfg.runtime.precision == "fp16":
         reason = "runtime.precision fp16 scales each client's loss on its own (use bf16)"
     forwards = {**built_in_row_forwards(), **method.row_forwards}

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedpeft.data.batching import Encoded, collate
+from fedpeft.data.batching import Encoded, ImageEncoded, collate
 from fedpeft.errors import first_line
 from fedpeft.training.fused_loss import ClientLosses, client_losses
 from fedpeft.training.local import (
@@ -59,7 +59,7 @@ class TrainRequest:
     """One client's ``ctx.train(...)`` call, answered with ``result`` or ``error``."""
 
     slot: int  # the client's slot in the pass (its index in Rows.slot_params)
-    data: Encoded
+    data: Encoded | ImageEncoded
     rng: np.random.Generator
     params: dict[str, torch.nn.Parameter]  # the client's own trainable tensors, by TunedModel.params name
     options: dict[str, Any] = field(default_factory=dict)  # LocalTrainer.train's keyword options
@@ -318,9 +318,12 @@ class FusedTrainer:
         batches: dict[int, list[dict[str, torch.Tensor]]] = {}
         weights: dict[int, list[float]] = {}
         terms: dict[int, list[int]] = {}  # each micro-batch's loss terms (the denominator of its mean)
+        widths: dict[int, list[int]] = {}  # each micro-batch's padded length (an image: its tokens)
         for c in active:
             group = c.steps[s][1]
             batches[id(c)] = [collate(c.request.data, idx, t.pad_id) for idx in group]  # as the client alone pads
+            lengths = c.request.data.lengths()
+            widths[id(c)] = [int(lengths[idx].max()) for idx in group]
             terms[id(c)] = [loss_terms(b, shifted) for b in batches[id(c)]]
             total_terms = sum(terms[id(c)]) or len(group)
             weights[id(c)] = [n / total_terms for n in terms[id(c)]] if len(group) > 1 else [1.0]
@@ -330,20 +333,19 @@ class FusedTrainer:
             if not present:
                 continue
             for c in present:
-                idx, batch = c.steps[s][1][j], batches[id(c)][j]
-                n_tok = int(batch["input_ids"].numel())
+                idx, width = c.steps[s][1][j], widths[id(c)][j]
+                n_tok = len(idx) * width
                 c.examples += len(idx)
                 c.tokens += n_tok
                 self.stats.alone_tokens += n_tok
                 if t.ops_per_sequence is not None:
-                    c.ops += t._ops(len(idx), int(batch["input_ids"].shape[1]),
-                                    c.request.options.get("head_fraction", 1.0))
+                    c.ops += t._ops(len(idx), width, c.request.options.get("head_fraction", 1.0))
             size = self.limit or len(present)
             for members in (present[i:i + size] for i in range(0, len(present), size)):
                 fused_tokens += self._micro_step(
                     s, j, members, rows, {id(c): weights[id(c)][j] for c in members},
                     {id(c): terms[id(c)][j] for c in members},
-                    sum(int(batches[id(c)][j]["input_ids"].numel()) for c in members), step_loss)
+                    sum(len(c.steps[s][1][j]) * widths[id(c)][j] for c in members), step_loss)
         for c in active:
             if not c.failed:
                 c.epoch_losses.setdefault(c.steps[s][0], []).append(step_loss[id(c)])
@@ -356,17 +358,15 @@ class FusedTrainer:
         the pass padded less than alone, so the pass as a whole never pads more than its clients alone."""
         t = self.trainer
         entries = [(c, int(i)) for c in members for i in c.steps[s][1][j]]
-        lengths = np.array([len(c.request.data.input_ids[i]) for c, i in entries], dtype=np.int64)
+        by_client = {id(c): c.request.data.lengths() for c in members}
+        lengths = np.array([by_client[id(c)][i] for c, i in entries], dtype=np.int64)
         by_slot = {c.request.slot: c for c in members}
         loss_value = {id(c): 0.0 for c in members}
         counts = {id(c): 0 for c in members}
         padded = 0
         for group in pack_rows(lengths, budget + self.slack, self.max_tokens, self.sub_batch_cost):
             chosen = sorted(group.tolist(), key=lambda k: (entries[k][0].request.slot, k))
-            data = Encoded(input_ids=[entries[k][0].request.data.input_ids[entries[k][1]] for k in chosen],
-                           labels=[entries[k][0].request.data.labels[entries[k][1]] for k in chosen],
-                           token_type_ids=None if members[0].request.data.token_type_ids is None else
-                           [entries[k][0].request.data.token_type_ids[entries[k][1]] for k in chosen])
+            data = _gathered([(entries[k][0].request.data, entries[k][1]) for k in chosen])
             batch = {k: v.to(t.device) for k, v in collate(data, np.arange(len(chosen)), t.pad_id).items()}
             slots = [entries[k][0].request.slot for k in chosen]
             segments, first = [], 0
@@ -397,7 +397,7 @@ class FusedTrainer:
                     total = weighted if total is None else total + weighted
                 if total is not None:
                     total.backward()
-            padded += int(batch["input_ids"].numel())
+            padded += len(chosen) * int(lengths[group].max())  # collate pads to the longest (images: all alike)
             self.stats.sub_batches += 1
             self.stats.real_tokens += int(lengths[group].sum())
         self.stats.fused_tokens += padded
@@ -435,3 +435,14 @@ class FusedTrainer:
             options["after_step"]()
         c.scheduler.step()
         c.optimizer.zero_grad(set_to_none=True)
+
+
+def _gathered(rows: list[tuple[Any, int]]) -> Encoded | ImageEncoded:
+    """One sub-batch's examples, each ``(its client's data, its index there)``, as one split (images: one processor's,
+    so the clients' pixels share their normalisation)."""
+    first = rows[0][0]
+    if isinstance(first, ImageEncoded):
+        return ImageEncoded(np.stack([d.pixels[i] for d, i in rows]), [d.labels[i] for d, i in rows], first.tokens,
+                            first.scale, first.mean, first.std)
+    return Encoded(input_ids=[d.input_ids[i] for d, i in rows], labels=[d.labels[i] for d, i in rows],
+                   token_type_ids=None if first.token_type_ids is None else [d.token_type_ids[i] for d, i in rows])
