@@ -37,6 +37,7 @@ from results_io import (  # benchmarks/results_io.py
     print_table,
     reuse_or_clear,
     save,
+    welch_t,
     with_earlier,
 )
 
@@ -128,15 +129,6 @@ def untrained_share(rows: list[dict]) -> float | None:
             share = sum(c not in trained for c in scored) / len(scored)
         trained |= {c for c in r["bytes_up"] if c not in r.get("rejected", {})}
     return share
-
-
-def welch_t(a: list[float | None], b: list[float | None]) -> str:
-    """Welch's t of mean(a) - mean(b) ('-' when either has fewer than two values or both have no spread)."""
-    a, b = [x for x in a if x is not None], [x for x in b if x is not None]
-    if len(a) < 2 or len(b) < 2:
-        return "-"
-    se = (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
-    return "-" if se == 0 else f"{(statistics.mean(a) - statistics.mean(b)) / se:+.1f}"
 
 
 def spread(values: list[float]) -> str:

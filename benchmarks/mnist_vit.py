@@ -35,6 +35,7 @@ from results_io import (  # benchmarks/results_io.py
     print_table,
     reuse_or_clear,
     save,
+    welch_t,
 )
 
 from fedpeft.config import load_config
@@ -149,6 +150,7 @@ def main() -> None:
     seeds = parse_seeds(args.seeds) or [0]
     rows, table = [], []
     for part in args.partitions.split(","):
+        full: list[dict] = []
         for method in args.methods.split(","):
             per_seed = []
             for seed in seeds:
@@ -158,14 +160,25 @@ def main() -> None:
                 print(row, flush=True)
                 per_seed.append(row)
             rows.extend(per_seed)
-            agg = over_seeds(per_seed, seeds)
-            table.append([part, method, f"{agg['trainable_parameters']:,}", pm(agg, "final_accuracy"),
-                          f"{agg['bytes_up_per_client_round'] / 1024:,.1f}",
-                          pm(agg, "local_train_s_per_client_round_median", ".2f")])
+            full = per_seed if method == "full" else full
+            table.append(table_row(part, method, per_seed, seeds, full))
     save(args.out, {"config": args.config, "methods": METHODS, "partitions": PARTITIONS, "seeds": seeds,
-                    "vit": VIT, "rows": rows})
-    print_table(["partition", "method", "trainable params", "final accuracy", "KiB up / client / round",
-                 "local train s / client / round"], table)
+                    "vit": VIT, "sets": args.set, "rows": rows})
+    print_table(["partition", "method", "trainable params", "KiB up / client / round", "less than full",
+                 "accuracy by round (mean)", "final accuracy", "Welch's t vs full", "local train s / client / round"],
+                table)
+
+
+def table_row(part: str, method: str, per_seed: list[dict], seeds: list[int], full: list[dict]) -> list:
+    """One line of the table: the method's means over the seeds, and its final accuracy against full fine-tuning's."""
+    agg = over_seeds(per_seed, seeds)
+    by_round = sorted(per_seed[0]["accuracy_by_round"], key=int)
+    curve = " / ".join(f"{statistics.mean(r['accuracy_by_round'][k] for r in per_seed):.3f}" for k in by_round)
+    less = "-" if not full else f"{1 - agg['bytes_up_per_client_round'] / full[0]['bytes_up_per_client_round']:.2%}"
+    t = welch_t([r["final_accuracy"] for r in per_seed], [r["final_accuracy"] for r in full]) if full else "-"
+    return [part, method, f"{agg['trainable_parameters']:,}", f"{agg['bytes_up_per_client_round'] / 1024:,.1f}", less,
+            curve, pm(agg, "final_accuracy"), t if method != "full" else "-",
+            pm(agg, "local_train_s_per_client_round_median", ".2f")]
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -138,6 +139,15 @@ def over_seeds(rows: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         out[key] = float(np.mean(numbers)) if full else None
         out[f"{key}_std"] = float(np.std(numbers, ddof=1)) if full else None
     return out
+
+
+def welch_t(a: list[float | None], b: list[float | None]) -> str:
+    """Welch's t of mean(a) - mean(b) ('-' when either has fewer than two values or both have no spread)."""
+    a, b = [x for x in a if x is not None], [x for x in b if x is not None]
+    if len(a) < 2 or len(b) < 2:
+        return "-"
+    se = (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
+    return "-" if se == 0 else f"{(statistics.mean(a) - statistics.mean(b)) / se:+.1f}"
 
 
 def pm(row: dict[str, Any], key: str, spec: str = ".3f") -> str:
