@@ -221,10 +221,14 @@ def test_an_image_folder_dataset_runs_and_text_only_methods_are_refused(tmp_path
     (tmp_path / "digits" / "train" / "digit7" / ".DS_Store").write_bytes(b"x")
     with pytest.raises(DataError, match="a hidden file in class folder 'digit7'; remove it"):
         run(tiny_config(*sets), tmp_path / "hidden")
-    (tmp_path / "flat" / "digit1").mkdir(parents=True)
-    (tmp_path / "flat" / "digit1" / "0.png").write_bytes(rows[0]["image"]["bytes"])
-    with pytest.raises(DataError, match="holds class folders of images but no split folders"):
-        run(tiny_config(*sets[:2], f"task.dataset={tmp_path / 'flat'}", *sets[3:]), tmp_path / "flat-run")
+    (tmp_path / "digits" / "train" / "digit7" / ".DS_Store").unlink()
+    flat = tmp_path / "digits" / "train"  # class folders directly: one split, train, as HF's imagefolder reads it
+    run(tiny_config(*sets[:2], f"task.dataset={flat}", *sets[3:]), tmp_path / "flat-run")
+    assert read_metrics(tmp_path / "flat-run")[1]["eval_accuracy"] == read_metrics(tmp_path / "run")[1]["eval_accuracy"]
+    with pytest.raises(DataError, match=r"holds class folders directly \(<dataset>/<class>/<image>\), which is one "
+                                        r"split, 'train', not 'validation': carve the parts with slices"):
+        run(tiny_config(*sets[:2], f"task.dataset={flat}", *sets[3:4], "task.eval_split=validation"),
+            tmp_path / "flat-eval")
 
 
 def test_other_vision_models_and_text_splits_in_folders_are_told_apart():

@@ -45,6 +45,8 @@ def _supported(name: str) -> bool:
 
 
 def _available_splits(directory: Path) -> list[str]:
+    if _flat_image_folder(directory):
+        return ["train"]
     out = []
     for p in sorted(directory.iterdir()):
         if _is_image_folder(p):
@@ -54,6 +56,12 @@ def _available_splits(directory: Path) -> list[str]:
                 out.append(p.name[: -len(suffix)])
                 break
     return out
+
+
+def _flat_image_folder(path: Path) -> bool:
+    """Whether ``path`` holds class folders of images directly (<dataset>/<class>/<image>): one split, 'train', as
+    Hugging Face's imagefolder reads it."""
+    return _is_image_folder(path) and not any(_is_image_folder(p) for p in path.iterdir())
 
 
 def _is_image_folder(path: Path) -> bool:
@@ -98,11 +106,16 @@ def _load_local_split(location: Path, split: str, label_column: str) -> list[Row
         from fedpeft.data.images import read_image_folder
 
         return read_image_folder(location / split, label_column)  # an ImageFolder split: <split>/<class>/<image>
+    if path is None and _flat_image_folder(location):
+        if split == "train":
+            from fedpeft.data.images import read_image_folder
+
+            return read_image_folder(location, label_column)
+        raise DataError(f"dataset {str(location)!r} holds class folders directly (<dataset>/<class>/<image>), which "
+                        f"is one split, 'train', not {split!r}: carve the parts with slices, e.g. task.train_split "
+                        "'train[:80%]' and task.eval_split 'train[80%:]' (with task.split_shuffle_seed), or put the "
+                        "class folders under one folder per split (<dataset>/<split>/<class>/<image>)")
     if path is None:
-        if _is_image_folder(location) and all(not _is_image_folder(p) for p in location.iterdir()):
-            raise DataError(f"dataset {str(location)!r} holds class folders of images but no split folders; move "
-                            "them under <dataset>/train/ (<dataset>/train/<class>/<image>) and carve parts with "
-                            "slices, e.g. task.train_split 'train[:80%]' and task.eval_split 'train[80%:]'")
         others = unsupported_files(location, split)
         if others:
             raise DataError(f"{location / others[0]}: split {split!r} is in a file type fedpeft does not read; "
