@@ -524,14 +524,18 @@ def test_an_image_row_without_a_label_is_refused_naming_the_field_and_the_fix():
 
 
 @pytest.mark.needs_data
-def test_fedpeft_partition_shows_the_clients_of_an_image_dataset(capsys):
+@pytest.mark.parametrize("partition", ["{scheme: dirichlet_label, alpha: 0.5}",
+                                       "{scheme: dirichlet_quantity, alpha: 0.5}", "{scheme: column, column: label}"])
+def test_fedpeft_partition_splits_an_image_dataset_like_a_text_one(partition, capsys):
     from conftest import REPO
 
     from fedpeft.cli import main
 
     sets = [x for s in (*IMAGES, f"task.dataset={DATA_DIR / 'mnist'}", "task.max_train_examples=400",
-                        "federation.num_clients=4", "federation.partition={scheme: dirichlet_label, alpha: 0.5}")
+                        "federation.num_clients=10", f"federation.partition={partition}")
             for x in ("--set", s)]
     assert main(["partition", str(REPO / "configs" / "quickstart.yaml"), *sets]) == 0
     out = capsys.readouterr().out
-    assert "clients: 4  examples: 400" in out and "classes: 10" in out
+    assert "clients: 10  examples: 400" in out and "classes: 10" in out
+    if "column" in partition:  # a client per digit
+        assert "classes per client (mean): 1.00" in out
