@@ -174,9 +174,10 @@ def table_row(part: str, method: str, per_seed: list[dict], seeds: list[int], fu
     agg = over_seeds(per_seed, seeds)
     by_round = sorted(per_seed[0]["accuracy_by_round"], key=int)
     curve = " / ".join(f"{statistics.mean(r['accuracy_by_round'][k] for r in per_seed):.3f}" for k in by_round)
-    less = "-" if not full else f"{1 - agg['bytes_up_per_client_round'] / full[0]['bytes_up_per_client_round']:.2%}"
+    full_up = statistics.mean(r["bytes_up_per_client_round"] for r in full) if full else None
+    less = "-" if full_up is None or method == "full" else f"{1 - agg['bytes_up_per_client_round'] / full_up:.2%}"
     t = welch_t([r["final_accuracy"] for r in per_seed], [r["final_accuracy"] for r in full]) if full else "-"
-    return [part, method, f"{agg['trainable_parameters']:,}", f"{agg['bytes_up_per_client_round'] / 1024:,.1f}", less,
+    return [part, method, f"{int(agg['trainable_parameters']):,}", f"{agg['bytes_up_per_client_round'] / 1024:,.1f}", less,
             curve, pm(agg, "final_accuracy"), t if method != "full" else "-",
             pm(agg, "local_train_s_per_client_round_median", ".2f")]
 
