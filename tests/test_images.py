@@ -539,3 +539,21 @@ def test_fedpeft_partition_splits_an_image_dataset_like_a_text_one(partition, ca
     assert "clients: 10  examples: 400" in out and "classes: 10" in out
     if "column" in partition:  # a client per digit
         assert "classes per client (mean): 1.00" in out
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("algorithm", [
+    ["algorithm.name=ffa_lora"], ["algorithm.name=fedsa_lora", "eval.personalized=true"], ["algorithm.name=flora"],
+    ["algorithm.name=fedex_lora"],
+    ["algorithm.name=hetlora", "algorithm.rank_groups=[{rank: 2, share: 0.5}, {rank: 4, share: 0.5}]"],
+    ["algorithm.name=flexlora", "algorithm.rank_groups=[{rank: 2, share: 0.5}, {rank: 4, share: 0.5}]"],
+], ids=lambda a: a[0].split("=")[1])
+def test_the_federated_lora_methods_train_a_vit(algorithm, tmp_path, capsys):
+    from fedpeft.rundir import read_metrics
+    from fedpeft.runtime.embedded import run
+
+    run(mnist_config("peft={method: lora, r: 4, alpha: 8}", *algorithm, "federation.rounds=2"), tmp_path / "run")
+    rows = read_metrics(tmp_path / "run")
+    assert all(np.isfinite(r["train_loss"]) and r["rejected"] == {} for r in rows[1:] if "train_loss" in r)
+    if algorithm[0] not in ("algorithm.name=flora", "algorithm.name=fedex_lora"):  # (these merge into the
+        assert reloads_to_its_score(tmp_path / "run", capsys)  # backbone: their adapter is refused by reason)
