@@ -557,3 +557,22 @@ def test_the_federated_lora_methods_train_a_vit(algorithm, tmp_path, capsys):
     assert all(np.isfinite(r["train_loss"]) and r["rejected"] == {} for r in rows[1:] if "train_loss" in r)
     if algorithm[0] not in ("algorithm.name=flora", "algorithm.name=fedex_lora"):  # (these merge into the
         assert reloads_to_its_score(tmp_path / "run", capsys)  # backbone: their adapter is refused by reason)
+
+
+def test_split_folders_without_class_folders_and_text_split_folders_are_not_read_as_classes(tmp_path):
+    """Unlabelled split folders (<dataset>/train/0.png) are refused, not read as two classes 'train' and 'test';
+    split folders of data files keep the errors of a text dataset."""
+    from fedpeft.data.sources import _available_splits, load_rows
+
+    for split in ("train", "test"):
+        (tmp_path / "unlabelled" / split).mkdir(parents=True)
+        (tmp_path / "unlabelled" / split / "0.png").write_bytes(png())
+    with pytest.raises(DataError, match=r"split folder 'train' holds images but no class folders, so they have no "
+                                        r"labels; put each class's images in a folder of its own"):
+        load_rows(str(tmp_path / "unlabelled"), "train")
+    for split in ("train", "validation"):
+        (tmp_path / "text" / split).mkdir(parents=True)
+        (tmp_path / "text" / split / "part.jsonl").write_text('{"text": "a", "label": 0}\n')
+    assert _available_splits(tmp_path / "text") == []
+    with pytest.raises(DataError, match="has no split 'train'"):
+        load_rows(str(tmp_path / "text"), "train")

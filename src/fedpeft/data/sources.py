@@ -58,10 +58,24 @@ def _available_splits(directory: Path) -> list[str]:
     return out
 
 
+SPLIT_FOLDER_NAMES = ("train", "test", "validation", "valid", "val", "dev", "eval")
+
+
+def _holds_images(folder: Path) -> bool:
+    from fedpeft.data.images import IMAGE_SUFFIXES
+
+    return any(p.is_file() and p.name.lower().endswith(IMAGE_SUFFIXES) for p in folder.iterdir())
+
+
 def _flat_image_folder(path: Path) -> bool:
     """Whether ``path`` holds class folders of images directly (<dataset>/<class>/<image>): one split, 'train', as
-    Hugging Face's imagefolder reads it."""
-    return _is_image_folder(path) and not any(_is_image_folder(p) for p in path.iterdir())
+    Hugging Face's imagefolder reads it. Not when a folder is named like a split (split folders of images without
+    class folders: refused by :func:`_load_local_split`) or none holds an image (split folders of data files)."""
+    if not _is_image_folder(path):
+        return False
+    children = list(path.iterdir())
+    return (not any(_is_image_folder(p) for p in children) and not any(p.name in SPLIT_FOLDER_NAMES for p in children)
+            and any(_holds_images(p) for p in children))
 
 
 def _is_image_folder(path: Path) -> bool:
@@ -106,6 +120,10 @@ def _load_local_split(location: Path, split: str, label_column: str) -> list[Row
         from fedpeft.data.images import read_image_folder
 
         return read_image_folder(location / split, label_column)  # an ImageFolder split: <split>/<class>/<image>
+    split_folder = location / split
+    if path is None and split_folder.is_dir() and _holds_images(split_folder):
+        raise DataError(f"{split_folder}: split folder {split!r} holds images but no class folders, so they have no "
+                        f"labels; put each class's images in a folder of its own, {location}/{split}/<class>/<image>")
     if path is None and _flat_image_folder(location):
         if split == "train":
             from fedpeft.data.images import read_image_folder

@@ -166,6 +166,7 @@ class _Client:
     steps: list[tuple[int, list[np.ndarray]]]  # (epoch, micro-batches) of each optimizer step
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
+    lengths: np.ndarray  # each example's tokens (an image: its model's tokens)
     epoch_losses: dict[int, list[float]] = field(default_factory=dict)
     examples: int = 0
     tokens: int = 0
@@ -273,7 +274,8 @@ class FusedTrainer:
         if r.options.get("optimizer_state"):
             load_optimizer_state(optimizer, r.params, r.options["optimizer_state"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, len(steps)))
-        return _Client(request=r, cfg=cfg, steps=steps, optimizer=optimizer, scheduler=scheduler)
+        return _Client(request=r, cfg=cfg, steps=steps, optimizer=optimizer, scheduler=scheduler,
+                       lengths=r.data.lengths())
 
     def _fail(self, c: _Client, value: float, step: int) -> None:
         c.failed = True
@@ -322,8 +324,7 @@ class FusedTrainer:
         for c in active:
             group = c.steps[s][1]
             batches[id(c)] = [collate(c.request.data, idx, t.pad_id) for idx in group]  # as the client alone pads
-            lengths = c.request.data.lengths()
-            widths[id(c)] = [int(lengths[idx].max()) for idx in group]
+            widths[id(c)] = [int(c.lengths[idx].max()) for idx in group]
             terms[id(c)] = [loss_terms(b, shifted) for b in batches[id(c)]]
             total_terms = sum(terms[id(c)]) or len(group)
             weights[id(c)] = [n / total_terms for n in terms[id(c)]] if len(group) > 1 else [1.0]
@@ -358,8 +359,7 @@ class FusedTrainer:
         the pass padded less than alone, so the pass as a whole never pads more than its clients alone."""
         t = self.trainer
         entries = [(c, int(i)) for c in members for i in c.steps[s][1][j]]
-        by_client = {id(c): c.request.data.lengths() for c in members}
-        lengths = np.array([by_client[id(c)][i] for c, i in entries], dtype=np.int64)
+        lengths = np.array([c.lengths[i] for c, i in entries], dtype=np.int64)
         by_slot = {c.request.slot: c for c in members}
         loss_value = {id(c): 0.0 for c in members}
         counts = {id(c): 0 for c in members}
