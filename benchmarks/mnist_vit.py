@@ -22,6 +22,7 @@ Learning rates (the paper gives none for this scale): 5e-4 for full fine-tuning,
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import statistics
@@ -106,7 +107,9 @@ def prepare(work: Path, mnist: Path, epochs: int = 6, seed: int = 0) -> None:
     out_dir = work / "vit-mnist-0to4"
     model.vit.save_pretrained(out_dir)  # the encoder only, as google/vit-base-patch16-224-in21k: a new head learns 5-9
     ViTImageProcessorPil(size={"height": 28, "width": 28}, image_mean=[0.5], image_std=[0.5]).save_pretrained(out_dir)
-    print(f"wrote {out_dir} and {data} ({len(old)} pretraining images; {len(new) - 1000} train / 1000 test)")
+    digest = hashlib.sha256((out_dir / "model.safetensors").read_bytes()).hexdigest()
+    print(f"wrote {out_dir} (model.safetensors SHA-256 {digest}) and {data} ({len(old)} pretraining images; "
+          f"{len(new) - 1000} train / 1000 test)")
 
 
 def run_one(config: str, sets: list[str], run_dir: Path, label: dict) -> dict:

@@ -155,7 +155,7 @@ def test_head_pruning_and_label_flipping_attackers_run_on_images(tmp_path):
 
 
 @pytest.mark.needs_data
-@pytest.mark.parametrize("method", ["lora", "houlsby", "full"])
+@pytest.mark.parametrize("method", ["lora", "houlsby", "pfeiffer", "ia3", "bitfit", "full"])
 def test_an_image_run_reloads_to_the_same_score(method, tmp_path, capsys):
     """``fedpeft eval`` scores the saved adapter (a full model for full fine-tuning) as the run did, and
     ``fedpeft.load_adapter`` gives a model and image processing that predict the same classes for the same images."""
