@@ -14,6 +14,15 @@ $PY benchmarks/mnist_vit.py prepare 2>&1 | grep -v -i -E "warn|Loading weights|W
   | tee benchmarks/results/mnist_vit_prepare.log
 $PY benchmarks/mnist_vit.py run --seeds 0,1,2 2>&1 | grep -v -i -E "warn|Loading weights|Writing model" \
   | tee benchmarks/results/mnist_vit.log
+# local training times with nothing else running, and the clients trained one at a time against 10 per pass
+$PY benchmarks/mnist_vit.py run --seeds 0,1 --partitions iid --runs runs/mnist_vit/timing \
+  --out benchmarks/results/mnist_vit_timing.json 2>&1 | grep -v -i -E "warn|Loading weights|Writing model" \
+  | tee benchmarks/results/mnist_vit_timing.log
+for pp in 1 10; do
+  $PY benchmarks/mnist_vit.py run --seeds 0 --methods houlsby,lora --partitions iid --set runtime.clients_per_pass=$pp \
+    --runs runs/mnist_vit/per_pass$pp --out benchmarks/results/mnist_vit_per_pass$pp.json 2>&1 \
+    | grep -v -i -E "warn|Loading weights|Writing model" | tee -a benchmarks/results/mnist_vit_per_pass.log
+done
 echo "== clients per pass"
 $PY benchmarks/clients_per_pass.py --scenario cross-device cross-silo-minilm --out benchmarks/results/clients_per_pass.json \
   2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/clients_per_pass.log

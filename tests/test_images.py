@@ -464,7 +464,8 @@ def test_fedpeft_model_accounts_for_each_vision_model_and_leaves_out_what_does_n
     assert rows["full"]["reduction_vs_full"] == 0 and 0 < rows["lora"]["reduction_vs_full"] < 1
     assert {"prompt_tuning", "p_tuning", "prefix_tuning"} <= set(out["not_available"]) and "prompt_tuning" not in rows
     if model_type == "beit":
-        assert out["tokens"] == 17 and out["heads"] == 4 and all(r["ops"]["appendix_a"] > 0 for r in rows.values())
+        built_in = ("full", "lora", "ia3", "houlsby", "pfeiffer", "bitfit")  # (a plugin's method may count no OPs)
+        assert out["tokens"] == 17 and out["heads"] == 4 and all(rows[m]["ops"]["appendix_a"] > 0 for m in built_in)
         return
     assert out["tokens"] == 64 and "heads" not in out  # (32 / 4)^2 positions; no one head count to report
     assert all(v is None for r in rows.values() for v in r["ops"].values())  # OPs not counted, not made up
