@@ -218,3 +218,41 @@ def test_a_method_registered_in_the_script_itself_is_refused_for_flower(tmp_path
     )
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert "algorithm.name 'inscript' is registered in your script (__main__)" in out.stdout, out.stderr
+
+
+def documented_update_keys() -> dict[str, str]:
+    """The update metadata table of docs/plugins.md: key -> its 'set by' cell."""
+    text = (REPO / "docs" / "plugins.md").read_text()
+    table = text.split("<!-- update-meta-keys:", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split("|") for line in table.splitlines() if line.startswith("| `")]
+    return {cells[1].strip().strip("`"): cells[3].strip() for cells in rows}
+
+
+@pytest.mark.needs_data
+def test_the_plugin_docs_list_every_metadata_key_of_an_update(tmp_path):
+    """Every key fedpeft.UpdateMeta declares, and the runtime's personalized report, is in the docs' table, and
+    nothing else; a real FedAvg update under eval.personalized carries only documented keys, every train_* one."""
+    from helpers import tiny_config
+
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+    from fedpeft.runtime.personal import PERSONAL
+
+    documented = documented_update_keys()
+    assert set(documented) == {*fedpeft.UpdateMeta.model_fields, PERSONAL}
+    rt = EmbeddedRuntime(tiny_config("eval.personalized=true", "federation.rounds=1"), tmp_path / "run")
+    sent = []
+    original = rt.run_client
+
+    def run_client(*args, **kwargs):
+        out = original(*args, **kwargs)
+        sent.append(out[0].meta)
+        return out
+
+    rt.run_client = run_client
+    rt.run()
+    rt.close()
+    assert sent and all(PERSONAL in meta for meta in sent)  # the last round is evaluated: every client reports
+    for meta in sent:
+        assert set(meta) <= set(documented), set(meta) - set(documented)
+        assert {k for k, who in documented.items() if who == "`TrainResult.as_meta()`"} <= set(meta)
+        assert {"round", "num_examples", "client"} <= set(meta)
