@@ -199,3 +199,22 @@ def test_a_hint_names_the_keys_of_the_union_member_the_discriminator_picks():
     assert _section_model(union, {"kind": "second", "mode": "x", "gamma": 1}) is Second
     assert _section_model(First | Second, {"kind": "second", "gamma": 1}, "kind") is Second
     assert _section_model(First | Second, {"kind": "second", "gamma": 1}) is Second  # no discriminator: the Literal
+
+
+def test_a_dotted_set_of_the_method_starts_from_the_new_methods_options(tmp_path, caplog):
+    """`--set peft.method=bitfit` on a LoRA config drops LoRA's keys of the file (logged), keeps the ones the new
+    method shares, and still refuses a key the user set for a method that has none."""
+    import logging
+
+    path = tmp_path / "run.yaml"
+    path.write_text("peft: {method: lora, r: 16, alpha: 32, dropout: 0.1}\n"
+                    "algorithm: {name: fedprox, mu: 0.01, server_lr: 0.5}\n")
+    with caplog.at_level(logging.WARNING, logger="fedpeft"):
+        cfg = load_config(path, ["peft.method=bitfit", "algorithm.name=fedavg"])
+    assert cfg.peft.method == "bitfit" and cfg.algorithm.name == "fedavg" and cfg.algorithm.server_lr == 0.5
+    assert "the config's peft options alpha, dropout, r belong to another method and were dropped" in caplog.text
+    assert "the config's algorithm options mu belong to another method" in caplog.text
+    assert load_config(path, ["peft.method=ia3"]).peft.method == "ia3"
+    assert load_config(path, ["peft.method=lora", "peft.r=4"]).peft.r == 4  # the same method: nothing dropped
+    with pytest.raises(ConfigError, match=r"peft.bitfit.r: unknown key"):
+        load_config(path, ["peft.method=bitfit", "peft.r=8"])  # set by the user: refused, not dropped

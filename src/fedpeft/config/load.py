@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import typing
 from collections.abc import Iterable
 from pathlib import Path
@@ -11,9 +12,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fedpeft.config.schema import RunConfig
+from fedpeft.config.schema import RunConfig, options_for
 from fedpeft.config.section import OptionValueError
 from fedpeft.errors import UserError
+
+log = logging.getLogger("fedpeft")
+# the sections whose options belong to one registered method, with their tag and default
+SWITCHABLE = {"peft": ("method", "lora"), "algorithm": ("name", "fedavg")}
 
 
 class ConfigError(UserError, ValueError):
@@ -100,6 +105,41 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
             node = nxt
         node[parts[-1]] = value
     return out
+
+
+def switched_sections(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, set[str]]:
+    """Sections whose method a dotted override replaces (``--set peft.method=bitfit``): section -> the keys the
+    config file gave that section and no override sets (they belonged to the old method; the new one may lack
+    them). A whole-section override (``--set 'peft={method: bitfit}'``) replaces the section itself."""
+    parsed = [parse_override(o) for o in overrides]
+    out = {}
+    for section, (tag, default) in SWITCHABLE.items():
+        new = next((v for parts, v in reversed(parsed) if parts == [section, tag]), None)
+        before = raw.get(section) if isinstance(raw.get(section), dict) else {}
+        if new is None or new == before.get(tag, default):
+            continue
+        overridden = {parts[1] for parts, _ in parsed if len(parts) > 1 and parts[0] == section}
+        out[section] = set(before) - {tag} - overridden
+    return out
+
+
+def _drop_switched_keys(raw: dict[str, Any], switched: dict[str, set[str]]) -> None:
+    """Drop from each switched section the file's keys its new method has no option for, saying which."""
+    for section, keys in switched.items():
+        tag = SWITCHABLE[section][0]
+        options = raw.get(section)
+        if not isinstance(options, dict):
+            continue
+        try:
+            fields = options_for(section, options.get(tag)).model_fields
+        except ValueError:  # an unknown method: validation names the choices
+            continue
+        dropped = sorted(k for k in keys if k in options and k not in fields)
+        if dropped:
+            raw[section] = {k: v for k, v in options.items() if k not in dropped}
+            log.warning("--set %s.%s=%s: the config's %s options %s belong to another method and were dropped "
+                        "(%s %s has no such options)", section, tag, options.get(tag), section,
+                        ", ".join(dropped), tag, options.get(tag))
 
 
 def _section_model(annotation: Any, raw_value: Any, tag: str | None = None) -> type[BaseModel] | None:
@@ -202,9 +242,11 @@ def _format(err: dict[str, Any], raw: dict[str, Any]) -> str:
     return f"{key}: {msg}{shown}"
 
 
-def validate_config(raw: dict[str, Any], base_dir: str | Path | None = None) -> RunConfig:
+def validate_config(raw: dict[str, Any], base_dir: str | Path | None = None,
+                    switched: dict[str, set[str]] | None = None) -> RunConfig:
     """A RunConfig from a raw mapping, after loading the plugins it lists (relative plugin paths are taken
-    from ``base_dir``: the config file's directory) and the installed ones (fedpeft.plugins)."""
+    from ``base_dir``: the config file's directory) and the installed ones (fedpeft.plugins). ``switched``
+    (:func:`switched_sections`): sections whose method an override replaced, and the keys that may go."""
     if not isinstance(raw, dict):
         raise ConfigError("config: the top level must be a mapping of sections (task:, model:, ...)")
     raw = dict(raw)
@@ -218,6 +260,8 @@ def validate_config(raw: dict[str, Any], base_dir: str | Path | None = None) -> 
 
     raw["plugins"] = list(dict.fromkeys(resolve_plugin(x, base_dir) for x in plugins))
     load_plugins(raw["plugins"])
+    if switched:
+        _drop_switched_keys(raw, switched)
     # A section given without its tag means the default method/algorithm with those options.
     for section, tag, default in (("peft", "method", "lora"), ("algorithm", "name", "fedavg")):
         if isinstance(raw.get(section), dict) and tag not in raw[section]:
@@ -245,13 +289,15 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = (), plugins:
         base_dir = p.parent
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (task:, model:, ...)")
+    overrides = list(overrides)
+    switched = switched_sections(raw, overrides)
     raw = apply_overrides(raw, overrides)
     listed = raw.get("plugins") or []
     if plugins and isinstance(listed, list):  # the config's own are resolved against base_dir by validate_config
         from fedpeft.plugins import resolve_plugin
 
         raw["plugins"] = [*listed, *(resolve_plugin(x) for x in plugins)]
-    return validate_config(raw, base_dir)
+    return validate_config(raw, base_dir, switched)
 
 
 def dump_config(cfg: RunConfig) -> str:
