@@ -174,3 +174,33 @@ def test_a_run_in_which_every_round_failed_exits_non_zero(tmp_path, capsys, monk
     err = capsys.readouterr().err
     assert "error: all 2 rounds failed, so the global model is the initial one" in err
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["failed_rounds"] == 2
+
+
+def test_fedpeft_data_takes_the_task_options_a_run_takes(tmp_path, capsys):
+    """A dataset whose columns are not fedpeft's names is shown under the renames a run would use."""
+    from fedpeft.cli import main
+
+    (tmp_path / "qs").mkdir()
+    (tmp_path / "qs" / "train.jsonl").write_text("".join(
+        f'{{"question": "what is {i}?", "topic": "{"num" if i % 2 else "loc"}"}}\n' for i in range(6)))
+    assert main(["data", str(tmp_path / "qs")]) == 0  # no field is text: no task inferred, nothing to refuse
+    assert "labels:" not in capsys.readouterr().out
+    assert main(["data", str(tmp_path / "qs"), "--set", "task.columns.text=question", "--set",
+                 "task.columns.label=topic"]) == 0
+    out = capsys.readouterr().out
+    assert "fields: label, question, text, topic" in out and "labels: 'loc': 3, 'num': 3" in out
+    assert main(["data", str(tmp_path / "qs"), "--set", "task.columns.text=question", "--set", "task.type=generation"]
+                ) == 2  # the task chosen, its fields checked
+    assert "has no field 'input'" in capsys.readouterr().out
+
+
+@pytest.mark.needs_data
+def test_fedpeft_partition_names_the_classes_when_the_data_has_names(capsys):
+    from conftest import REPO
+
+    from fedpeft.cli import main
+
+    assert main(["partition", str(REPO / "configs" / "quickstart.yaml"), "--set", "task.dataset=20newsgroups",
+                 "--set", "task.eval_split=test", "--set", "task.max_train_examples=200", "--rows", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "sci.space:" in out and " 0:" not in out

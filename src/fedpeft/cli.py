@@ -235,8 +235,11 @@ def cmd_data(args: argparse.Namespace) -> int:
     from fedpeft.plugins import load_installed_plugins
 
     load_installed_plugins()  # an installed package's datasets are named datasets here too
+    task = load_config(None, [f"task.dataset={args.dataset}", *args.set]).task  # the same checks as a run's
+    data_dir = args.data_dir or task.data_dir
+    chosen_type = any(s.split("=", 1)[0].strip() == "task.type" for s in args.set)
 
-    info = describe_splits(args.dataset, args.data_dir)
+    info = describe_splits(args.dataset, data_dir)
     print(f"dataset: {args.dataset}  source: {info['source']}")
     for note in info["notes"]:
         print(f"  note: {note}")
@@ -245,7 +248,8 @@ def cmd_data(args: argparse.Namespace) -> int:
     found = 0
     for split in splits:
         origins: list[validate.Origin] = []
-        rows = load_rows(args.dataset, split, data_dir=args.data_dir, origins=origins)
+        rows = load_rows(args.dataset, split, dataset_config=task.dataset_config, data_dir=data_dir,
+                         columns=task.columns or None, origins=origins)
         fields = sorted({k for r in rows[:100] for k in r})
         print(f"  {split}: {len(rows)} rows; fields: {', '.join(fields)}")
         labels = validate.label_histogram(rows)
@@ -255,7 +259,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         lengths = sorted(len(r[text_field]) for r in rows if isinstance(r.get(text_field), str)) if text_field else []
         if lengths:
             print(f"    {text_field} characters: median {lengths[len(lengths) // 2]}, max {lengths[-1]}")
-        task_type = entry.task if entry else validate.infer_task_type(rows)
+        task_type = task.type if chosen_type else entry.task if entry else validate.infer_task_type(rows)
         template = prompt_template(task_type, args.dataset, rows) if task_type and rows else None
         problems, notes = validate.report(task_type, rows, origins, template, split)
         if task_type == "image_classification" and not problems:
@@ -297,7 +301,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
         data = prepare_task(cfg.task, tok, encoder_decoder=encdec, seed=cfg.seed, eval_max_examples=cfg.eval.max_examples)
         values = partition_column(cfg)  # the column schemes: each client's values are shown
         stats = partition_stats(build_partition(cfg, data, values)[0], data.train_labels, values,
-                                column=cfg.federation.partition.column)
+                                column=cfg.federation.partition.column, label_names=data.label_names)
     print(format_stats(stats, args.rows))
     return 0
 
@@ -584,6 +588,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("dataset", help="catalog name, local path or Hub id")
     d.add_argument("--split")
     d.add_argument("--data-dir")
+    d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a task option, as in `fedpeft run`: task.columns.text=question, task.dataset_config=..., "
+                        "task.type=... (the other sections are ignored here)")
     d.set_defaults(func=cmd_data)
 
     pa = sub.add_parser("partition", help="print partition statistics of a config or a run directory")

@@ -215,9 +215,11 @@ def partition_stats(
     labels: np.ndarray | None = None,
     categories: np.ndarray | None = None,
     column: str | None = None,
+    label_names: list[str] | None = None,
 ) -> dict[str, Any]:
     """Sizes and label histograms per client, plus a summary (saved as partition.json); with ``categories``
-    (the partition column's value per example) also each client's values and their counts."""
+    (the partition column's value per example) also each client's values and their counts. ``label_names``
+    (class id -> name) are kept where they say more than the ids, for :func:`format_stats` to show."""
     sizes = np.array([len(p) for p in parts])
     stats: dict[str, Any] = {
         "num_clients": len(parts),
@@ -242,6 +244,8 @@ def partition_stats(
             entropies.append(float(-(nz * np.log(nz)).sum()))
             tv.append(float(0.5 * np.abs(q - global_p).sum()))
         stats["num_classes"] = len(classes)
+        if label_names and any(name != str(i) for i, name in enumerate(label_names)):
+            stats["label_names"] = list(label_names)
         stats["classes_per_client_mean"] = float(np.mean([len(c["labels"]) for c in stats["clients"]]))
         stats["label_entropy_mean"] = float(np.mean(entropies))
         stats["label_entropy_max_possible"] = float(np.log(len(classes)))
@@ -293,9 +297,11 @@ def format_stats(stats: dict[str, Any], max_rows: int = 20) -> str:
             f"{stats['value_tv_distance_to_global_mean']:.3f}"
         )
     has_labels = column is None or any("labels" in c for c in stats["clients"])
+    names = stats.get("label_names") or []
     lines.append("client  size  " + " | ".join([*(["labels"] if has_labels else []), *([column] if column else [])]))
     for c in stats["clients"][:max_rows]:
-        cells = [" ".join(f"{k}:{v}" for k, v in c.get("labels", {}).items())] if has_labels else []
+        cells = [" ".join(f"{names[int(k)] if int(k) < len(names) else k}:{v}" for k, v in c.get("labels", {}).items())
+                 ] if has_labels else []
         if column is not None:
             cells.append(_values_cell(c.get("values", {})))
         lines.append(f"{c['id']:>6}  {c['size']:>4}  {' | '.join(cells)}")

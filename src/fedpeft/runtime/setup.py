@@ -154,7 +154,8 @@ def build_experiment(cfg: RunConfig) -> Experiment:
                         eval_max_examples=cfg.eval.max_examples, train_eval=personalized)
     values = partition_column(cfg)
     parts, server_part = build_partition(cfg, data, values)
-    stats = partition_stats(parts, data.train_labels, values, column=cfg.federation.partition.column)
+    stats = partition_stats(parts, data.train_labels, values, column=cfg.federation.partition.column,
+                            label_names=data.label_names)
     if server_part is not None:
         stats["server_examples"] = len(server_part)
     personal_parts = None
