@@ -204,3 +204,28 @@ def test_fedpeft_partition_names_the_classes_when_the_data_has_names(capsys):
                  "--set", "task.eval_split=test", "--set", "task.max_train_examples=200", "--rows", "1"]) == 0
     out = capsys.readouterr().out
     assert "sci.space:" in out and " 0:" not in out
+
+
+def test_fedpeft_data_reads_the_name_as_given_and_passes_the_hub_config(tmp_path, monkeypatch, capsys):
+    """A dataset named like a YAML number or boolean is a name, not a value; --set task.dataset_config reaches the
+    Hub's split listing and loading."""
+    import datasets
+
+    from fedpeft import hub
+    from fedpeft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "2024").mkdir()
+    (tmp_path / "2024" / "train.jsonl").write_text('{"text": "a", "label": 0}\n{"text": "b", "label": 1}\n')
+    assert main(["data", "2024", "--data-dir", str(tmp_path)]) == 0 and "train: 2 rows" in capsys.readouterr().out
+    seen = []
+    monkeypatch.setattr(hub, "hub_unavailable", lambda *a, **k: None)
+    monkeypatch.setattr(datasets, "get_dataset_split_names", lambda hub_id, config=None, **_: seen.append(config)
+                        or ["train"])
+    monkeypatch.setattr(datasets, "load_dataset", lambda hub_id, config=None, split=None, **_: seen.append(config)
+                        or [{"sentence": "fine", "label": 1}, {"sentence": "bad", "label": 0}])
+    assert main(["data", "example-org/glue-like", "--data-dir", str(tmp_path), "--set", "task.dataset_config=cola",
+                 "--set", "task.columns.text=sentence"]) == 0
+    assert seen == ["cola", "cola"] and "labels: 0: 1, 1: 1" in capsys.readouterr().out
+    assert main(["data", "2024", "--data-dir", str(tmp_path), "--set", "task.dataset=other"]) == 2
+    assert "give the dataset as the command's argument" in capsys.readouterr().err

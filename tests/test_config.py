@@ -218,3 +218,12 @@ def test_a_dotted_set_of_the_method_starts_from_the_new_methods_options(tmp_path
     assert load_config(path, ["peft.method=lora", "peft.r=4"]).peft.r == 4  # the same method: nothing dropped
     with pytest.raises(ConfigError, match=r"peft.bitfit.r: unknown key"):
         load_config(path, ["peft.method=bitfit", "peft.r=8"])  # set by the user: refused, not dropped
+
+
+def test_a_method_switch_after_a_whole_section_or_to_a_non_name_is_left_to_validation(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("peft: {method: lora, r: 16}\n")
+    with pytest.raises(ConfigError, match=r"peft.method: unknown choice"):
+        load_config(path, ["peft.method=[a]"])  # a list, not a name: the usual one-line refusal
+    with pytest.raises(ConfigError, match=r"peft.bitfit.r: unknown key"):  # the whole section is the user's
+        load_config(path, ["peft={method: lora, r: 8}", "peft.method=bitfit"])

@@ -97,3 +97,14 @@ def test_stats_by_hand():
     expected = (0 + -(0.75 * np.log(0.75) + 0.25 * np.log(0.25))) / 2
     assert stats["label_entropy_mean"] == pytest.approx(expected)
     assert "client  size  labels" in format_stats(stats)
+
+
+def test_partition_stats_keep_class_names_that_say_more_than_the_ids():
+    from fedpeft.data.partition import format_stats, partition_stats
+
+    parts = [np.array([0, 1]), np.array([2])]
+    labels = np.array([0, 1, 1])
+    named = partition_stats(parts, labels, label_names=["neg", "pos"])
+    assert named["label_names"] == ["neg", "pos"] and "neg:1 pos:1" in format_stats(named)
+    plain = partition_stats(parts, labels, label_names=["0", "1"])
+    assert "label_names" not in plain and "0:1 1:1" in format_stats(plain)

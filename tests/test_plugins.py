@@ -228,17 +228,21 @@ def documented_update_keys() -> dict[str, str]:
     return {cells[1].strip().strip("`"): cells[3].strip() for cells in rows}
 
 
+def test_the_plugin_docs_table_lists_exactly_the_declared_update_keys():
+    from fedpeft.runtime.personal import PERSONAL
+
+    assert set(documented_update_keys()) == {*fedpeft.UpdateMeta.model_fields, PERSONAL}
+
+
 @pytest.mark.needs_data
-def test_the_plugin_docs_list_every_metadata_key_of_an_update(tmp_path):
-    """Every key fedpeft.UpdateMeta declares, and the runtime's personalized report, is in the docs' table, and
-    nothing else; a real FedAvg update under eval.personalized carries only documented keys, every train_* one."""
+def test_a_real_update_carries_only_the_documented_metadata_keys(tmp_path):
+    """A real FedAvg update under eval.personalized carries only documented keys, every train_* one."""
     from helpers import tiny_config
 
     from fedpeft.runtime.embedded import EmbeddedRuntime
     from fedpeft.runtime.personal import PERSONAL
 
     documented = documented_update_keys()
-    assert set(documented) == {*fedpeft.UpdateMeta.model_fields, PERSONAL}
     rt = EmbeddedRuntime(tiny_config("eval.personalized=true", "federation.rounds=1"), tmp_path / "run")
     sent = []
     original = rt.run_client

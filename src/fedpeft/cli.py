@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from fedpeft.config import ConfigError, dump_config, load_config
+from fedpeft.config import ConfigError, apply_overrides, dump_config, load_config, validate_config
 from fedpeft.errors import UserError
 
 # errors about the user's input: printed as one line, exit code 2 (the classes load without torch)
@@ -235,11 +235,14 @@ def cmd_data(args: argparse.Namespace) -> int:
     from fedpeft.plugins import load_installed_plugins
 
     load_installed_plugins()  # an installed package's datasets are named datasets here too
-    task = load_config(None, [f"task.dataset={args.dataset}", *args.set]).task  # the same checks as a run's
+    # the task options a run takes, checked as a run checks them (the name as given: not read as YAML)
+    task = validate_config(apply_overrides({"task": {"dataset": args.dataset}}, args.set)).task
+    if task.dataset != args.dataset:
+        raise ConfigError(f"--set task.dataset: give the dataset as the command's argument ({args.dataset!r} here)")
     data_dir = args.data_dir or task.data_dir
-    chosen_type = any(s.split("=", 1)[0].strip() == "task.type" for s in args.set)
+    chosen_type = "type" in task.model_fields_set
 
-    info = describe_splits(args.dataset, data_dir)
+    info = describe_splits(args.dataset, data_dir, task.dataset_config)
     print(f"dataset: {args.dataset}  source: {info['source']}")
     for note in info["notes"]:
         print(f"  note: {note}")
@@ -260,7 +263,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         if lengths:
             print(f"    {text_field} characters: median {lengths[len(lengths) // 2]}, max {lengths[-1]}")
         task_type = task.type if chosen_type else entry.task if entry else validate.infer_task_type(rows)
-        template = prompt_template(task_type, args.dataset, rows) if task_type and rows else None
+        template = prompt_template(task_type, args.dataset, rows, task.prompt_template) if task_type and rows else None
         problems, notes = validate.report(task_type, rows, origins, template, split)
         if task_type == "image_classification" and not problems:
             from fedpeft.data.images import image_report

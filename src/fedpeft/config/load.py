@@ -114,9 +114,12 @@ def switched_sections(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str
     parsed = [parse_override(o) for o in overrides]
     out = {}
     for section, (tag, default) in SWITCHABLE.items():
-        new = next((v for parts, v in reversed(parsed) if parts == [section, tag]), None)
+        last = next((i for i in range(len(parsed) - 1, -1, -1) if parsed[i][0] == [section, tag]), None)
+        if last is None or any(parts == [section] for parts, _ in parsed):  # a whole section given: it is the user's
+            continue
+        new = parsed[last][1]
         before = raw.get(section) if isinstance(raw.get(section), dict) else {}
-        if new is None or new == before.get(tag, default):
+        if not isinstance(new, str) or new == before.get(tag, default):  # (not a name: validation refuses it)
             continue
         overridden = {parts[1] for parts, _ in parsed if len(parts) > 1 and parts[0] == section}
         out[section] = set(before) - {tag} - overridden
@@ -131,7 +134,7 @@ def _drop_switched_keys(raw: dict[str, Any], switched: dict[str, set[str]]) -> N
         if not isinstance(options, dict):
             continue
         try:
-            fields = options_for(section, options.get(tag)).model_fields
+            fields = options_for(section, str(options.get(tag))).model_fields
         except ValueError:  # an unknown method: validation names the choices
             continue
         dropped = sorted(k for k in keys if k in options and k not in fields)
@@ -263,7 +266,7 @@ def validate_config(raw: dict[str, Any], base_dir: str | Path | None = None,
     if switched:
         _drop_switched_keys(raw, switched)
     # A section given without its tag means the default method/algorithm with those options.
-    for section, tag, default in (("peft", "method", "lora"), ("algorithm", "name", "fedavg")):
+    for section, (tag, default) in SWITCHABLE.items():
         if isinstance(raw.get(section), dict) and tag not in raw[section]:
             raw[section] = {tag: default, **raw[section]}
     try:

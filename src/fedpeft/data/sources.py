@@ -388,15 +388,16 @@ def _rename(row: Row, columns: dict[str, str]) -> Row:
     return out
 
 
-def describe_splits(dataset: str, data_dir: str | None = None) -> dict[str, Any]:
-    """Where ``dataset`` is, its splits, and notes on files in its folder that are not read."""
+def describe_splits(dataset: str, data_dir: str | None = None, config: str | None = None) -> dict[str, Any]:
+    """Where ``dataset`` is, its splits, and notes on files in its folder that are not read (``config``: a Hub
+    dataset's configuration, task.dataset_config)."""
     location = locate_local(dataset, data_dir)
     entry = dataset_entry(dataset)
     if location is None and entry is not None and entry.loader is not None:
         return {"dataset": dataset, "source": f"loader {getattr(entry.loader, 'path', entry.loader)}",
                 "splits": list(entry.splits), "notes": []}
     if location is None:
-        return _describe_hub(dataset, data_dir)
+        return _describe_hub(dataset, data_dir, config)
     if location.is_file():
         return {"dataset": dataset, "source": str(location), "splits": [location.name], "notes": []}
     splits, ignored = _available_splits(location), unsupported_files(location)
@@ -409,10 +410,10 @@ def describe_splits(dataset: str, data_dir: str | None = None) -> dict[str, Any]
     return {"dataset": dataset, "source": str(location), "splits": splits, "notes": notes}
 
 
-def _describe_hub(dataset: str, data_dir: str | None) -> dict[str, Any]:
+def _describe_hub(dataset: str, data_dir: str | None, config: str | None = None) -> dict[str, Any]:
     from fedpeft.hub import hub_unavailable
 
-    hub_id, hub_config = _hub_target(dataset, None)
+    hub_id, hub_config = _hub_target(dataset, config)
     why = hub_unavailable(hub_id, "dataset")
     if why is not None:
         raise _not_local(dataset, data_dir, why)
