@@ -231,6 +231,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     """Splits, sizes, fields and labels, and every row a run would refuse (``problem:`` lines, exit code 2)."""
     from fedpeft.data import validate
     from fedpeft.data.catalog import dataset_entry, prompt_template
+    from fedpeft.data.images import image_report
     from fedpeft.data.sources import describe_splits, load_rows
     from fedpeft.plugins import load_installed_plugins
 
@@ -266,8 +267,6 @@ def cmd_data(args: argparse.Namespace) -> int:
         template = prompt_template(task_type, args.dataset, rows, task.prompt_template) if task_type and rows else None
         problems, notes = validate.report(task_type, rows, origins, template, split)
         if task_type == "image_classification" and not problems:
-            from fedpeft.data.images import image_report
-
             images, problems = image_report(rows, [validate.at(o) for o in origins])
             print(f"    {images}")
         for line in [f"note: {n}" for n in notes] + [f"problem: {p}" for p in problems[:10]]:
