@@ -226,3 +226,27 @@ def test_a_missing_extra_and_a_repeated_logger_are_refused(monkeypatch):
         tracking.check_available(["tensorboard", "mlflow"])
     with pytest.raises(UserError, match="fedpeft\\[mlflow\\]"):
         EmbeddedRuntime(tiny_config("runtime.loggers=[mlflow]"), None)
+
+
+def test_the_documented_mlflow_ui_command_resolves_with_the_mlflow_extra():
+    """docs/guide/tracking.md's `mlflow ui` line: the `mlflow` console script the extra installs loads, parses the
+    line's arguments into its `ui` command, and the tracking server that command starts imports (mlflow-skinny
+    lacks it: flask). Nothing is started."""
+    import importlib
+    import re
+    import shlex
+    from importlib.metadata import entry_points
+
+    doc = (Path(__file__).parents[1] / "docs" / "guide" / "tracking.md").read_text()
+    line = re.search(r"mlflow ui[^\n]*", doc).group(0)
+    argv = shlex.split(line.replace("RUN_DIR", "/tmp/run"))
+    scripts = entry_points(group="console_scripts", name=argv[0])  # mlflow and mlflow-skinny both declare it
+    assert len({script.value for script in scripts}) == 1
+    cli = next(iter(scripts)).load()
+    ctx = cli.make_context(argv[0], argv[1:], resilient_parsing=False)
+    name, command, rest = cli.resolve_command(ctx, ctx.protected_args + ctx.args)
+    assert name in ("ui", "server")
+    sub = command.make_context(name, rest, parent=ctx)
+    assert sub.params["backend_store_uri"] == "sqlite:////tmp/run/mlflow.db"
+    importlib.import_module("mlflow.server")  # what the command imports before it serves
+    importlib.import_module("mlflow.server.handlers")
