@@ -175,7 +175,7 @@ def main() -> None:
             if row is None:
                 if not reuse_or_clear(run_dir, cfg, f"{suite}/{name}"):
                     run(cfg, run_dir)
-                row = {**describe(run_dir, label, cfg.primary_metric()), "config_digest": digest}
+                row = {**describe(run_dir, label, cfg.task_metric()), "config_digest": digest}
             rows.append(row)
             print({k: v for k, v in rows[-1].items() if k not in ("run_dir", "config_digest")}, flush=True)
             save(args.out, {"suites": SUITES, "methods": METHODS, "hetero": HETERO,

@@ -107,5 +107,84 @@ def test_every_algorithm_that_declares_it_reports_personalized_scores(name, tmp_
     rt.run()
     row = read_metrics(tmp_path / name)[1]
     assert set(row["client_personal"]) == {str(c) for c in row["clients"]}
-    metric = cfg.primary_metric()
+    metric = cfg.task_metric()
     assert 0.0 <= row[f"personal_{metric}"] <= 1.0 and row["personal_examples"] > 0
+
+
+@pytest.mark.needs_data
+def test_fedsa_lora_is_judged_by_its_clients_own_models(tmp_path, capsys):
+    """FedSA-LoRA's model is each client's own: the personalized score is the run's primary metric (headline,
+    best_round, report), no best_adapter is kept, each client's model is saved on request and fedpeft eval says
+    which model it scores."""
+    from fedpeft.adapters import load_adapter
+    from fedpeft.cli import end_of_run_line, main
+    from fedpeft.report.table import report
+    from fedpeft.rundir import read_summary
+
+    cfg = tiny_config("algorithm.name=fedsa_lora", "eval.personalized=true", "eval.save_client_adapters=true",
+                      "peft.r=4", "federation.rounds=3", "train.lr=0.01")
+    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    rt.run()
+    rows, summary = read_metrics(tmp_path / "run"), read_summary(tmp_path / "run")
+    personal = {r["round"]: r["personal_accuracy"] for r in rows if "personal_accuracy" in r}
+    assert summary["primary_metric"] == "personal_accuracy" and summary["final"] == personal[3]
+    assert summary["best"] == max(personal.values()) and personal[summary["best_round"]] == summary["best"]
+    assert summary["best_round"] == min(r for r, v in personal.items() if v == summary["best"])  # first of a tie
+    assert summary["best_adapter"] is None and not (tmp_path / "run" / "best_adapter").exists()
+    assert summary["personal_models"] and "personal_accuracy" in end_of_run_line("run", summary)
+    assert "| personal_accuracy |" in report([tmp_path / "run"])
+
+    trained = {c for r in rows[1:] for c in r["clients"]}
+    saved = sorted(int(p.name) for p in (tmp_path / "run" / "client_adapters").iterdir())
+    assert saved == list(range(cfg.federation.num_clients))
+    c = min(trained)
+    own = {**rt.server.global_state, **rt.client_states[c]["lora_B"]}
+    params = dict(load_adapter(tmp_path / "run" / "client_adapters" / str(c)).model.named_parameters())
+    for name, value in own.items():  # the client's B and head, the global A
+        assert np.array_equal(params[name].detach().numpy(), value), name
+    assert any(not np.array_equal(own[k], rt.server.global_state[k]) for k in rt.client_states[c]["lora_B"])
+
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run"), "--client", str(c), "--max-examples", "16"]) == 0
+    assert f"model: client {c}'s own model after round 3: the global part with its own LoRA B" in capsys.readouterr().out
+    assert main(["eval", str(tmp_path / "run"), "--max-examples", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "model: the global model after round 3 (not the method's model: under fedsa_lora" in out
+    assert main(["eval", str(tmp_path / "run"), "--client", "9"]) == 2
+    assert "no client_adapters/9; the run saved clients 0..3" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "run"), "--client", "0", "--adapter", "last"]) == 2
+    assert "--client 0 and --adapter last name two models" in capsys.readouterr().err
+
+
+@pytest.mark.needs_data
+def test_a_personalized_fedavg_run_keeps_the_global_primary_and_reports_the_personal_one(tmp_path, capsys):
+    """FedAvg's model is the global one: its primary metric stays the global score, while the personalized score
+    is a metric of the report like any other."""
+    from fedpeft.cli import main
+    from fedpeft.report.table import report
+    from fedpeft.rundir import read_summary
+
+    cfg = tiny_config("eval.personalized=true", "federation.rounds=2", "train.lr=0.01")
+    EmbeddedRuntime(cfg, tmp_path / "run").run()
+    rows, summary = read_metrics(tmp_path / "run"), read_summary(tmp_path / "run")
+    assert summary["primary_metric"] == "accuracy" and summary["best_adapter"] == "best_adapter"
+    assert summary["personal_models"] is None and summary["client_adapters"] is None
+    table = report([tmp_path / "run"], metric="personal_accuracy")
+    assert f"| personal_accuracy | - | {rows[-1]['personal_accuracy']:.4f} |" in table
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run"), "--max-examples", "16"]) == 0
+    best = summary["best_round"]
+    assert f"model: the global model of round {best}, the best by accuracy\n" in capsys.readouterr().out
+    assert main(["eval", str(tmp_path / "run"), "--client", "0"]) == 2
+    assert "the run saved no client's model: run it with --set eval.save_client_adapters=true" in capsys.readouterr().err
+
+
+def test_client_adapters_are_refused_where_every_client_has_the_global_model():
+    with pytest.raises(ConfigError, match="eval.save_client_adapters: under algorithm fedavg every client's model is "
+                                          "the global one"):
+        tiny_config("eval.personalized=true", "eval.save_client_adapters=true")
+    with pytest.raises(ConfigError, match="set eval.personalized: true to score the clients' own models"):
+        tiny_config("algorithm.name=fedsa_lora", "peft.r=4")
+    with pytest.raises(ConfigError, match="clients' own parts live in the SuperNodes"):
+        tiny_config("algorithm.name=fedsa_lora", "peft.r=4", "eval.personalized=true",
+                    "eval.save_client_adapters=true", "runtime.name=flower", "runtime.flower.num_supernodes=4")

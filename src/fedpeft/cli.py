@@ -133,11 +133,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
-    names = {"best": "best_adapter", "last": "adapter"}
-    choice = args.adapter or ("best" if (run_dir / names["best"]).is_dir() else "last")
-    adapter_dir = run_dir / names[choice]
-    meta = read_adapter_meta(adapter_dir)
     cfg = saved_config(run_dir, [f"task.dataset={args.dataset}"] if args.dataset else [])  # checked as a resume does
+    adapter_name = _eval_adapter(run_dir, args.adapter, args.client)
+    adapter_dir = run_dir / adapter_name
+    meta = read_adapter_meta(adapter_dir)
+    model = _scored_model(adapter_name, meta, cfg)
     split = args.split or cfg.task.eval_split
     device = pick_device(args.device or cfg.runtime.device)
     loaded = load_adapter(adapter_dir, dtype=cfg.model.dtype, device=device)
@@ -148,7 +148,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     result = evaluate(loaded.model, data, tokenizer=loaded.tokenizer, device=device, batch_size=cfg.eval.batch_size,
                       encoder_decoder=encdec, max_new_tokens=cfg.task.generation_max_new_tokens,
                       precision=cfg.runtime.precision)
-    out = Path(args.out) if args.out else run_dir / "eval" / f"{names[choice]}-{split.replace('/', '_')}.jsonl"
+    out = Path(args.out) if args.out else run_dir / "eval" / f"{adapter_name.replace('/', '_')}-{split.replace('/', '_')}.jsonl"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -159,16 +159,50 @@ def cmd_eval(args: argparse.Namespace) -> int:
     atomic_write(out, "".join(json.dumps(line) + "\n" for line in lines).encode("utf-8"),
                  then="run fedpeft eval again (or give --out elsewhere)")
     scores = {(k if k.startswith("eval_") else f"eval_{k}"): v for k, v in result.items() if not k.startswith("_")}
-    summary = {"run_dir": str(run_dir), "adapter": names[choice], "round": meta.get("round"), "dataset": cfg.task.dataset,
-               "split": split, "examples": len(data.rows), **scores, "predictions": str(out)}
+    summary = {"run_dir": str(run_dir), "adapter": adapter_name, "model": model, "round": meta.get("round"),
+               "dataset": cfg.task.dataset, "split": split, "examples": len(data.rows), **scores, "predictions": str(out)}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         shown = ", ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in scores.items() if isinstance(v, float))
-        print(f"{run_dir} {names[choice]} (round {meta.get('round')}) on {cfg.task.dataset} {split} "
+        print(f"model: {model}")
+        print(f"{run_dir} {adapter_name} (round {meta.get('round')}) on {cfg.task.dataset} {split} "
               f"({len(data.rows)} rows): {shown}")
         print(f"predictions: {out}")
     return 0
+
+
+def _eval_adapter(run_dir: Path, adapter: str | None, client: int | None) -> str:
+    """The adapter directory (relative to the run) ``fedpeft eval`` scores: ``--client``'s own, ``--adapter``'s,
+    else best_adapter when the run kept one, else adapter."""
+    if client is None:
+        return {"best": "best_adapter", "last": "adapter"}[adapter or ("best" if (run_dir / "best_adapter").is_dir()
+                                                                       else "last")]
+    if adapter is not None:
+        raise UserError(f"fedpeft eval: --client {client} and --adapter {adapter} name two models; give one of them")
+    name = f"client_adapters/{client}"
+    if not (run_dir / name).is_dir():
+        saved = sorted(int(p.name) for p in (run_dir / "client_adapters").glob("*") if p.name.isdigit())
+        raise UserError(f"{run_dir}: no {name}; " + (f"the run saved clients {saved[0]}..{saved[-1]}" if saved else
+                        "the run saved no client's model: run it with --set eval.save_client_adapters=true (an "
+                        "algorithm whose model is each client's own, e.g. fedsa_lora)"))
+    return name
+
+
+def _scored_model(adapter_name: str, meta: dict, cfg) -> str:
+    """Which model ``fedpeft eval`` scores, in words (printed above the scores)."""
+    kept = type(cfg.algorithm).personal_models
+    rnd = meta.get("round")
+    if "client" in meta:
+        if not meta.get("trained", True):
+            return f"client {meta['client']}'s own model: it never trained, so the global model after round {rnd}"
+        return f"client {meta['client']}'s own model after round {rnd}: the global part with {kept}"
+    what = (f"the global model of round {rnd}, the best by {cfg.primary_metric()}" if adapter_name == "best_adapter"
+            else f"the global model after round {rnd}")
+    if kept is not None:
+        what += (f" (not the method's model: under {cfg.algorithm.name} each client keeps {kept}; score one client's "
+                 "with --client ID, from a run with eval.save_client_adapters)")
+    return what
 
 
 def prediction_lines(data, predictions: list, instruction: str | None = None) -> list[dict]:
@@ -572,6 +606,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("run_dir")
     ev.add_argument("--adapter", choices=["best", "last"], help="best_adapter (the default, when the run kept one) "
                     "or adapter (the last round)")
+    ev.add_argument("--client", type=int, metavar="ID", help="client ID's own model, RUN_DIR/client_adapters/ID (runs "
+                    "of an algorithm whose model is each client's, with eval.save_client_adapters)")
     ev.add_argument("--split", help="split to score, sliceable as in task.eval_split (default: the run's eval split)")
     ev.add_argument("--dataset", help="another dataset with the run's schema and classes (default: the run's)")
     ev.add_argument("--max-examples", type=int, help="the run's seeded subset of this many rows (default: every row)")

@@ -366,3 +366,9 @@ class ClientAlgorithm(ABC):
     @abstractmethod
     def fit(self, payload: Payload, ctx: ClientContext) -> Payload:
         """Local work on one client; returns the update payload (arrays + meta incl. num_examples)."""
+
+    def personal_state(self, global_state: Arrays, state: dict[str, Any]) -> Arrays | None:
+        """The client's own model, every trainable tensor, from the server's global state and the client's kept
+        ``state`` (its ``ctx.state``), or None when the client's model is the global one (the default). An
+        algorithm whose options declare ``personal_models`` overrides it (eval.save_client_adapters saves it)."""
+        return None

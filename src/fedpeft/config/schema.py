@@ -45,6 +45,11 @@ class AlgorithmOptions(Section):
     supports_secure_aggregation: ClassVar[bool] = False
     # whether the client half scores its personalized model when asked (ClientContext.evaluate_personal)
     supports_personalized_eval: ClassVar[bool] = False
+    # what each client keeps of its own when the method's model is each client's (e.g. "its LoRA B and task head"),
+    # or None when it is the global model. Such a run needs eval.personalized, its primary metric is the personalized
+    # one (personal_<metric>), it keeps no best_adapter (no single adapter is the method's model), and with
+    # eval.save_client_adapters each client's model is saved (ClientAlgorithm.personal_state assembles it)
+    personal_models: ClassVar[str | None] = None
     # why the global state saved as the run's adapter is not the run's model (e.g. updates merged into the
     # backbone), or None; such an adapter is marked and fedpeft.load_adapter refuses it with this reason
     adapter_incomplete: ClassVar[str | None] = None
@@ -314,6 +319,10 @@ class EvalConfig(Section):
                                "held-out slice of its own partition, in the rounds the global model is evaluated.")
     personal_fraction: float = Field(0.2, gt=0, lt=1, description="With personalized: the share of each client's "
                                      "examples held out of its training for that (at least one example).")
+    save_client_adapters: bool = Field(False, description="For an algorithm whose model is each client's own "
+                                       "(FedSA-LoRA): at the end also save every client's model (the global part "
+                                       "with what the client kept) as RUN_DIR/client_adapters/<client id>, scored by "
+                                       "`fedpeft eval RUN_DIR --client ID`. Embedded runtime only.")
 
 
 class SecureAggregationOptions(Section):
@@ -550,6 +559,19 @@ class RunConfig(Section):
             raise ValueError(f"eval.personalized: algorithm {self.algorithm.name} does not score a personalized model "
                              f"(its client half never calls ClientContext.evaluate_personal); algorithms that do: "
                              f"{able}")
+        kept = type(self.algorithm).personal_models
+        if kept is not None and not self.eval.personalized:
+            raise ValueError(f"algorithm {self.algorithm.name}: each client keeps {kept}, so the global model is not "
+                             "the method's and its score is not the method's: set eval.personalized: true to score "
+                             "the clients' own models")
+        if self.eval.save_client_adapters:
+            if kept is None:
+                raise ValueError(f"eval.save_client_adapters: under algorithm {self.algorithm.name} every client's "
+                                 "model is the global one (RUN_DIR/adapter); remove eval.save_client_adapters")
+            if self.runtime.name != "embedded":
+                raise ValueError("eval.save_client_adapters: the clients' own parts live in the SuperNodes of a "
+                                 f"{self.runtime.name} run, not with the server; set runtime.name: embedded or remove "
+                                 "eval.save_client_adapters")
         robust = getattr(self.algorithm, "robust", None)
         if robust is not None:
             if getattr(self.algorithm, "dp", None) is not None:
@@ -593,6 +615,14 @@ class RunConfig(Section):
                              f"federation.num_clients ({self.federation.num_clients})")
 
     def primary_metric(self) -> str:
+        """The metric a run is judged by (headline, best_round, best_adapter, eval.target): the task's, scored on
+        the global model, or ``personal_<metric>`` when the algorithm's model is each client's own
+        (``personal_models``)."""
+        base = self.task_metric()
+        return f"personal_{base}" if type(self.algorithm).personal_models is not None else base
+
+    def task_metric(self) -> str:
+        """The task's metric (task.metric or the task type's default), without the model it is scored on."""
         if self.task.metric:
             return self.task.metric
         entry = DATASETS.get(self.task.dataset) if self.task.dataset in DATASETS else None  # a registered dataset's

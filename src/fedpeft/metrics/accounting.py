@@ -7,6 +7,12 @@ from collections.abc import Sequence
 from typing import Any
 
 
+def metric_key(metric: str) -> str:
+    """The metrics.jsonl key of a metric: ``train_loss`` and a personalized ``personal_<name>`` as they are, a
+    global-model evaluation metric with ``eval_``."""
+    return metric if metric == "train_loss" or metric.startswith("personal_") else f"eval_{metric}"
+
+
 def better_or_equal(metric: str, value: float, target: float) -> bool:
     """Losses are reached from above, scores from below."""
     return value <= target if metric.endswith("loss") else value >= target
@@ -26,7 +32,7 @@ def total_transmission(rounds: int, clients: int, payload_bytes: float) -> float
 
 
 def summarize(rows: Sequence[dict[str, Any]], *, metric: str, target: float | None) -> dict[str, Any]:
-    key = f"eval_{metric}"
+    key = metric_key(metric)
     evals = [r for r in rows if key in r]
     train_rows = [r for r in rows if r.get("round", 0) > 0 and "bytes_up" in r]
     out: dict[str, Any] = {"primary_metric": metric, "target": target}
@@ -41,7 +47,8 @@ def summarize(rows: Sequence[dict[str, Any]], *, metric: str, target: float | No
             "final_round": evals[-1]["round"],
             "best": best[key],
             "best_round": best["round"],
-            "final_eval": {k: v for k, v in evals[-1].items() if k.startswith("eval_")},
+            "final_eval": {k: v for k, v in evals[-1].items() if k.startswith(("eval_", "personal_"))
+                           and k not in ("personal_examples",)},
         })
     hit = first_reaching(evals, key, target) if target is not None else None
     out["rounds_to_target"] = hit["round"] if hit else None

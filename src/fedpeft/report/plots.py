@@ -11,6 +11,7 @@ import matplotlib
 import yaml
 
 from fedpeft.durable import atomic_write
+from fedpeft.metrics.accounting import metric_key
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -26,11 +27,6 @@ X_AXES = (
 class Plot(NamedTuple):
     path: Path
     title: str
-
-
-def metric_key(metric: str) -> str:
-    """The metrics.jsonl key of a metric: ``train_loss`` as it is, an evaluation metric with ``eval_``."""
-    return metric if metric == "train_loss" else f"eval_{metric}"
 
 
 def finite(value: Any) -> bool:

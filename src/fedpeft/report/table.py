@@ -73,8 +73,10 @@ def load_run(run_dir: Path) -> Run:
 
 
 def available_metrics(rows: Sequence[dict[str, Any]]) -> set[str]:
-    """The metrics a run's rows hold: its evaluation metrics (without ``eval_``) and ``train_loss``."""
+    """The metrics a run's rows hold: its evaluation metrics of the global model (without ``eval_``), of the
+    clients' personalized models (``personal_<name>``, eval.personalized) and ``train_loss``."""
     names = {k[len("eval_"):] for r in rows for k in r if k.startswith("eval_")} - NOT_METRICS
+    names |= {k for r in rows for k in r if k.startswith("personal_")} - {"personal_examples"}
     return names | ({"train_loss"} if any("train_loss" in r for r in rows) else set())
 
 

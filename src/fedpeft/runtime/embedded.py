@@ -29,7 +29,7 @@ from fedpeft import algorithms, checkpoint, tracking, wire
 from fedpeft.algorithms.base import ClientContext
 from fedpeft.config import RunConfig
 from fedpeft.durable import is_refused_write, publish_dir, refused_write, staging_dir
-from fedpeft.metrics.accounting import better_or_equal, summarize
+from fedpeft.metrics.accounting import better_or_equal, metric_key, summarize
 from fedpeft.models import bnb_gate
 from fedpeft.observer import RunObserver
 from fedpeft.rundir import (
@@ -54,6 +54,7 @@ from fedpeft.training.local import NonFiniteLoss
 log = logging.getLogger("fedpeft")
 TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s")
 LAST_ADAPTER, BEST_ADAPTER = "adapter", "best_adapter"
+CLIENT_ADAPTERS = "client_adapters"  # eval.save_client_adapters: client_adapters/<id>, each client's own model
 TRAINER_COUNTERS = ("flops_measured", "flops_tokens", "flops_steps")
 # What one client returns for a round: (decoded update or None, bytes down, bytes up, failure reason or None)
 ClientResult = tuple[wire.Payload | None, int, int, str | None]
@@ -224,6 +225,8 @@ class EmbeddedRuntime:
         self.rows: list[dict[str, Any]] = kept
         self.cum_up = self.cum_down = 0
         self.metric = cfg.primary_metric()
+        # no single adapter is the method's model when each client keeps its own part (personal_models)
+        self.keeps_best = cfg.eval.save_best and type(cfg.algorithm).personal_models is None
         self.start_round = 1
         self.wall_offset = 0.0  # wall seconds already spent before a resume
         self.stopped_early: str | None = None  # why the run ended before federation.rounds (server.stop_reason)
@@ -516,7 +519,7 @@ class EmbeddedRuntime:
         cfg = self.cfg
         wall_start = time.perf_counter() - self.wall_offset
         target = cfg.eval.target
-        key = f"eval_{self.metric}"
+        key = metric_key(self.metric)
         bar = None
         if cfg.runtime.progress:
             from tqdm.auto import tqdm
@@ -563,7 +566,7 @@ class EmbeddedRuntime:
             row["reached_target"] = better_or_equal(self.metric, row[key], target)
         if key in row and not math.isfinite(row[key]):
             log.warning("round %d: %s is not finite", row["round"], key)
-        if key in row and self.cfg.eval.save_best and self._is_best(row[key]):
+        if key in row and self.keeps_best and self._is_best(row[key]):
             self._save_adapter(BEST_ADAPTER, {"round": row["round"], key: row[key]})
         self.rows.append(row)
         self.writer.row(row)
@@ -574,17 +577,18 @@ class EmbeddedRuntime:
         """Whether ``value`` beats every earlier evaluation of the primary metric (the first one wins a tie)."""
         if value is None or not math.isfinite(value):
             return False
-        key = f"eval_{self.metric}"
+        key = metric_key(self.metric)
         earlier = [r[key] for r in self.rows if r.get(key) is not None and math.isfinite(r[key])]
         lower = self.metric.endswith("loss")
         return not earlier or (value < min(earlier) if lower else value > max(earlier))
 
-    def _save_adapter(self, name: str, extra: dict[str, Any] | None = None) -> None:
-        """The global state as RUN_DIR/``name``: written aside (``.NAME.new``), fsynced, then swapped in
-        (fedpeft.durable.publish_dir). A refused write removes what was staged and leaves the old one."""
+    def _save_adapter(self, name: str, extra: dict[str, Any] | None = None, state: Any = None) -> None:
+        """The global state (or ``state``) as RUN_DIR/``name``: written aside (``.NAME.new``), fsynced, then swapped
+        in (fedpeft.durable.publish_dir). A refused write removes what was staged and leaves the old one."""
         exp = self.exp
-        exp.tuned.load_state(self.server.global_state)
+        exp.tuned.load_state(self.server.global_state if state is None else state)
         final = self.run_dir / name
+        final.parent.mkdir(parents=True, exist_ok=True)
         staging = staging_dir(final)
         shutil.rmtree(staging, ignore_errors=True)
         try:
@@ -605,6 +609,15 @@ class EmbeddedRuntime:
                 raise refused_write(final, exc, needed=self._adapter_size(), then=resume_hint(self.run_dir)) from None
             raise
 
+    def _save_client_adapters(self, rnd: int) -> None:
+        """eval.save_client_adapters: every client's own model (ClientAlgorithm.personal_state: the global part with
+        what the client kept) as RUN_DIR/client_adapters/<id>; a client that never trained gets the global model,
+        marked ``trained: false``."""
+        for cid in range(self.cfg.federation.num_clients):
+            own = self.client.personal_state(self.server.global_state, self.client_states.get(cid, {}))
+            self._save_adapter(f"{CLIENT_ADAPTERS}/{cid}", {"round": rnd, "client": cid, "trained": own is not None},
+                               state=own)
+
     def _adapter_size(self) -> int:
         """Bytes an adapter directory takes: as much as one already saved, else about its tensors' bytes."""
         for name in (LAST_ADAPTER, BEST_ADAPTER):
@@ -617,6 +630,8 @@ class EmbeddedRuntime:
         exp = self.exp
         summary = summarize(self.rows, metric=self.metric, target=self.cfg.eval.target)
         self._save_adapter(LAST_ADAPTER, {"round": summary.get("rounds", 0)})
+        if self.cfg.eval.save_client_adapters:
+            self._save_client_adapters(summary.get("rounds", 0))
         for row in reversed(self.rows):  # privacy spent by the whole run (differential privacy only)
             if "dp_epsilon" in row:
                 summary.update({k: row[k] for k in ("dp_epsilon", "dp_delta", "dp_releases")})
@@ -641,6 +656,8 @@ class EmbeddedRuntime:
             "torch_threads": torch.get_num_threads(),
             "adapter": LAST_ADAPTER,
             "best_adapter": BEST_ADAPTER if (self.run_dir / BEST_ADAPTER).is_dir() else None,
+            "personal_models": type(self.cfg.algorithm).personal_models,
+            "client_adapters": CLIENT_ADAPTERS if self.cfg.eval.save_client_adapters else None,
             "stopped_early": self.stopped_early,
         })
         if self.cfg.federation.attackers is not None:

@@ -89,4 +89,8 @@ class FedSaLoraClient(fedpeft.ClientAlgorithm):
         ctx.state[KEPT] = {k: state[k] for k in names}
         return fedpeft.Payload({k: state[k] for k in shared}, round_meta(payload, ctx, result))
 
+    def personal_state(self, global_state: Arrays, state: dict[str, Any]) -> Arrays | None:
+        kept = state.get(KEPT)  # None: it never trained, so its model is the shared part with the initial B
+        return None if kept is None else {**global_state, **kept}
+
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -21,14 +21,8 @@ class FedSaLoraOptions(LoraFedAvgOptions):
     default) the task head personal."""
 
     name: Literal["fedsa_lora"] = "fedsa_lora"
+    personal_models: ClassVar[str | None] = "its own LoRA B (and, under local_head, its task head)"
     local_head: bool = Field(
         True, description="Keep the task head (the modules peft trains whole, modules_to_save) on each client with "
         "its B, as the reference code's classification config does (local_param: lora_B, classifier); false "
         "averages the head with A.")
-
-    def check(self, run: Any) -> None:
-        super().check(run)
-        if not run.eval.personalized:
-            raise ValueError("algorithm fedsa_lora keeps each client's B on the client, so the server's global model "
-                             "has none and its score is not the method's: set eval.personalized: true to score the "
-                             "clients' own models")
