@@ -126,9 +126,73 @@ def test_the_table_names_dataset_model_method_and_algorithm(tmp_path, capsys):
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     head = header(out)
-    assert head[:5] == ["run", "model", "method", "algorithm", "dataset"]
-    assert table_row(out, "a")[:5] == ["a", "tiny-bert", "lora", "fedavg", "sst2"]
-    assert table_row(out, "b")[:5] == ["b", "tiny-bert", "ia3", "fedprox", "mrpc"]
+    assert head[:4] == ["run", "model", "method", "algorithm"] and "dataset" in head
+    pick = [head.index(c) for c in ("run", "model", "method", "algorithm", "dataset")]
+    assert [table_row(out, "a")[i] for i in pick] == ["a", "tiny-bert", "lora r16", "fedavg", "sst2"]
+    assert [table_row(out, "b")[i] for i in pick] == ["b", "tiny-bert", "ia3", "fedprox", "mrpc"]
+
+
+def test_the_settings_that_tell_runs_apart_get_a_column_each_and_only_those(tmp_path, capsys):
+    """Robust rule, attackers, quantization, personalization, partition, rank, lr, seed and the algorithm's own
+    options, from each run's config; a setting all runs share gets no column."""
+    make_run(tmp_path / "plain")
+    make_run(tmp_path / "krum", overrides=["algorithm.robust={rule: krum, num_attackers: 1}", "federation.clients_per_round=5",
+                                           "federation.min_replies=5",
+                                           "federation.attackers={fraction: 0.25, attack: sign_flip}"])
+    make_run(tmp_path / "skewed", overrides=["federation.partition={scheme: dirichlet_label, alpha: 0.3}",
+                                             "peft.r=4", "eval.personalized=true", "train.lr=0.01", "seed=3"])
+    assert main(["report", *(str(tmp_path / n) for n in ("plain", "krum", "skewed"))]) == 0
+    out = capsys.readouterr().out
+    head = header(out)
+    assert head[:9] == ["run", "model", "method", "algorithm", "robust rule", "attackers", "personalized eval",
+                        "partition", "lr"] and head[9] == "seed"
+    assert "quantization" not in head and "algorithm options" not in head  # the same in every run
+    assert table_row(out, "plain")[2:10] == ["lora r16", "fedavg", "-", "-", "no", "iid", "0.0005", "0"]
+    assert table_row(out, "krum")[4:6] == ["krum (num_attackers=1)", "sign_flip 25%"]
+    assert table_row(out, "skewed")[2:10] == ["lora r4", "fedavg", "-", "-", "yes", "dirichlet_label (alpha=0.3)",
+                                              "0.01", "3"]
+
+    make_run(tmp_path / "pruned", overrides=["algorithm.name=headprune", "algorithm.sparsity=0.5"])
+    make_run(tmp_path / "b1", overrides=["algorithm.name=headprune", "algorithm.pruning=none",
+                                         "algorithm.aggregation=fedavg"])
+    make_run(tmp_path / "q8", overrides=["model.quantization={bits: 8}"])
+    assert main(["report", *(str(tmp_path / n) for n in ("pruned", "b1", "q8"))]) == 0
+    out = capsys.readouterr().out
+    row = dict(zip(header(out), table_row(out, "pruned")))
+    assert row["algorithm options"] == "aggregation=importance, pruning=importance, sparsity=0.5"
+    assert dict(zip(header(out), table_row(out, "b1")))["algorithm options"] == ("aggregation=fedavg, pruning=none, "
+                                                                                "sparsity=0.9")
+    assert dict(zip(header(out), table_row(out, "q8")))["quantization"] == "8-bit" and row["quantization"] == "-"
+
+
+def test_plots_of_many_runs_give_each_a_style_and_draw_a_metric_only_for_runs_having_it(tmp_path, capsys):
+    runs = [make_run(tmp_path / f"run{i:02d}", rows=make_rows(acc=(0.5, 0.6, 0.7, 0.5 + i / 100)))
+            for i in range(22)]
+    rouge = make_rows()
+    for r in rouge:
+        r["eval_rougeL"] = r.pop("eval_accuracy")
+    runs.append(make_run(tmp_path / "gen", rows=rouge, overrides=["task.metric=rougeL"]))
+    drawn = {}  # axes -> the lines drawn on them (label, colour, dashes, marker)
+    real = plots.plt.Axes.plot
+
+    def spy(ax, *args, **kwargs):
+        drawn.setdefault(id(ax), []).append((kwargs["label"], kwargs["color"], kwargs["linestyle"], kwargs["marker"]))
+        return real(ax, *args, **kwargs)
+
+    plots.plt.Axes.plot = spy
+    try:
+        assert main(["report", *map(str, runs), "--out", str(tmp_path / "out")]) == 0
+    finally:
+        plots.plt.Axes.plot = real
+    assert (tmp_path / "out" / "accuracy_vs_round.png").is_file() and (tmp_path / "out" / "rougeL_vs_round.png").is_file()
+    figures = list(drawn.values())
+    assert len(figures) == 6  # accuracy and rougeL, each against rounds, MiB and upload MiB
+    for lines in figures:
+        assert len({tuple(style) for _, *style in lines}) == len(lines)  # each run a style of its own
+    labels = sorted(sorted(label for label, *_ in lines) for lines in figures)
+    assert labels == [["gen"]] * 3 + [[f"run{i:02d}" for i in range(22)]] * 3  # a metric only for runs having it
+    with Image.open(tmp_path / "out" / "accuracy_vs_round.png") as image:
+        assert image.size[0] > 6 * 120  # wider than a plot without a legend: the legend sits beside the axes
 
 
 def test_plots_are_titled_and_include_the_upload_axis(tmp_path, capsys):

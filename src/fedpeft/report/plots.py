@@ -40,23 +40,41 @@ def series(rows: Sequence[dict[str, Any]], metric: str, x_key: str = "round") ->
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def line_styles(n: int) -> list[dict[str, Any]]:
+    """``n`` distinct line styles: 10 colours, then the same colours with other dashes and markers."""
+    colors = plt.get_cmap("tab10").colors
+    dashes = ("-", "--", ":", "-.")
+    markers = ("o", "s", "^", "D", "v", "P", "X")
+    return [{"color": colors[i % 10], "linestyle": dashes[(i // 10) % len(dashes)],
+             "marker": markers[(i // 10) % len(markers)]} for i in range(n)]
+
+
 def plot_curves(runs: dict[str, Sequence[dict[str, Any]]], metric: str, out_dir: Path, prefix: str = "",
                 about: str = "") -> list[Plot]:
-    """``metric`` of each run against rounds, cumulative MiB and cumulative upload MiB, one PNG per x axis,
-    titled "<metric> vs <x>" (+ ``about``, e.g. the dataset and model); returns the files and their titles."""
+    """``metric`` of each run that has it against rounds, cumulative MiB and cumulative upload MiB, one PNG per x
+    axis, titled "<metric> vs <x>" (+ ``about``, e.g. the dataset and model); returns the files and their titles.
+    Runs without a finite value of ``metric`` are not drawn; every drawn run has a style of its own, and beyond a
+    few runs the legend sits to the right of the axes."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    having = {label: rows for label, rows in runs.items() if series(rows, metric)[0]}
+    styles = line_styles(len(having))
+    outside = len(having) > 6
     written = []
     for x_name, x_label, x_word, x_key, scale in X_AXES:
         title = f"{metric} vs {x_word}" + (f" ({about})" if about else "")
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for label, rows in runs.items():
+        columns = 1 + len(having) // 25
+        width = 6 + (2.6 * columns if outside else 0)
+        fig, ax = plt.subplots(figsize=(width, max(4, 0.2 * len(having) / columns + 1) if outside else 4))
+        for (label, rows), style in zip(having.items(), styles):
             xs, values = series(rows, metric, x_key)
-            ax.plot([x * scale for x in xs], values, marker="o", markersize=3, label=label)
+            ax.plot([x * scale for x in xs], values, markersize=3, label=label, **style)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(x_label)
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-        if len(runs) > 1:
+        if outside:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=columns, frameon=False)
+        elif len(having) > 1:
             ax.legend(fontsize=8)
         fig.tight_layout()
         path = out_dir / f"{prefix}{metric}_vs_{x_name}.png"

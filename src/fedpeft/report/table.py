@@ -32,6 +32,18 @@ COLUMNS = (
     ("trainable", "trainable params"),
     ("wall_s", "wall s"),
 )
+# the settings that tell runs apart, read from each run's config.yaml; a column appears only where the runs differ,
+# after the algorithm column
+SETTINGS = (
+    ("options", "algorithm options"),
+    ("robust", "robust rule"),
+    ("attack", "attackers"),
+    ("quantization", "quantization"),
+    ("personalized", "personalized eval"),
+    ("partition", "partition"),
+    ("lr", "lr"),
+    ("seed", "seed"),
+)
 NOT_METRICS = {"samples"}  # eval_samples counts the evaluation examples
 
 
@@ -101,6 +113,62 @@ def _section(cfg: dict[str, Any], section: str, key: str) -> Any:
     return value.get(key) if isinstance(value, dict) else None
 
 
+def _section_of(cfg: dict[str, Any], *path: str) -> dict[str, Any]:
+    for key in path:
+        cfg = cfg.get(key) if isinstance(cfg, dict) else None  # type: ignore[assignment]
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _params(values: dict[str, Any], skip: tuple[str, ...]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items() if k not in skip and v is not None)
+
+
+def _peft_label(cfg: dict[str, Any], summary: dict[str, Any]) -> Any:
+    peft = _section_of(cfg, "peft")
+    method = peft.get("method") or summary.get("peft_method")
+    return f"{method} r{peft['r']}" if method == "lora" and peft.get("r") is not None else method
+
+
+def settings(cfg: dict[str, Any]) -> dict[str, str]:
+    """The settings of a run (config.yaml as written) that the report can tell runs apart by, in words."""
+    robust = _section_of(cfg, "algorithm", "robust")
+    attackers = _section_of(cfg, "federation", "attackers")
+    quant = _section_of(cfg, "model", "quantization")
+    part = _section_of(cfg, "federation", "partition")
+    scheme = part.get("scheme", "iid")
+    part_args = {"alpha": part.get("alpha")} if str(scheme).startswith("dirichlet") else {}
+    if scheme in ("column", "dirichlet_column"):
+        part_args["column"] = part.get("column")
+    if part.get("size_alpha") is not None:
+        part_args["size_alpha"] = part["size_alpha"]
+    attack = (f"{attackers.get('attack')} {float(attackers.get('fraction', 0)):.0%}"
+              + (f" ({_params(attackers, ('attack', 'fraction'))})" if _params(attackers, ('attack', 'fraction'))
+                 else "")) if attackers else "-"
+    return {
+        "robust": (f"{robust.get('rule')}" + (f" ({_params(robust, ('rule',))})" if _params(robust, ("rule",)) else "")
+                   if robust else "-"),
+        "attack": attack,
+        "quantization": (f"{quant.get('bits')}-bit" + (f" {quant.get('quant_type')}" if quant.get("bits") == 4 else "")
+                         if quant else "-"),
+        "personalized": "yes" if _section_of(cfg, "eval").get("personalized") else "no",
+        "partition": f"{scheme}" + (f" ({_params(part_args, ())})" if part_args else ""),
+        "lr": str(_section_of(cfg, "train").get("lr", "-")),
+        "seed": str(cfg.get("seed", "-")),
+    }
+
+
+def algorithm_options(configs: Sequence[dict[str, Any]]) -> list[str]:
+    """Per run, its algorithm's options whose values differ between the runs ("sparsity=0.9, selection=loss"; the
+    name and the robust rule have their own columns)."""
+    sections = [_section_of(c, "algorithm") for c in configs]
+    differing: dict[Any, list[str]] = {}  # per algorithm, among its runs (other algorithms have other options)
+    for name in {s.get("name") for s in sections}:
+        same = [s for s in sections if s.get("name") == name]
+        keys = sorted({k for s in same for k in s} - {"name", "robust"})
+        differing[name] = [k for k in keys if len({repr(s.get(k)) for s in same}) > 1]
+    return [", ".join(f"{k}={s[k]}" for k in differing[s.get("name")] if k in s) or "-" for s in sections]
+
+
 def run_record(run: Run, metric: str | None = None) -> dict[str, Any]:
     """One table row; ``metric`` (default: the run's primary metric) fills initial / final / best."""
     summary, cfg = run.summary, run.config
@@ -113,8 +181,9 @@ def run_record(run: Run, metric: str | None = None) -> dict[str, Any]:
     return {
         "run": run.path.name,
         "model": _section(cfg, "model", "name") or summary.get("model"),
-        "peft": _section(cfg, "peft", "method") or summary.get("peft_method"),
+        "peft": _peft_label(cfg, summary),
         "algorithm": _section(cfg, "algorithm", "name") or summary.get("algorithm"),
+        **settings(cfg),
         "dataset": _section(cfg, "task", "dataset") or summary.get("dataset"),
         "clients": f"{fed.get('num_clients', summary.get('num_clients'))}/"
                    f"{fed.get('clients_per_round', summary.get('clients_per_round'))}",
@@ -129,12 +198,20 @@ def run_record(run: Run, metric: str | None = None) -> dict[str, Any]:
     }
 
 
+def columns(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The table's columns: the fixed ones, with the settings in which the runs differ after the algorithm."""
+    differing = [(k, label) for k, label in SETTINGS if len({r.get(k) for r in records}) > 1]
+    at = [k for k, _ in COLUMNS].index("algorithm") + 1
+    return [*COLUMNS[:at], *differing, *COLUMNS[at:]]
+
+
 def markdown_table(records: Sequence[dict[str, Any]]) -> str:
     metrics = sorted({r["metric"] for r in records})
-    head = [label for _, label in COLUMNS]
+    cols = columns(records)
+    head = [label for _, label in cols]
     lines = [f"metric: {', '.join(metrics)}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
-        lines.append("| " + " | ".join(_fmt(r.get(key)) for key, _ in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_fmt(r.get(key)) for key, _ in cols) + " |")
     return "\n".join(lines)
 
 
@@ -171,6 +248,8 @@ def report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None, me
             raise ConfigError(f"--metric {metric!r}: the runs have no such metric; choose from "
                               f"{', '.join(sorted(known))}")
     records = [run_record(r, metric) for r in runs]
+    for record, options in zip(records, algorithm_options([r.config for r in runs])):
+        record["options"] = options
     text = markdown_table(records)
     if skipped:
         text += f"\n\nskipped (no run): {', '.join(skipped)}"
@@ -182,5 +261,6 @@ def report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None, me
         (out / "report.md").write_text(text + "\n")
         about = ", ".join(v for v in (_common(records, "dataset"), _common(records, "model")) if v)
         rows = {label: r.rows for label, r in zip(_labels([r.path for r in runs]), runs)}
-        plot_curves(rows, metric or records[0]["metric"], out, about=about)
+        for name in [metric] if metric else sorted({r["metric"] for r in records}):  # each for the runs having it
+            plot_curves(rows, name, out, about=about)
     return text
