@@ -39,10 +39,10 @@ from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import run
 
-ADAPTERS = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
-SCALES = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]  # IA3's scaling vectors and BitFit's biases
-PROMPTS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
-ALGORITHMS = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
+ADAPTERS = [3e-4, 1e-3, 3e-3, 1e-2]
+SCALES = [1e-3, 3e-3, 1e-2, 3e-2]  # IA3's scaling vectors and BitFit's biases
+PROMPTS = [3e-3, 1e-2, 3e-2, 1e-1]
+ALGORITHMS = [1e-3, 3e-3, 1e-2]  # around LoRA's best under FedAvg
 SST2 = "configs/lr_sweep_sst2.yaml"
 FEDSP = ("configs/fedsp_arc_easy.yaml", ["federation.num_clients=5", "federation.clients_per_round=5",
                                          "federation.rounds=3", "algorithm.distill_steps=50", "eval.every=3",
@@ -51,7 +51,7 @@ HALVES = "algorithm.rank_groups=[{rank: 4, share: 0.5}, {rank: 8, share: 0.5}]"
 
 # row name -> (kind, config, overrides, grid)
 ROWS: dict[str, tuple[str, str, list[str], list[float]]] = {
-    "full": ("peft", SST2, ["peft={method: full}"], [1e-5, 3e-5, 1e-4, 3e-4, 1e-3]),
+    "full": ("peft", SST2, ["peft={method: full}"], [3e-5, 1e-4, 3e-4]),
     "lora": ("peft", SST2, [], ADAPTERS),
     "houlsby": ("peft", SST2, ["peft={method: houlsby}"], ADAPTERS),
     "pfeiffer": ("peft", SST2, ["peft={method: pfeiffer}"], ADAPTERS),
@@ -71,7 +71,8 @@ ROWS: dict[str, tuple[str, str, list[str], list[float]]] = {
     "hetlora": ("algorithm", SST2, ["algorithm.name=hetlora", HALVES], ALGORITHMS),
     "flexlora": ("algorithm", SST2, ["algorithm.name=flexlora", HALVES], ALGORITHMS),
     "headprune": ("algorithm", SST2, ["algorithm.name=headprune"], ALGORITHMS),
-    "fedpeptao": ("algorithm", SST2, ["peft={method: prefix_tuning}", "algorithm.name=fedpeptao"], PROMPTS[:5]),
+    "fedpeptao": ("algorithm", SST2, ["peft={method: prefix_tuning}", "algorithm.name=fedpeptao"],
+                  [3e-3, 1e-2, 3e-2]),
     "fedsp": ("algorithm", FEDSP[0], FEDSP[1], [3e-3, 1e-2, 3e-2]),
 }
 LABEL = ("row", "lr")
