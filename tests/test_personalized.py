@@ -117,7 +117,7 @@ def test_fedsa_lora_is_judged_by_its_clients_own_models(tmp_path, capsys):
     best_round, report), no best_adapter is kept, each client's model is saved on request and fedpeft eval says
     which model it scores."""
     from fedpeft.adapters import load_adapter
-    from fedpeft.cli import end_of_run_line, main
+    from fedpeft.cli import end_of_run_line, main, personal_models_line
     from fedpeft.report.table import report
     from fedpeft.rundir import read_summary
 
@@ -132,6 +132,9 @@ def test_fedsa_lora_is_judged_by_its_clients_own_models(tmp_path, capsys):
     assert summary["best_round"] == min(r for r, v in personal.items() if v == summary["best"])  # first of a tie
     assert summary["best_adapter"] is None and not (tmp_path / "run" / "best_adapter").exists()
     assert summary["personal_models"] and "personal_accuracy" in end_of_run_line("run", summary)
+    assert personal_models_line(summary, tmp_path / "run") == (
+        "model: each client's own, the global part with its own LoRA B (and, under local_head, its task head), so no "
+        f"best_adapter; each in {tmp_path / 'run' / 'client_adapters'}/<id> (fedpeft eval {tmp_path / 'run'} --client ID)")
     assert "| personal_accuracy |" in report([tmp_path / "run"])
 
     trained = {c for r in rows[1:] for c in r["clients"]}

@@ -83,8 +83,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     plotted(summary)
     print(end_of_run_line(cfg.name, summary))
+    if summary.get("personal_models"):
+        print(personal_models_line(summary, run_dir))
     print(f"results: {run_dir}")
     return 1 if _every_round_failed(summary, run_dir) else 0
+
+
+def personal_models_line(summary: dict, run_dir: str | Path) -> str:
+    """What `fedpeft run` prints after the headline of a run whose model is each client's own."""
+    saved = (f"each in {Path(run_dir) / summary['client_adapters']}/<id> (fedpeft eval {run_dir} --client ID)"
+             if summary.get("client_adapters") else "save each with --set eval.save_client_adapters=true")
+    return (f"model: each client's own, the global part with {summary['personal_models']}, so no best_adapter; "
+            f"{saved}")
 
 
 def _every_round_failed(summary: dict, run_dir: str | Path) -> bool:
