@@ -66,7 +66,7 @@ def measure(run_dir: Path, label: dict) -> dict:
     evals = {r["round"]: r for r in rows if "eval_accuracy" in r}
     acc = [evals[k]["eval_accuracy"] for k in sorted(evals) if k > 0]
     out = {**label, "initial": evals[0]["eval_accuracy"], "last3": statistics.mean(acc[-3:]),
-           "largest_drop": max(0.0, *(a - b for a, b in itertools.pairwise(acc))),
+           "largest_drop": max([0.0, *(a - b for a, b in itertools.pairwise(acc))]),
            "up_kib": statistics.mean(b for r in rows if r["round"] > 0 for b in r["bytes_up"].values()) / 1024,
            "run_dir": str(run_dir)}
     for k in CHECKPOINTS:

@@ -177,9 +177,9 @@ def test_a_personalized_fedavg_run_keeps_the_global_primary_and_reports_the_pers
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "run"), "--max-examples", "16"]) == 0
     best = summary["best_round"]
-    assert f"model: the global model of round {best}, the best by accuracy\n" in capsys.readouterr().out
+    assert f"model: the global model of round {best}, the best by eval_accuracy\n" in capsys.readouterr().out
     assert main(["eval", str(tmp_path / "run"), "--client", "0"]) == 2
-    assert "the run saved no client's model: run it with --set eval.save_client_adapters=true" in capsys.readouterr().err
+    assert "under fedavg every client's model is the global one: drop --client" in capsys.readouterr().err
 
 
 def test_client_adapters_are_refused_where_every_client_has_the_global_model():
@@ -191,3 +191,19 @@ def test_client_adapters_are_refused_where_every_client_has_the_global_model():
     with pytest.raises(ConfigError, match="clients' own parts live in the SuperNodes"):
         tiny_config("algorithm.name=fedsa_lora", "peft.r=4", "eval.personalized=true",
                     "eval.save_client_adapters=true", "runtime.name=flower", "runtime.flower.num_supernodes=4")
+
+
+def test_saving_client_adapters_needs_a_client_half_that_assembles_them(monkeypatch, tmp_path):
+    from fedpeft.errors import UserError
+    from fedpeft.runtime import embedded
+
+    class Forgot(fedpeft.ClientAlgorithm):
+        def fit(self, payload, ctx):
+            return payload
+
+    monkeypatch.setattr(embedded.algorithms, "make_client", lambda options: Forgot())
+    cfg = tiny_config("algorithm.name=fedsa_lora", "peft.r=4", "eval.personalized=true",
+                      "eval.save_client_adapters=true")
+    with pytest.raises(UserError, match=r"client half \(Forgot\) does not override ClientAlgorithm.personal_state"):
+        EmbeddedRuntime(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before anything loads or is written

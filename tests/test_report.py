@@ -269,3 +269,51 @@ def test_summarize_never_picks_a_non_finite_best(metric, index, value):
     rows[index][f"eval_{metric}"] = value
     s = summarize(rows, metric=metric, target=None)
     assert (s["best"], s["best_round"]) == ({"loss": 0.4, "accuracy": 0.8}[metric], 2)
+
+
+def test_settings_read_older_or_partial_configs_and_show_null_as_a_dash():
+    from fedpeft.report.table import differing_options, settings
+
+    assert settings({}) == {"robust": "-", "attack": "-", "quantization": "-", "personalized": "no",
+                            "partition": "iid", "lr": "-", "seed": "-"}
+    assert settings({"federation": {"partition": None}, "train": {"lr": None}, "seed": None})["lr"] == "-"
+    configs = [{"peft": {"method": "lora", "r": 8, "alpha": 16}}, {"peft": {"method": "lora", "r": 4, "alpha": 32}},
+               {"peft": {"method": "ia3"}}, {"algorithm": {"name": "fedavg", "dp": {"clip": 1.0, "target": None}}},
+               {"algorithm": {"name": "fedavg"}}]
+    assert differing_options(configs[:3], "peft", "method", ("r",)) == ["alpha=16", "alpha=32", "-"]
+    assert differing_options(configs[3:], "algorithm", "name", ()) == ["dp={clip: 1.0, target: -}", "dp=-"]
+
+
+def test_a_metric_no_run_has_draws_no_plot(tmp_path):
+    assert plots.plot_curves({"a": make_rows()}, "rougeL", tmp_path / "plots") == []
+    assert not (tmp_path / "plots").exists()
+
+
+def test_the_default_plots_draw_each_run_under_its_own_primary_metric(tmp_path, capsys):
+    """A personal-models run (FedSA-LoRA) also records the global eval_accuracy, which is not its score: it is drawn
+    under personal_accuracy only."""
+    rows = make_rows()
+    for r in rows[1:]:
+        r["personal_accuracy"] = r["eval_accuracy"] + 0.1
+    make_run(tmp_path / "global")
+    personal = make_run(tmp_path / "personal", rows=rows, overrides=["algorithm.name=fedsa_lora",
+                                                                      "eval.personalized=true"])
+    summary = json.loads((personal / "summary.json").read_text())
+    assert summary["primary_metric"] == "personal_accuracy"
+    titles = []
+    real = plots.plt.Axes.plot
+
+    def spy(ax, *args, **kwargs):
+        titles.append(kwargs["label"])
+        return real(ax, *args, **kwargs)
+
+    plots.plt.Axes.plot = spy
+    try:
+        assert main(["report", str(tmp_path / "global"), str(personal), "--out", str(tmp_path / "out")]) == 0
+    finally:
+        plots.plt.Axes.plot = real
+    assert sorted(p.name for p in (tmp_path / "out").glob("*_vs_round.png")) == ["accuracy_vs_round.png",
+                                                                                 "personal_accuracy_vs_round.png"]
+    assert titles == ["global"] * 3 + ["personal"] * 3  # accuracy: the global run only; personal_accuracy: its own
+    out = capsys.readouterr().out
+    assert table_row(out, "personal")[header(out).index("metric")] == "personal_accuracy"

@@ -237,16 +237,19 @@ def test_the_documented_mlflow_ui_command_resolves_with_the_mlflow_extra():
     import shlex
     from importlib.metadata import entry_points
 
+    import click
+
     doc = (Path(__file__).parents[1] / "docs" / "guide" / "tracking.md").read_text()
-    line = re.search(r"mlflow ui[^\n]*", doc).group(0)
+    block = doc.split("```bash\n", 1)[1].split("```", 1)[0]  # the page's command block
+    line = re.search(r"mlflow ui --[^\n`]*", block).group(0)
     argv = shlex.split(line.replace("RUN_DIR", "/tmp/run"))
     scripts = entry_points(group="console_scripts", name=argv[0])  # mlflow and mlflow-skinny both declare it
     assert len({script.value for script in scripts}) == 1
     cli = next(iter(scripts)).load()
-    ctx = cli.make_context(argv[0], argv[1:], resilient_parsing=False)
-    name, command, rest = cli.resolve_command(ctx, ctx.protected_args + ctx.args)
-    assert name in ("ui", "server")
-    sub = command.make_context(name, rest, parent=ctx)
+    ctx = click.Context(cli, info_name=argv[0])
+    command = cli.get_command(ctx, argv[1])  # mlflow's group maps ui to its server command
+    assert command is not None and command.name in ("ui", "server")
+    sub = command.make_context(argv[1], argv[2:], parent=ctx)
     assert sub.params["backend_store_uri"] == "sqlite:////tmp/run/mlflow.db"
     importlib.import_module("mlflow.server")  # what the command imports before it serves
     importlib.import_module("mlflow.server.handlers")

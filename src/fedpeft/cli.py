@@ -84,15 +84,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     plotted(summary)
     print(end_of_run_line(cfg.name, summary))
     if summary.get("personal_models"):
-        print(personal_models_line(summary, run_dir))
+        print(personal_models_line(summary, run_dir, cfg.runtime.name))
     print(f"results: {run_dir}")
     return 1 if _every_round_failed(summary, run_dir) else 0
 
 
-def personal_models_line(summary: dict, run_dir: str | Path) -> str:
+def personal_models_line(summary: dict, run_dir: str | Path, runtime: str = "embedded") -> str:
     """What `fedpeft run` prints after the headline of a run whose model is each client's own."""
-    saved = (f"each in {Path(run_dir) / summary['client_adapters']}/<id> (fedpeft eval {run_dir} --client ID)"
-             if summary.get("client_adapters") else "save each with --set eval.save_client_adapters=true")
+    if summary.get("client_adapters"):
+        saved = f"each in {Path(run_dir) / summary['client_adapters']}/<id> (fedpeft eval {run_dir} --client ID)"
+    elif runtime == "embedded":
+        saved = "save each with --set eval.save_client_adapters=true"
+    else:
+        saved = f"each client's part stays in its SuperNode ({runtime} runtime)"
     return (f"model: each client's own, the global part with {summary['personal_models']}, so no best_adapter; "
             f"{saved}")
 
@@ -144,7 +148,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not (run_dir / "config.yaml").is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
     cfg = saved_config(run_dir, [f"task.dataset={args.dataset}"] if args.dataset else [])  # checked as a resume does
-    adapter_name = _eval_adapter(run_dir, args.adapter, args.client)
+    adapter_name = _eval_adapter(run_dir, args.adapter, args.client, cfg)
     adapter_dir = run_dir / adapter_name
     meta = read_adapter_meta(adapter_dir)
     model = _scored_model(adapter_name, meta, cfg)
@@ -182,20 +186,35 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_adapter(run_dir: Path, adapter: str | None, client: int | None) -> str:
+def _eval_adapter(run_dir: Path, adapter: str | None, client: int | None, cfg) -> str:
     """The adapter directory (relative to the run) ``fedpeft eval`` scores: ``--client``'s own, ``--adapter``'s,
     else best_adapter when the run kept one, else adapter."""
+    kept = type(cfg.algorithm).personal_models
     if client is None:
-        return {"best": "best_adapter", "last": "adapter"}[adapter or ("best" if (run_dir / "best_adapter").is_dir()
-                                                                       else "last")]
+        if adapter == "best" and not (run_dir / "best_adapter").is_dir():
+            why = (f"its model is each client's own ({cfg.algorithm.name}): score one with --client ID"
+                   if kept is not None else "eval.save_best was off" if not cfg.eval.save_best
+                   else "no evaluation was finite")
+            raise UserError(f"{run_dir}: no best_adapter ({why}); --adapter last scores the last round's global model")
+        if kept is None or adapter is not None:
+            return {"best": "best_adapter", "last": "adapter"}[adapter or ("best" if (run_dir / "best_adapter").is_dir()
+                                                                           else "last")]
+        return "adapter"  # a best_adapter an older fedpeft kept by the global score is not the method's either
     if adapter is not None:
         raise UserError(f"fedpeft eval: --client {client} and --adapter {adapter} name two models; give one of them")
     name = f"client_adapters/{client}"
     if not (run_dir / name).is_dir():
         saved = sorted(int(p.name) for p in (run_dir / "client_adapters").glob("*") if p.name.isdigit())
-        raise UserError(f"{run_dir}: no {name}; " + (f"the run saved clients {saved[0]}..{saved[-1]}" if saved else
-                        "the run saved no client's model: run it with --set eval.save_client_adapters=true (an "
-                        "algorithm whose model is each client's own, e.g. fedsa_lora)"))
+        if saved:
+            hint = f"the run saved clients {saved[0]}..{saved[-1]}"
+        elif kept is None:
+            hint = (f"under {cfg.algorithm.name} every client's model is the global one: drop --client (it scores "
+                    "RUN_DIR/best_adapter or adapter)")
+        elif cfg.runtime.name != "embedded":
+            hint = f"in a {cfg.runtime.name} run each client's part stays in its SuperNode"
+        else:
+            hint = "the run saved no client's model: run it with --set eval.save_client_adapters=true"
+        raise UserError(f"{run_dir}: no {name}; {hint}")
     return name
 
 
@@ -207,8 +226,9 @@ def _scored_model(adapter_name: str, meta: dict, cfg) -> str:
         if not meta.get("trained", True):
             return f"client {meta['client']}'s own model: it never trained, so the global model after round {rnd}"
         return f"client {meta['client']}'s own model after round {rnd}: the global part with {kept}"
-    what = (f"the global model of round {rnd}, the best by {cfg.primary_metric()}" if adapter_name == "best_adapter"
-            else f"the global model after round {rnd}")
+    by = next((k for k in meta if k.startswith(("eval_", "personal_")) or k == "train_loss"), None)
+    what = (f"the global model of round {rnd}, the best by {by or 'the primary metric'}"
+            if adapter_name == "best_adapter" else f"the global model after round {rnd}")
     if kept is not None:
         what += (f" (not the method's model: under {cfg.algorithm.name} each client keeps {kept}; score one client's "
                  "with --client ID, from a run with eval.save_client_adapters)")

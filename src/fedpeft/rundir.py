@@ -11,6 +11,7 @@
       checkpoint.safetensors  server state after the last completed round (fedpeft.checkpoint)
       adapter/           the final global adapter (HF PEFT format for peft-backed methods)
       best_adapter/      the global adapter of the best evaluated round (eval.save_best)
+      client_adapters/   each client's own model, client_adapters/<id> (eval.save_client_adapters)
       .fedpeft.lock      held by the process writing the directory (fedpeft.runlock)
       plots/             metric vs round, metric vs cumulative MB
 
@@ -62,6 +63,7 @@ RUN_FILES = ("config.yaml", "partition.json", "metrics.jsonl", "summary.json", "
              "tracking.json", ".fedpeft.owner.json")
 LEFTOVER_FILE = re.compile(r"^\.(.+)\.(\d+)\.tmp$")  # fedpeft.durable.temp_name: .NAME.<pid>.tmp
 LEFTOVER_DIR = re.compile(r"^\.(adapter|best_adapter)\.(new|old|dropped)$")  # fedpeft.durable.publish_dir
+LEFTOVER_CLIENT_DIR = re.compile(r"^\.(\d+)\.(new|old)$")  # the same, in client_adapters/
 log = logging.getLogger("fedpeft")
 
 
@@ -139,18 +141,23 @@ def remove_leftovers(run_dir: Path) -> list[str]:
             size = entry.stat().st_size
             entry.unlink()
             done.append(f"removed the temporary file {entry} ({size} bytes) left by a write that did not finish")
-    for entry in sorted(run_dir.iterdir()):
-        match = LEFTOVER_DIR.match(entry.name)
-        if not (entry.is_dir() and match):
+    clients = run_dir / "client_adapters"
+    for folder, pattern in ((run_dir, LEFTOVER_DIR), (clients, LEFTOVER_CLIENT_DIR)):
+        if not folder.is_dir():
             continue
-        final = run_dir / match.group(1)
-        if match.group(2) == "old" and not final.exists():
-            os.rename(entry, final)
-            fsync_dir(run_dir)
-            done.append(f"put {entry.name} back as {final.name}: its replacement was cut off before it was in place")
-            continue
-        shutil.rmtree(entry)
-        done.append(f"removed {entry}, left by a replacement of {final.name} that did not finish")
+        for entry in sorted(folder.iterdir()):
+            match = pattern.match(entry.name)
+            if not (entry.is_dir() and match):
+                continue
+            final = folder / match.group(1)
+            if match.group(2) == "old" and not final.exists():
+                os.rename(entry, final)
+                fsync_dir(folder)
+                done.append(f"put {entry.name} back as {final.name}: its replacement was cut off before it was in "
+                            "place")
+                continue
+            shutil.rmtree(entry)
+            done.append(f"removed {entry}, left by a replacement of {final.name} that did not finish")
     return done
 
 

@@ -52,11 +52,13 @@ def line_styles(n: int) -> list[dict[str, Any]]:
 def plot_curves(runs: dict[str, Sequence[dict[str, Any]]], metric: str, out_dir: Path, prefix: str = "",
                 about: str = "") -> list[Plot]:
     """``metric`` of each run that has it against rounds, cumulative MiB and cumulative upload MiB, one PNG per x
-    axis, titled "<metric> vs <x>" (+ ``about``, e.g. the dataset and model); returns the files and their titles.
-    Runs without a finite value of ``metric`` are not drawn; every drawn run has a style of its own, and beyond a
+    axis, titled "<metric> vs <x>" (+ ``about``, e.g. the dataset and model); returns the files and their titles
+    (none when no run has a finite value of ``metric``). Runs without one are not drawn; every drawn run has a style of its own, and beyond a
     few runs the legend sits to the right of the axes."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     having = {label: rows for label, rows in runs.items() if series(rows, metric)[0]}
+    if not having:  # no run has a finite value of it: nothing to draw
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
     styles = line_styles(len(having))
     outside = len(having) > 6
     written = []

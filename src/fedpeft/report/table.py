@@ -36,6 +36,8 @@ COLUMNS = (
 # after the algorithm column
 SETTINGS = (
     ("options", "algorithm options"),
+    ("peft_options", "PEFT options"),
+    ("train_options", "training options"),
     ("robust", "robust rule"),
     ("attack", "attackers"),
     ("quantization", "quantization"),
@@ -119,8 +121,17 @@ def _section_of(cfg: dict[str, Any], *path: str) -> dict[str, Any]:
     return cfg if isinstance(cfg, dict) else {}
 
 
+def _value(v: Any) -> str:
+    """A config value in a table cell: null as '-', a nested section compactly."""
+    if v is None:
+        return "-"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
 def _params(values: dict[str, Any], skip: tuple[str, ...]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in values.items() if k not in skip and v is not None)
+    return ", ".join(f"{k}={_value(v)}" for k, v in values.items() if k not in skip and v is not None)
 
 
 def _peft_label(cfg: dict[str, Any], summary: dict[str, Any]) -> Any:
@@ -151,22 +162,25 @@ def settings(cfg: dict[str, Any]) -> dict[str, str]:
         "quantization": (f"{quant.get('bits')}-bit" + (f" {quant.get('quant_type')}" if quant.get("bits") == 4 else "")
                          if quant else "-"),
         "personalized": "yes" if _section_of(cfg, "eval").get("personalized") else "no",
-        "partition": f"{scheme}" + (f" ({_params(part_args, ())})" if part_args else ""),
-        "lr": str(_section_of(cfg, "train").get("lr", "-")),
-        "seed": str(cfg.get("seed", "-")),
+        "partition": _value(scheme) + (f" ({_params(part_args, ())})" if part_args else ""),
+        "lr": _value(_section_of(cfg, "train").get("lr")),
+        "seed": _value(cfg.get("seed")),
     }
 
 
-def algorithm_options(configs: Sequence[dict[str, Any]]) -> list[str]:
-    """Per run, its algorithm's options whose values differ between the runs ("sparsity=0.9, selection=loss"; the
-    name and the robust rule have their own columns)."""
-    sections = [_section_of(c, "algorithm") for c in configs]
-    differing: dict[Any, list[str]] = {}  # per algorithm, among its runs (other algorithms have other options)
-    for name in {s.get("name") for s in sections}:
-        same = [s for s in sections if s.get("name") == name]
-        keys = sorted({k for s in same for k in s} - {"name", "robust"})
+def differing_options(configs: Sequence[dict[str, Any]], section: str, tag: str | None,
+                      skip: tuple[str, ...]) -> list[str]:
+    """Per run, the options of ``section`` whose values differ between the runs of the same method (``tag``
+    names it: the algorithm's name, the PEFT method; other methods have other options), e.g. "sparsity=0.9,
+    selection=loss"; a key one of those runs lacks (an older config) counts as differing."""
+    sections = [_section_of(c, section) for c in configs]
+    differing: dict[Any, list[str]] = {}
+    for name in {s.get(tag) if tag else None for s in sections}:
+        same = [s for s in sections if (s.get(tag) if tag else None) == name]
+        keys = sorted({k for s in same for k in s} - {tag, *skip})
         differing[name] = [k for k in keys if len({repr(s.get(k)) for s in same}) > 1]
-    return [", ".join(f"{k}={s[k]}" for k in differing[s.get("name")] if k in s) or "-" for s in sections]
+    return [", ".join(f"{k}={_value(s.get(k))}" for k in differing[s.get(tag) if tag else None]) or "-"
+            for s in sections]
 
 
 def run_record(run: Run, metric: str | None = None) -> dict[str, Any]:
@@ -248,8 +262,12 @@ def report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None, me
             raise ConfigError(f"--metric {metric!r}: the runs have no such metric; choose from "
                               f"{', '.join(sorted(known))}")
     records = [run_record(r, metric) for r in runs]
-    for record, options in zip(records, algorithm_options([r.config for r in runs])):
-        record["options"] = options
+    configs = [r.config for r in runs]
+    for key, section, tag, skip in (("options", "algorithm", "name", ("robust",)),
+                                    ("peft_options", "peft", "method", ("r",)),  # the rank is in the method column
+                                    ("train_options", "train", None, ("lr",))):
+        for record, options in zip(records, differing_options(configs, section, tag, skip)):
+            record[key] = options
     text = markdown_table(records)
     if skipped:
         text += f"\n\nskipped (no run): {', '.join(skipped)}"
@@ -261,6 +279,10 @@ def report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None, me
         (out / "report.md").write_text(text + "\n")
         about = ", ".join(v for v in (_common(records, "dataset"), _common(records, "model")) if v)
         rows = {label: r.rows for label, r in zip(_labels([r.path for r in runs]), runs)}
-        for name in [metric] if metric else sorted({r["metric"] for r in records}):  # each for the runs having it
-            plot_curves(rows, name, out, about=about)
+        if metric:
+            plot_curves(rows, metric, out, about=about)
+        else:  # each primary metric, for the runs judged by it (FedSA-LoRA's eval_accuracy is not its score)
+            for name in sorted({r["metric"] for r in records}):
+                plot_curves({k: v for (k, v), r in zip(rows.items(), records) if r["metric"] == name}, name, out,
+                            about=about)
     return text

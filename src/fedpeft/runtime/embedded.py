@@ -26,9 +26,10 @@ import numpy as np
 import torch
 
 from fedpeft import algorithms, checkpoint, tracking, wire
-from fedpeft.algorithms.base import ClientContext
+from fedpeft.algorithms.base import ClientAlgorithm, ClientContext
 from fedpeft.config import RunConfig
 from fedpeft.durable import is_refused_write, publish_dir, refused_write, staging_dir
+from fedpeft.errors import UserError
 from fedpeft.metrics.accounting import better_or_equal, metric_key, summarize
 from fedpeft.models import bnb_gate
 from fedpeft.observer import RunObserver
@@ -171,6 +172,15 @@ def _total_or_unknown(values) -> float | None:
     return None if any(v is None for v in values) else sum(float(v) for v in values)
 
 
+def _check_personal_state(cfg: RunConfig) -> None:
+    """eval.save_client_adapters needs the client half to assemble each client's model (before anything loads)."""
+    client = algorithms.make_client(cfg.algorithm)
+    if getattr(type(client), "personal_state", None) is ClientAlgorithm.personal_state:
+        raise UserError(f"eval.save_client_adapters: algorithm {cfg.algorithm.name} declares personal_models but its "
+                        f"client half ({type(client).__name__}) does not override ClientAlgorithm.personal_state, "
+                        "which assembles a client's own model; override it, or remove eval.save_client_adapters")
+
+
 class EmbeddedRuntime:
     """Runs the rounds; a subclass changes where clients run by overriding :meth:`run_clients`."""
 
@@ -183,6 +193,8 @@ class EmbeddedRuntime:
         ``lock``: hold RUN_DIR's lock while writing (fedpeft.runlock); a launcher that holds it for us passes
         False. ``observers``: fedpeft.RunObserver instances that watch the run."""
         self.cfg = cfg
+        if cfg.eval.save_client_adapters:
+            _check_personal_state(cfg)
         self.observers = list(observers)
         self.lock: RunLock | None = None
         self.writer: RunWriter | None = None
@@ -264,9 +276,15 @@ class EmbeddedRuntime:
             log.warning("resumed %s after round %d (checkpoint %s)", self.run_dir, restored[0], checkpoint.FILENAME)
 
     def _drop_best_after(self, rnd: int) -> None:
-        """Forget a best adapter saved after round ``rnd`` (those rounds run again and may save it again)."""
+        """Forget a best adapter saved after round ``rnd`` (those rounds run again and may save it again), or any
+        when the run keeps none (an older fedpeft kept one by the global score of a personal-models run)."""
         meta_path = self.run_dir / BEST_ADAPTER / "fedpeft_adapter.json"
         if not meta_path.is_file():
+            return
+        if type(self.cfg.algorithm).personal_models is not None:
+            log.warning("%s/%s dropped: %s keeps no best adapter (its model is each client's own)", self.run_dir,
+                        BEST_ADAPTER, self.cfg.algorithm.name)
+            self._remove_best()
             return
         try:
             saved_round = int(json.loads(meta_path.read_text(encoding="utf-8")).get("round", 0))
@@ -277,10 +295,13 @@ class EmbeddedRuntime:
         if saved_round > rnd:
             log.warning("%s/%s was saved after the checkpoint of round %d: dropped (the rounds after it run again "
                         "and save it again when they are still the best)", self.run_dir, BEST_ADAPTER, rnd)
-            dropped = self.run_dir / f".{BEST_ADAPTER}.dropped"  # renamed away at once, removed at leisure
-            shutil.rmtree(dropped, ignore_errors=True)
-            os.rename(self.run_dir / BEST_ADAPTER, dropped)
-            shutil.rmtree(dropped)
+            self._remove_best()
+
+    def _remove_best(self) -> None:
+        dropped = self.run_dir / f".{BEST_ADAPTER}.dropped"  # renamed away at once, removed at leisure
+        shutil.rmtree(dropped, ignore_errors=True)
+        os.rename(self.run_dir / BEST_ADAPTER, dropped)
+        shutil.rmtree(dropped)
 
     def close(self) -> None:
         """Close the run's files and give up its directory's lock (the end of :meth:`run` does; safe to call
@@ -655,7 +676,7 @@ class EmbeddedRuntime:
             "device": str(exp.device),
             "torch_threads": torch.get_num_threads(),
             "adapter": LAST_ADAPTER,
-            "best_adapter": BEST_ADAPTER if (self.run_dir / BEST_ADAPTER).is_dir() else None,
+            "best_adapter": BEST_ADAPTER if self.keeps_best and (self.run_dir / BEST_ADAPTER).is_dir() else None,
             "personal_models": type(self.cfg.algorithm).personal_models,
             "client_adapters": CLIENT_ADAPTERS if self.cfg.eval.save_client_adapters else None,
             "stopped_early": self.stopped_early,
