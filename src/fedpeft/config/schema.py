@@ -311,9 +311,11 @@ class EvalConfig(Section):
         500, ge=1, description="Evaluate on a fixed seeded subset of this size (None = full split)."
     )
     batch_size: int = Field(64, ge=1)
-    target: float | None = Field(None, description="Value of the primary metric for rounds/time-to-target.")
+    target: float | None = Field(None, description="Value of the primary metric for rounds/time-to-target (for "
+                                 "an algorithm whose model is each client's own, FedSA-LoRA: personal_<metric>).")
     save_best: bool = Field(True, description="Also keep the global adapter of the best evaluated round (by the "
-                            "primary metric) in RUN_DIR/best_adapter, next to the last round's RUN_DIR/adapter.")
+                            "primary metric) in RUN_DIR/best_adapter, next to the last round's RUN_DIR/adapter "
+                            "(none for an algorithm whose model is each client's own, FedSA-LoRA).")
     personalized: bool = Field(False, description="Also score each selected client's personalized model (what "
                                "its algorithm assembles from the global part and what the client keeps) on a "
                                "held-out slice of its own partition, in the rounds the global model is evaluated.")
