@@ -406,9 +406,16 @@ def test_leftovers_are_removed_and_a_cut_off_adapter_swap_is_undone(tmp_path):
     (tmp_path / ".best_adapter.new").mkdir()
     (tmp_path / ".notes.txt.12.tmp").write_text("not the run's")  # a run directory may hold other things
     (tmp_path / ".cache.old").mkdir()
+    clients = tmp_path / "client_adapters"  # eval.save_client_adapters: one directory per client, swapped alike
+    (clients / ".3.old").mkdir(parents=True)  # cut between its two renames: put back
+    (clients / ".3.old" / "fedpeft_adapter.json").write_text("{}")
+    (clients / ".4.new").mkdir()
+    (clients / ".x.new").mkdir()  # not a client's
     done = remove_leftovers(tmp_path)
-    assert len(done) == 7 and any("put .best_adapter.old back as best_adapter" in line for line in done)
-    assert leftovers(tmp_path) == [".cache.old", ".notes.txt.12.tmp"]
+    assert len(done) == 9 and any("put .best_adapter.old back as best_adapter" in line for line in done)
+    assert any("put .3.old back as 3" in line for line in done)
+    assert leftovers(tmp_path) == [".cache.old", ".notes.txt.12.tmp", "client_adapters/.x.new"]
+    assert sorted(p.name for p in clients.iterdir()) == [".x.new", "3"]
     assert (tmp_path / "best_adapter" / "fedpeft_adapter.json").is_file()
     assert (tmp_path / "checkpoint.safetensors").read_bytes() == b"kept"
 
