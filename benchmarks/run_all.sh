@@ -34,6 +34,17 @@ done
 echo "== paper000 selection (100 rounds)"
 $PY benchmarks/paper000.py selection --rounds 100 --eval-every 10 --runs runs/paper000_r100 2>&1 \
   | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/paper000_selection.log
+echo "== head pruning's gap on four 20 Newsgroups groups (3 seeds)"
+$PY benchmarks/headprune_gap.py prepare
+$PY benchmarks/headprune_gap.py run --seeds 0,1,2 2>&1 | grep -v -i -E "warn|Loading weights" \
+  | tee benchmarks/results/headprune_gap.log
+echo "== starting learning rates: a short sweep per PEFT method and algorithm"
+# everything but FedSP (its own results file: SmolLM2 runs, minutes each)
+$PY benchmarks/lr_sweep.py --only full,lora,houlsby,pfeiffer,ia3,bitfit,prompt_tuning,p_tuning,prefix_tuning,fedprox,\
+fedavgm,fedadam,fedyogi,ffa_lora,fedsa_lora,flora,fedex_lora,hetlora,flexlora,headprune,fedpeptao \
+  2>&1 | grep -v -i -E "warn|Loading weights|Writing model" | tee benchmarks/results/lr_sweep.log
+$PY benchmarks/lr_sweep.py --only fedsp --out benchmarks/results/lr_sweep_fedsp.json 2>&1 \
+  | grep -v -i -E "warn|Loading weights|Writing model" | tee benchmarks/results/lr_sweep_fedsp.log
 echo "== federated LoRA methods (3 seeds)"
 $PY benchmarks/lora_methods.py --seeds 0,1,2 2>&1 | grep -v -i -E "warn|Loading weights" \
   | tee benchmarks/results/lora_methods.log
