@@ -84,7 +84,12 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--runs", default="runs/headprune_gap")
     ap.add_argument("--out", default="benchmarks/results/headprune_gap.json")
+    ap.add_argument("--table", action="store_true", help="print the table of --out and stop (no runs)")
     args = ap.parse_args()
+    if args.table:
+        rows = earlier_rows(args.out)
+        table(rows, sorted({r["seed"] for r in rows}))
+        return
     if args.what == "prepare":
         from fedpeft.data.sources import locate_local
 
