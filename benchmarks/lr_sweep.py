@@ -132,6 +132,7 @@ def main() -> None:
             print(f"[{name} {lr:g}] {row['scored_by']} {row['score']:.3f}", flush=True)
             results.append(row)
             save(args.out, {"rows": results})
+    save(args.out, {"rows": results})  # rows kept from the earlier file too
     table(results)
 
 
