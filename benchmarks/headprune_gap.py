@@ -4,6 +4,7 @@ groups with the quickstart's federation (configs/headprune_news4.yaml), over 15 
 
     python benchmarks/headprune_gap.py prepare           # writes runs/headprune_gap/news4/{train,test}.jsonl
     python benchmarks/headprune_gap.py run --seeds 0,1,2 --out benchmarks/results/headprune_gap.json
+    python benchmarks/headprune_gap.py run --table       # the table of --out, no runs
 
 Reported per variant (mean ± sample standard deviation over the seeds, Welch's t against dense LoRA): accuracy
 and eval loss after 5 rounds (the quickstart's budget), 10 and 15 rounds, the mean of the last three evaluations,
@@ -42,9 +43,9 @@ GROUPS = ("comp.graphics", "rec.sport.hockey", "sci.space", "talk.politics.midea
 VARIANTS = {
     "dense (B1)": ["algorithm.pruning=none", "algorithm.aggregation=fedavg", "algorithm.selection=random"],
     "random pruning (B2)": ["algorithm.pruning=random", "algorithm.aggregation=fedavg", "algorithm.selection=random"],
-    "method, random selection": ["algorithm.selection=random"],
+    "method (random selection)": ["algorithm.selection=random"],
     "method": [],
-    "method, 50% sparsity": ["algorithm.sparsity=0.5"],
+    "method (50% sparsity)": ["algorithm.sparsity=0.5"],
 }
 CHECKPOINTS = (5, 10, 15)
 
@@ -101,12 +102,15 @@ def main() -> None:
     seeds = parse_seeds(args.seeds)
     earlier = earlier_rows(args.out)
     rows = []
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)} (comma-separated)")
     for variant in args.variants.split(","):
         for seed in seeds:
             cfg = load_config(CONFIG, [*VARIANTS[variant], f"task.dataset={args.data}", f"seed={seed}",
                                        "runtime.progress=false"])
             label, digest = {"variant": variant, "seed": seed}, config_digest(cfg)
-            run_dir = Path(args.runs) / variant.replace(" ", "_").replace(",", "").replace("%", "") / f"seed{seed}"
+            run_dir = Path(args.runs) / variant.replace(" ", "_").replace("%", "") / f"seed{seed}"
             row = None if run_dir.exists() else kept_row(earlier, label, digest, f"{variant} {seed}")
             if row is None:
                 if not reuse_or_clear(run_dir, cfg, f"{variant} {seed}"):

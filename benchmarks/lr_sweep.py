@@ -14,8 +14,11 @@ about 3 points of each other are a tie (FedSA-LoRA's personalized score is over 
 held-out sentences: about 5 points); the grid steps by about 3x. The documented starting rate is the best
 final score of the grid.
 
-    python benchmarks/lr_sweep.py --out benchmarks/results/lr_sweep.json
-    python benchmarks/lr_sweep.py --only lora,houlsby      # some rows only (the other rows of --out are kept)
+    python benchmarks/lr_sweep.py --only lora,houlsby --out benchmarks/results/lr_sweep.json   # some rows only
+    python benchmarks/lr_sweep.py --only fedsp --out benchmarks/results/lr_sweep_fedsp.json   # FedSP apart: long runs
+    python benchmarks/lr_sweep.py --table --out benchmarks/results/lr_sweep.json               # the table, no runs
+
+(without --only every row runs, FedSP included; the other rows of --out are kept.)
 
 Finished runs in --runs are reused when their config is unchanged, and so are the rows of an earlier --out file
 measured with the same config (its SHA-256 is kept in each row).
