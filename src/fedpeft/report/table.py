@@ -110,11 +110,6 @@ def metric_values(rows: Sequence[dict[str, Any]], metric: str) -> dict[str, Any]
     }
 
 
-def _section(cfg: dict[str, Any], section: str, key: str) -> Any:
-    value = cfg.get(section)
-    return value.get(key) if isinstance(value, dict) else None
-
-
 def _section_of(cfg: dict[str, Any], *path: str) -> dict[str, Any]:
     for key in path:
         cfg = cfg.get(key) if isinstance(cfg, dict) else None  # type: ignore[assignment]
@@ -194,11 +189,11 @@ def run_record(run: Run, metric: str | None = None) -> dict[str, Any]:
     total = summary.get("total_bytes")
     return {
         "run": run.path.name,
-        "model": _section(cfg, "model", "name") or summary.get("model"),
+        "model": _section_of(cfg, "model").get("name") or summary.get("model"),
         "peft": _peft_label(cfg, summary),
-        "algorithm": _section(cfg, "algorithm", "name") or summary.get("algorithm"),
+        "algorithm": _section_of(cfg, "algorithm").get("name") or summary.get("algorithm"),
         **settings(cfg),
-        "dataset": _section(cfg, "task", "dataset") or summary.get("dataset"),
+        "dataset": _section_of(cfg, "task").get("dataset") or summary.get("dataset"),
         "clients": f"{fed.get('num_clients', summary.get('num_clients'))}/"
                    f"{fed.get('clients_per_round', summary.get('clients_per_round'))}",
         "rounds": summary.get("rounds"),
