@@ -202,9 +202,11 @@ def _eval_adapter(run_dir: Path, adapter: str | None, client: int | None, cfg) -
         return "adapter"  # a best_adapter an older fedpeft kept by the global score is not the method's either
     if adapter is not None:
         raise UserError(f"fedpeft eval: --client {client} and --adapter {adapter} name two models; give one of them")
-    name = f"client_adapters/{client}"
+    from fedpeft.rundir import CLIENT_ADAPTERS
+
+    name = f"{CLIENT_ADAPTERS}/{client}"
     if not (run_dir / name).is_dir():
-        saved = sorted(int(p.name) for p in (run_dir / "client_adapters").glob("*") if p.name.isdigit())
+        saved = sorted(int(p.name) for p in (run_dir / CLIENT_ADAPTERS).glob("*") if p.name.isdigit())
         if saved:
             hint = f"the run saved clients {saved[0]}..{saved[-1]}"
         elif kept is None:

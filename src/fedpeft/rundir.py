@@ -63,6 +63,7 @@ RUN_FILES = ("config.yaml", "partition.json", "metrics.jsonl", "summary.json", "
              "tracking.json", ".fedpeft.owner.json")
 LEFTOVER_FILE = re.compile(r"^\.(.+)\.(\d+)\.tmp$")  # fedpeft.durable.temp_name: .NAME.<pid>.tmp
 LEFTOVER_DIR = re.compile(r"^\.(adapter|best_adapter)\.(new|old|dropped)$")  # fedpeft.durable.publish_dir
+CLIENT_ADAPTERS = "client_adapters"  # eval.save_client_adapters: CLIENT_ADAPTERS/<id>, each client's own model
 LEFTOVER_CLIENT_DIR = re.compile(r"^\.(\d+)\.(new|old)$")  # the same, in client_adapters/
 log = logging.getLogger("fedpeft")
 
@@ -141,7 +142,7 @@ def remove_leftovers(run_dir: Path) -> list[str]:
             size = entry.stat().st_size
             entry.unlink()
             done.append(f"removed the temporary file {entry} ({size} bytes) left by a write that did not finish")
-    clients = run_dir / "client_adapters"
+    clients = run_dir / CLIENT_ADAPTERS
     for folder, pattern in ((run_dir, LEFTOVER_DIR), (clients, LEFTOVER_CLIENT_DIR)):
         if not folder.is_dir():
             continue

@@ -34,6 +34,7 @@ from fedpeft.metrics.accounting import better_or_equal, metric_key, summarize
 from fedpeft.models import bnb_gate
 from fedpeft.observer import RunObserver
 from fedpeft.rundir import (
+    CLIENT_ADAPTERS,
     RunWriter,
     check_run_dir_free,
     config_digest_of,
@@ -55,7 +56,6 @@ from fedpeft.training.local import NonFiniteLoss
 log = logging.getLogger("fedpeft")
 TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s")
 LAST_ADAPTER, BEST_ADAPTER = "adapter", "best_adapter"
-CLIENT_ADAPTERS = "client_adapters"  # eval.save_client_adapters: client_adapters/<id>, each client's own model
 TRAINER_COUNTERS = ("flops_measured", "flops_tokens", "flops_steps")
 # What one client returns for a round: (decoded update or None, bytes down, bytes up, failure reason or None)
 ClientResult = tuple[wire.Payload | None, int, int, str | None]
