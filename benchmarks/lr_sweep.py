@@ -16,17 +16,22 @@ final score of the grid.
 
     python benchmarks/lr_sweep.py --only lora,houlsby --out benchmarks/results/lr_sweep.json   # some rows only
     python benchmarks/lr_sweep.py --only fedsp --out benchmarks/results/lr_sweep_fedsp.json   # FedSP apart: long runs
+    python benchmarks/lr_sweep.py --only fedsp --rates 1e-2,3e-2 --seeds 1,2 \
+        --out benchmarks/results/lr_sweep_fedsp.json       # more seeds where one seed cannot tell two rates apart
     python benchmarks/lr_sweep.py --table --out benchmarks/results/lr_sweep.json               # the table, no runs
 
 (without --only every row runs, FedSP included; the other rows of --out are kept.)
 
 Finished runs in --runs are reused when their config is unchanged, and so are the rows of an earlier --out file
-measured with the same config (its SHA-256 is kept in each row).
+measured with the same config (its SHA-256 is kept in each row); rows of cells (row, rate, seed) not run are kept.
+Where a rate has several seeds, the table gives the mean score ± its sample standard deviation, and the best rate
+is the best mean.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -34,6 +39,7 @@ from results_io import (  # benchmarks/
     config_digest,
     earlier_rows,
     kept_row,
+    parse_seeds,
     print_table,
     reuse_or_clear,
     save,
@@ -78,9 +84,8 @@ ROWS: dict[str, tuple[str, str, list[str], list[float]]] = {
     "headprune": ("algorithm", SST2, ["algorithm.name=headprune"], ALGORITHMS),
     "fedpeptao": ("algorithm", SST2, ["peft={method: prefix_tuning}", "algorithm.name=fedpeptao"],
                   [3e-3, 1e-2, 3e-2]),
-    "fedsp": ("algorithm", FEDSP[0], FEDSP[1], [3e-3, 1e-2, 3e-2]),
+    "fedsp": ("algorithm", FEDSP[0], FEDSP[1], [3e-3, 1e-2, 3e-2, 1e-1]),
 }
-LABEL = ("row", "lr")
 
 
 def cell_config(row: str, lr: float, extra: list[str]):
@@ -103,6 +108,8 @@ def measure(run_dir: Path, label: dict, cfg) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default=",".join(ROWS), help="comma-separated row names")
+    ap.add_argument("--rates", help="comma-separated rates (default: each row's grid)")
+    ap.add_argument("--seeds", help="comma-separated seeds (default: the config's own seed)")
     ap.add_argument("--runs", default="runs/lr_sweep")
     ap.add_argument("--out", default="benchmarks/results/lr_sweep.json")
     ap.add_argument("--set", action="append", default=[])
@@ -111,47 +118,86 @@ def main() -> None:
     if args.table:
         table(earlier_rows(args.out))
         return
-    unknown = sorted(set(args.only.split(",")) - set(ROWS))
+    only = args.only.split(",")
+    unknown = sorted(set(only) - set(ROWS))
     if unknown:
         raise SystemExit(f"--only: unknown rows {unknown}; known: {', '.join(ROWS)}")
+    rates = parse_rates(args.rates)
+    seeds = parse_seeds(args.seeds)
     earlier = earlier_rows(args.out)
-    results = [r for r in earlier if r.get("row") not in args.only.split(",")]
-    for name in args.only.split(","):
-        for lr in ROWS[name][3]:
-            label = {"row": name, "lr": lr}
-            cfg = cell_config(name, lr, args.set)
-            digest = config_digest(cfg)
-            kept = kept_row(earlier, label, digest, f"{name} {lr:g}")
-            if kept is not None:
-                results.append(kept)
-                continue
-            run_dir = Path(args.runs) / name / f"lr{lr:g}"
-            start = time.perf_counter()
-            if not reuse_or_clear(run_dir, cfg, f"{name} {lr:g}"):
-                print(f"[{name} {lr:g}] training", flush=True)
-                run(cfg, run_dir)
-            row = {**measure(run_dir, label, cfg), "config_digest": digest,
-                   "wall_s": round(time.perf_counter() - start, 1)}
-            print(f"[{name} {lr:g}] {row['scored_by']} {row['score']:.3f}", flush=True)
-            results.append(row)
-            save(args.out, {"rows": results})
-    save(args.out, {"rows": results})  # rows kept from the earlier file too
+    results: list[dict] = []
+    for name in only:
+        for lr in ROWS[name][3] if rates is None else rates:
+            base = cell_config(name, lr, args.set)
+            for seed in [base.seed] if seeds is None else seeds:
+                results.append(cell(name, lr, seed, base, args, earlier))
+                save(args.out, {"rows": results + others(earlier, results)})
+    results += others(earlier, results)  # rows of cells not run this time stay
+    save(args.out, {"rows": results})
     table(results)
 
 
+def cell(name: str, lr: float, seed: int, base, args, earlier: list[dict]) -> dict:
+    """The row of one (row, rate, seed): kept from ``earlier`` when measured with the same config, else read
+    from a finished run in --runs or trained."""
+    cfg = base if seed == base.seed else cell_config(name, lr, [*args.set, f"seed={seed}"])
+    label, where = {"row": name, "lr": lr}, f"{name} {lr:g} seed {seed}"
+    digest = config_digest(cfg)  # the seed is part of it
+    kept = kept_row(earlier, label, digest, where)
+    if kept is not None:
+        return {**kept, "seed": seed}  # rows written before --seeds existed have no seed field
+    run_dir = Path(args.runs) / name / (f"lr{lr:g}" if seed == base.seed else f"lr{lr:g}_seed{seed}")
+    start = time.perf_counter()
+    if not reuse_or_clear(run_dir, cfg, where):
+        print(f"[{where}] training", flush=True)
+        run(cfg, run_dir)
+    row = {**measure(run_dir, {**label, "seed": seed}, cfg), "config_digest": digest,
+           "wall_s": round(time.perf_counter() - start, 1)}
+    print(f"[{where}] {row['scored_by']} {row['score']:.3f}", flush=True)
+    return row
+
+
+def others(earlier: list[dict], results: list[dict]) -> list[dict]:
+    """The earlier rows of cells (row, rate, seed) not in ``results``."""
+    done = {cell_key(r) for r in results}
+    return [r for r in earlier if cell_key(r) not in done]
+
+
+def cell_key(row: dict) -> tuple:
+    return row["row"], row["lr"], row.get("seed", 0)  # 0: the seed of both configs, for rows without the field
+
+
+def parse_rates(text: str | None) -> list[float] | None:
+    if not text:
+        return None
+    try:
+        return [float(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise SystemExit(f"--rates {text!r}: give comma-separated numbers, e.g. --rates 1e-2,3e-2") from None
+
+
 def table(results: list[dict]) -> None:
-    by_row: dict[str, dict[float, dict]] = {}
+    """One line per row: the best rate by the mean score over its seeds, then each rate's mean (± the sample
+    standard deviation and the number of seeds where there are several)."""
+    by_cell: dict[str, dict[float, list[float]]] = {}
     for r in results:
-        by_row.setdefault(r["row"], {})[r["lr"]] = r
+        by_cell.setdefault(r["row"], {}).setdefault(r["lr"], []).append(r["score"])
+    scored_by = {r["row"]: r["scored_by"] for r in results}
     rates = sorted({r["lr"] for r in results})
     rows = []
-    for name in (n for n in ROWS if n in by_row):
-        cells = by_row[name]
-        best = max(cells.values(), key=lambda r: r["score"])
-        rows.append([ROWS[name][0], name, f"{best['lr']:g}", f"{best['score']:.3f}", best["scored_by"]]
-                    + [f"**{cells[lr]['score']:.3f}**" if cells.get(lr) is best else
-                       (f"{cells[lr]['score']:.3f}" if lr in cells else "") for lr in rates])
+    for name in (n for n in ROWS if n in by_cell):
+        cells = by_cell[name]
+        best = max(cells, key=lambda lr: statistics.mean(cells[lr]))
+        rows.append([ROWS[name][0], name, f"{best:g}", mean_spread(cells[best]), scored_by[name]]
+                    + [(f"**{mean_spread(cells[lr])}**" if lr == best else mean_spread(cells[lr]))
+                       if lr in cells else "" for lr in rates])
     print_table(["kind", "name", "starting lr", "score", "scored by", *[f"{lr:g}" for lr in rates]], rows)
+
+
+def mean_spread(scores: list[float]) -> str:
+    if len(scores) == 1:
+        return f"{scores[0]:.3f}"
+    return f"{statistics.mean(scores):.3f} ± {statistics.stdev(scores):.3f} ({len(scores)} seeds)"
 
 
 if __name__ == "__main__":
