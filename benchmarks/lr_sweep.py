@@ -16,16 +16,17 @@ final score of the grid.
 
     python benchmarks/lr_sweep.py --only lora,houlsby --out benchmarks/results/lr_sweep.json   # some rows only
     python benchmarks/lr_sweep.py --only fedsp --out benchmarks/results/lr_sweep_fedsp.json   # FedSP apart: long runs
-    python benchmarks/lr_sweep.py --only fedsp --rates 1e-2,3e-2 --seeds 1,2 \
+    python benchmarks/lr_sweep.py --only fedsp --rates 1e-2,3e-2,1e-1 --seeds 1,2 \
         --out benchmarks/results/lr_sweep_fedsp.json       # more seeds where one seed cannot tell two rates apart
     python benchmarks/lr_sweep.py --table --out benchmarks/results/lr_sweep.json               # the table, no runs
 
 (without --only every row runs, FedSP included; the other rows of --out are kept.)
 
 Finished runs in --runs are reused when their config is unchanged, and so are the rows of an earlier --out file
-measured with the same config (its SHA-256 is kept in each row); rows of cells (row, rate, seed) not run are kept.
-Where a rate has several seeds, the table gives the mean score ± its sample standard deviation, and the best rate
-is the best mean.
+measured with the same config (its SHA-256 is kept in each row); the rows of cells (row, rate, seed) not run this
+time stay while their cell's config is unchanged. --rates and --seeds need --only. Where a rate has several seeds,
+the table gives the mean score ± its sample standard deviation, the best rate is the best mean, and Welch's t of
+the best rate against the next best is printed below the table where both have several seeds.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import time
 from pathlib import Path
 
 from results_io import (  # benchmarks/
+    carried_over,
     config_digest,
     earlier_rows,
     kept_row,
@@ -43,6 +45,7 @@ from results_io import (  # benchmarks/
     print_table,
     reuse_or_clear,
     save,
+    welch_t,
 )
 
 from fedpeft.config import load_config
@@ -107,9 +110,9 @@ def measure(run_dir: Path, label: dict, cfg) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default=",".join(ROWS), help="comma-separated row names")
-    ap.add_argument("--rates", help="comma-separated rates (default: each row's grid)")
-    ap.add_argument("--seeds", help="comma-separated seeds (default: the config's own seed)")
+    ap.add_argument("--only", help="comma-separated row names (default: every row)")
+    ap.add_argument("--rates", help="comma-separated rates, with --only (default: each row's grid)")
+    ap.add_argument("--seeds", help="comma-separated seeds, with --only (default: the config's own seed)")
     ap.add_argument("--runs", default="runs/lr_sweep")
     ap.add_argument("--out", default="benchmarks/results/lr_sweep.json")
     ap.add_argument("--set", action="append", default=[])
@@ -118,80 +121,107 @@ def main() -> None:
     if args.table:
         table(earlier_rows(args.out))
         return
-    only = args.only.split(",")
+    if (args.rates or args.seeds) and not args.only:
+        raise SystemExit("--rates and --seeds apply to the rows named by --only (the rows' grids differ): "
+                         "add e.g. --only fedsp")
+    only = args.only.split(",") if args.only else list(ROWS)
     unknown = sorted(set(only) - set(ROWS))
-    if unknown:
-        raise SystemExit(f"--only: unknown rows {unknown}; known: {', '.join(ROWS)}")
+    if unknown or len(set(only)) != len(only):
+        raise SystemExit(f"--only {args.only!r}: give distinct row names; known: {', '.join(ROWS)}")
     rates = parse_rates(args.rates)
     seeds = parse_seeds(args.seeds)
-    earlier = earlier_rows(args.out)
+    earlier = carried(earlier_rows(args.out), args.set)
     results: list[dict] = []
     for name in only:
         for lr in ROWS[name][3] if rates is None else rates:
-            base = cell_config(name, lr, args.set)
-            for seed in [base.seed] if seeds is None else seeds:
-                results.append(cell(name, lr, seed, base, args, earlier))
+            for seed in [None] if seeds is None else seeds:
+                results.append(cell(name, lr, seed, args, earlier))
                 save(args.out, {"rows": results + others(earlier, results)})
     results += others(earlier, results)  # rows of cells not run this time stay
     save(args.out, {"rows": results})
     table(results)
 
 
-def cell(name: str, lr: float, seed: int, base, args, earlier: list[dict]) -> dict:
+def seeded_config(row: str, lr: float, seed: int | None, extra: list[str]):
+    """The config of one cell; seed None: the config's own."""
+    cfg = cell_config(row, lr, extra)
+    return cfg if seed is None or seed == cfg.seed else cell_config(row, lr, [*extra, f"seed={seed}"])
+
+
+def carried(earlier: list[dict], extra: list[str]) -> list[dict]:
+    """The earlier rows whose cell still has the config they were measured with (the others are dropped with a
+    message), each with its seed (rows written before --seeds existed have no seed field: the config's own)."""
+    def digest_of(r: dict) -> str | None:
+        if r.get("row") not in ROWS:
+            return None
+        return config_digest(seeded_config(r["row"], r["lr"], r.get("seed"), extra))
+
+    return [r if "seed" in r else {**r, "seed": cell_config(r["row"], r["lr"], extra).seed}
+            for r in carried_over(earlier, digest_of)]
+
+
+def cell(name: str, lr: float, seed: int | None, args, earlier: list[dict]) -> dict:
     """The row of one (row, rate, seed): kept from ``earlier`` when measured with the same config, else read
     from a finished run in --runs or trained."""
-    cfg = base if seed == base.seed else cell_config(name, lr, [*args.set, f"seed={seed}"])
-    label, where = {"row": name, "lr": lr}, f"{name} {lr:g} seed {seed}"
+    cfg = seeded_config(name, lr, seed, args.set)
+    own_seed = seed is None or seed == cell_config(name, lr, args.set).seed
+    label, where = {"row": name, "lr": lr, "seed": cfg.seed}, f"{name} {lr:g} seed {cfg.seed}"
     digest = config_digest(cfg)  # the seed is part of it
     kept = kept_row(earlier, label, digest, where)
     if kept is not None:
-        return {**kept, "seed": seed}  # rows written before --seeds existed have no seed field
-    run_dir = Path(args.runs) / name / (f"lr{lr:g}" if seed == base.seed else f"lr{lr:g}_seed{seed}")
+        return kept
+    run_dir = Path(args.runs) / name / (f"lr{lr:g}" if own_seed else f"lr{lr:g}_seed{cfg.seed}")
     start = time.perf_counter()
     if not reuse_or_clear(run_dir, cfg, where):
         print(f"[{where}] training", flush=True)
         run(cfg, run_dir)
-    row = {**measure(run_dir, {**label, "seed": seed}, cfg), "config_digest": digest,
-           "wall_s": round(time.perf_counter() - start, 1)}
+    row = {**measure(run_dir, label, cfg), "config_digest": digest, "wall_s": round(time.perf_counter() - start, 1)}
     print(f"[{where}] {row['scored_by']} {row['score']:.3f}", flush=True)
     return row
 
 
 def others(earlier: list[dict], results: list[dict]) -> list[dict]:
     """The earlier rows of cells (row, rate, seed) not in ``results``."""
-    done = {cell_key(r) for r in results}
-    return [r for r in earlier if cell_key(r) not in done]
-
-
-def cell_key(row: dict) -> tuple:
-    return row["row"], row["lr"], row.get("seed", 0)  # 0: the seed of both configs, for rows without the field
+    done = {(r["row"], r["lr"], r["seed"]) for r in results}
+    return [r for r in earlier if (r["row"], r["lr"], r["seed"]) not in done]
 
 
 def parse_rates(text: str | None) -> list[float] | None:
+    """``--rates 1e-2,3e-2`` -> [0.01, 0.03]; None (the option not given): each row's grid."""
     if not text:
         return None
     try:
-        return [float(r) for r in text.split(",") if r.strip()]
+        rates = [float(r) for r in text.split(",") if r.strip()]
     except ValueError:
-        raise SystemExit(f"--rates {text!r}: give comma-separated numbers, e.g. --rates 1e-2,3e-2") from None
+        rates = []
+    if not rates or len(set(rates)) != len(rates) or min(rates) <= 0:
+        raise SystemExit(f"--rates {text!r}: give distinct positive numbers, comma-separated, e.g. --rates 1e-2,3e-2")
+    return rates
 
 
 def table(results: list[dict]) -> None:
     """One line per row: the best rate by the mean score over its seeds, then each rate's mean (± the sample
-    standard deviation and the number of seeds where there are several)."""
+    standard deviation and the number of seeds where there are several); below the table, Welch's t of the best
+    rate against the next best where both have several seeds."""
     by_cell: dict[str, dict[float, list[float]]] = {}
     for r in results:
         by_cell.setdefault(r["row"], {}).setdefault(r["lr"], []).append(r["score"])
     scored_by = {r["row"]: r["scored_by"] for r in results}
     rates = sorted({r["lr"] for r in results})
-    rows = []
+    rows, tests = [], []
     for name in (n for n in ROWS if n in by_cell):
         cells = by_cell[name]
-        best = max(cells, key=lambda lr: statistics.mean(cells[lr]))
+        ranked = sorted(sorted(cells), key=lambda lr: statistics.mean(cells[lr]), reverse=True)  # ties: lower rate
+        best = ranked[0]
         rows.append([ROWS[name][0], name, f"{best:g}", mean_spread(cells[best]), scored_by[name]]
                     + [(f"**{mean_spread(cells[lr])}**" if lr == best else mean_spread(cells[lr]))
                        if lr in cells else "" for lr in rates])
+        if len(ranked) > 1 and min(len(cells[best]), len(cells[ranked[1]])) > 1:
+            tests.append(f"{name}: {best:g} against {ranked[1]:g}, the next best: Welch's t "
+                         f"{welch_t(cells[best], cells[ranked[1]])}")
     print_table(["kind", "name", "starting lr", "score", "scored by", *[f"{lr:g}" for lr in rates]], rows)
+    for line in tests:
+        print(line)
 
 
 def mean_spread(scores: list[float]) -> str:

@@ -45,6 +45,9 @@ fedavgm,fedadam,fedyogi,ffa_lora,fedsa_lora,flora,fedex_lora,hetlora,flexlora,he
   2>&1 | grep -v -i -E "warn|Loading weights|Writing model" | tee benchmarks/results/lr_sweep.log
 $PY benchmarks/lr_sweep.py --only fedsp --out benchmarks/results/lr_sweep_fedsp.json 2>&1 \
   | grep -v -i -E "warn|Loading weights|Writing model" | tee benchmarks/results/lr_sweep_fedsp.log
+# seeds 1 and 2 where one seed's 100 questions cannot tell the rates apart (adds to the results file)
+$PY benchmarks/lr_sweep.py --only fedsp --rates 1e-2,3e-2,1e-1 --seeds 1,2 --out benchmarks/results/lr_sweep_fedsp.json \
+  2>&1 | grep -v -i -E "warn|Loading weights|Writing model" | tee -a benchmarks/results/lr_sweep_fedsp.log
 echo "== federated LoRA methods (3 seeds)"
 $PY benchmarks/lora_methods.py --seeds 0,1,2 2>&1 | grep -v -i -E "warn|Loading weights" \
   | tee benchmarks/results/lora_methods.log
