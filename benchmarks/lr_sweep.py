@@ -46,6 +46,7 @@ from results_io import (  # benchmarks/
     reuse_or_clear,
     save,
     welch_t,
+    with_earlier,
 )
 
 from fedpeft.config import load_config
@@ -61,6 +62,7 @@ SST2 = "configs/lr_sweep_sst2.yaml"
 FEDSP = ("configs/fedsp_arc_easy.yaml", ["federation.num_clients=5", "federation.clients_per_round=5",
                                          "federation.rounds=3", "algorithm.distill_steps=50", "eval.every=3",
                                          "eval.max_examples=100"])
+CELL = ("row", "lr", "seed")  # what tells the rows of the results file apart
 HALVES = "algorithm.rank_groups=[{rank: 4, share: 0.5}, {rank: 8, share: 0.5}]"
 
 # row name -> (kind, config, overrides, grid)
@@ -136,8 +138,8 @@ def main() -> None:
         for lr in ROWS[name][3] if rates is None else rates:
             for seed in [None] if seeds is None else seeds:
                 results.append(cell(name, lr, seed, args, earlier))
-                save(args.out, {"rows": results + others(earlier, results)})
-    results += others(earlier, results)  # rows of cells not run this time stay
+                save(args.out, {"rows": with_earlier(results, earlier, CELL)})
+    results = with_earlier(results, earlier, CELL)  # rows of cells not run this time stay
     save(args.out, {"rows": results})
     table(results)
 
@@ -178,12 +180,6 @@ def cell(name: str, lr: float, seed: int | None, args, earlier: list[dict]) -> d
     row = {**measure(run_dir, label, cfg), "config_digest": digest, "wall_s": round(time.perf_counter() - start, 1)}
     print(f"[{where}] {row['scored_by']} {row['score']:.3f}", flush=True)
     return row
-
-
-def others(earlier: list[dict], results: list[dict]) -> list[dict]:
-    """The earlier rows of cells (row, rate, seed) not in ``results``."""
-    done = {(r["row"], r["lr"], r["seed"]) for r in results}
-    return [r for r in earlier if (r["row"], r["lr"], r["seed"]) not in done]
 
 
 def parse_rates(text: str | None) -> list[float] | None:
