@@ -20,7 +20,7 @@ final score of the grid.
         --out benchmarks/results/lr_sweep_fedsp.json       # more seeds where one seed cannot tell two rates apart
     python benchmarks/lr_sweep.py --table --out benchmarks/results/lr_sweep.json               # the table, no runs
 
-(without --only every row runs, FedSP included; the other rows of --out are kept.)
+(without --only every row runs, FedSP included; the other rows of --out are kept while their config is unchanged.)
 
 Finished runs in --runs are reused when their config is unchanged, and so are the rows of an earlier --out file
 measured with the same config (its SHA-256 is kept in each row); the rows of cells (row, rate, seed) not run this
@@ -32,6 +32,7 @@ the best rate against the next best is printed below the table where both have s
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from pathlib import Path
@@ -123,7 +124,7 @@ def main() -> None:
     if args.table:
         table(earlier_rows(args.out))
         return
-    if (args.rates or args.seeds) and not args.only:
+    if (args.rates is not None or args.seeds is not None) and not args.only:
         raise SystemExit("--rates and --seeds apply to the rows named by --only (the rows' grids differ): "
                          "add e.g. --only fedsp")
     only = args.only.split(",") if args.only else list(ROWS)
@@ -158,7 +159,7 @@ def carried(earlier: list[dict], extra: list[str]) -> list[dict]:
             return None
         return config_digest(seeded_config(r["row"], r["lr"], r.get("seed"), extra))
 
-    return [r if "seed" in r else {**r, "seed": cell_config(r["row"], r["lr"], extra).seed}
+    return [r if r.get("seed") is not None else {**r, "seed": cell_config(r["row"], r["lr"], extra).seed}
             for r in carried_over(earlier, digest_of)]
 
 
@@ -184,14 +185,14 @@ def cell(name: str, lr: float, seed: int | None, args, earlier: list[dict]) -> d
 
 def parse_rates(text: str | None) -> list[float] | None:
     """``--rates 1e-2,3e-2`` -> [0.01, 0.03]; None (the option not given): each row's grid."""
-    if not text:
+    if text is None:
         return None
     try:
         rates = [float(r) for r in text.split(",") if r.strip()]
     except ValueError:
         rates = []
-    if not rates or len(set(rates)) != len(rates) or min(rates) <= 0:
-        raise SystemExit(f"--rates {text!r}: give distinct positive numbers, comma-separated, e.g. --rates 1e-2,3e-2")
+    if not rates or len({f"{r:g}" for r in rates}) != len(rates) or not all(math.isfinite(r) and r > 0 for r in rates):
+        raise SystemExit(f"--rates {text!r}: give distinct finite positive numbers, comma-separated, e.g. --rates 1e-2,3e-2")
     return rates
 
 

@@ -91,7 +91,7 @@ def carried_over(earlier: list[dict[str, Any]], digest_of: Callable[[dict[str, A
             out.append(r)
         else:
             print(f"dropping an earlier row measured with another config than its cell has now: "
-                  f"{ {k: v for k, v in r.items() if isinstance(v, (str, int)) and k != 'config_digest'} }", flush=True)
+                  f"{ {k: v for k, v in r.items() if isinstance(v, (str, int, float)) and k != 'config_digest'} }", flush=True)
     return out
 
 
