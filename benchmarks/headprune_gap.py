@@ -102,10 +102,11 @@ def main() -> None:
     seeds = parse_seeds(args.seeds)
     earlier = earlier_rows(args.out)
     rows = []
-    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)} (comma-separated)")
-    for variant in args.variants.split(","):
+    for variant in variants:
         for seed in seeds:
             cfg = load_config(CONFIG, [*VARIANTS[variant], f"task.dataset={args.data}", f"seed={seed}",
                                        "runtime.progress=false"])

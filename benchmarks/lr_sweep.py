@@ -146,9 +146,11 @@ def main() -> None:
 
 
 def seeded_config(row: str, lr: float, seed: int | None, extra: list[str]):
-    """The config of one cell; seed None: the config's own."""
+    """The config of one cell and whether its seed is the config's own (seed None: the config's own)."""
     cfg = cell_config(row, lr, extra)
-    return cfg if seed is None or seed == cfg.seed else cell_config(row, lr, [*extra, f"seed={seed}"])
+    if seed is None or seed == cfg.seed:
+        return cfg, True
+    return cell_config(row, lr, [*extra, f"seed={seed}"]), False
 
 
 def carried(earlier: list[dict], extra: list[str]) -> list[dict]:
@@ -157,7 +159,7 @@ def carried(earlier: list[dict], extra: list[str]) -> list[dict]:
     def digest_of(r: dict) -> str | None:
         if r.get("row") not in ROWS:
             return None
-        return config_digest(seeded_config(r["row"], r["lr"], r.get("seed"), extra))
+        return config_digest(seeded_config(r["row"], r["lr"], r.get("seed"), extra)[0])
 
     return [r if r.get("seed") is not None else {**r, "seed": cell_config(r["row"], r["lr"], extra).seed}
             for r in carried_over(earlier, digest_of)]
@@ -166,8 +168,7 @@ def carried(earlier: list[dict], extra: list[str]) -> list[dict]:
 def cell(name: str, lr: float, seed: int | None, args, earlier: list[dict]) -> dict:
     """The row of one (row, rate, seed): kept from ``earlier`` when measured with the same config, else read
     from a finished run in --runs or trained."""
-    cfg = seeded_config(name, lr, seed, args.set)
-    own_seed = seed is None or seed == cell_config(name, lr, args.set).seed
+    cfg, own_seed = seeded_config(name, lr, seed, args.set)
     label, where = {"row": name, "lr": lr, "seed": cfg.seed}, f"{name} {lr:g} seed {cfg.seed}"
     digest = config_digest(cfg)  # the seed is part of it
     kept = kept_row(earlier, label, digest, where)
