@@ -577,3 +577,202 @@ def test_split_folders_without_class_folders_and_text_split_folders_are_not_read
     assert _available_splits(tmp_path / "text") == []
     with pytest.raises(DataError, match="has no split 'train'"):
         load_rows(str(tmp_path / "text"), "train")
+
+
+# --- bounded image inputs (issue 50): a pixel cap read from the header, one frame, no way out of the dataset ---
+
+def big_png(width: int, height: int) -> bytes:
+    """A valid bilevel PNG of ``width`` x ``height``, written row by row: a few KB on disk (its rows are zeros) and
+    never held decoded here."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    row, packer = b"\0" * (1 + (width + 7) // 8), zlib.compressobj(9)
+    idat = b"".join(packer.compress(row) for _ in range(height)) + packer.flush()
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # 1 bit, grayscale
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def refusal(call, *args) -> str:
+    """The one-line message of the DataError that ``call(*args)`` raises."""
+    with pytest.raises(DataError) as caught:
+        call(*args)
+    message = str(caught.value)
+    assert "\n" not in message and "\r" not in message, message
+    return message
+
+
+@pytest.fixture
+def no_decoding(monkeypatch):
+    """Fails a test that decodes an image file's pixels (ImageFile.load), so a refusal is seen to come first."""
+    from PIL import ImageFile
+
+    def load(self):
+        raise AssertionError(f"decoded a {self.size} image")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+
+
+def test_an_image_over_the_pixel_cap_is_refused_from_its_header_whatever_its_source(tmp_path, no_decoding):
+    import warnings
+
+    from fedpeft.data.images import MAX_IMAGE_PIXELS
+
+    data = big_png(12_000, 12_000)  # just under twice Pillow's limit: Pillow would decode it (576 MB as mode 1)
+    assert len(data) < 100_000 and MAX_IMAGE_PIXELS == 4096 * 4096
+    path = tmp_path / "huge.png"
+    path.write_bytes(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        loaders = Image.open(path)  # as a loader hands it over: opened lazily, not decoded
+    sources = [data, str(path), path, {"bytes": data, "path": None}, {"bytes": None, "path": str(path)}, loaders]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)  # Pillow's warning is not shown: refused
+        for source in sources:
+            assert refusal(decode_image, source, "row 4") == (
+                "row 4: the image is 12000 x 12000, 144,000,000 pixels, over the cap of 16,777,216 "
+                "(task.max_image_pixels); shrink the image (the model takes a few hundred pixels a side), or raise "
+                "task.max_image_pixels")
+    beyond_pillow = big_png(14_000, 14_000)  # over twice Pillow's limit: Pillow refuses it on opening
+    assert refusal(decode_image, beyond_pillow, "row 5").startswith(
+        "row 5: the image is over the cap of 16,777,216 pixels (task.max_image_pixels) and over Pillow's own limit")
+
+
+def test_the_cap_is_the_images_pixel_count_and_a_task_option(tmp_path):
+    from fedpeft.config import ConfigError
+    from fedpeft.config.load import apply_overrides, validate_config
+    from fedpeft.config.schema import TaskConfig
+    from fedpeft.data.images import MAX_IMAGE_PIXELS
+
+    assert decode_image(png(size=(6, 4)), "row 1", 24).size == (6, 4)  # at the cap: taken
+    assert refusal(decode_image, png(size=(6, 4)), "row 1", 23).startswith(
+        "row 1: the image is 6 x 4, 24 pixels, over the cap of 23 (task.max_image_pixels)")
+    assert refusal(decode_image, Image.new("L", (6, 4)), "row 2", 23).startswith("row 2: the image is 6 x 4")
+    assert TaskConfig().max_image_pixels == MAX_IMAGE_PIXELS == 16_777_216
+    raw = apply_overrides({}, ["task.max_image_pixels=1000000"])
+    assert validate_config(raw).task.max_image_pixels == 1_000_000
+    for bad in ("0", "89478486", "big"):
+        with pytest.raises(ConfigError, match="max_image_pixels"):
+            validate_config(apply_overrides({}, [f"task.max_image_pixels={bad}"]))
+
+
+def test_a_runs_images_are_capped_by_its_task_option(tmp_path):
+    from fedpeft.config.schema import TaskConfig
+    from fedpeft.data.prepare import prepare_task
+
+    for split in ("train", "validation"):
+        image_dataset(tmp_path / "pets", split=split)
+    task = TaskConfig(type="image_classification", dataset=str(tmp_path / "pets"), max_image_pixels=23)
+    with pytest.raises(DataError, match=r"row \d+ \(.*\.png\): the image is 6 x 4, 24 pixels, over the cap of 23 "):
+        prepare_task(task, None, encoder_decoder=False, seed=0, eval_max_examples=None)  # refused before the model
+
+
+def test_fedpeft_data_lists_an_oversized_image_as_a_problem_and_takes_the_cap_from_set(tmp_path, capsys):
+    from fedpeft.cli import main
+
+    folder = tmp_path / "pets" / "train"
+    for cls in ("cat", "dog"):
+        (folder / cls).mkdir(parents=True)
+        (folder / cls / "0.png").write_bytes(png("RGB", (5, 4), (1, 2, 3)))
+    (folder / "cat" / "huge.png").write_bytes(big_png(12_000, 12_000))
+    assert main(["data", str(tmp_path / "pets")]) == 2
+    out = capsys.readouterr().out
+    assert f"problem: {folder}: split 'train' row 2 ({folder}/cat/huge.png): the image is 12000 x 12000, " \
+           "144,000,000 pixels, over the cap of 16,777,216 (task.max_image_pixels); shrink the image" in out
+    assert "Traceback" not in out and "images (width x height mode): 5 x 4 RGB: 2" in out
+    (folder / "cat" / "huge.png").write_bytes(big_png(4100, 4100))  # just over the default
+    assert main(["data", str(tmp_path / "pets")]) == 2
+    assert "the image is 4100 x 4100, 16,810,000 pixels" in capsys.readouterr().out
+    assert main(["data", str(tmp_path / "pets"), "--set", "task.max_image_pixels=17000000"]) == 0
+    assert "4100 x 4100 1: 1" in capsys.readouterr().out  # (bilevel: mode 1)
+    assert main(["data", str(tmp_path / "pets"), "--set", "task.max_image_pixels=19"]) == 2
+    assert "row 1 (" in capsys.readouterr().out  # 5 x 4 = 20 pixels: over a cap of 19
+
+
+def frames_file(fmt: str, frames: int = 3) -> bytes:
+    images = [Image.new("RGB", (4, 4), (v, v, v)) for v in range(0, 60 * frames, 60)]
+    out = io.BytesIO()
+    images[0].save(out, format=fmt, save_all=True, append_images=images[1:])
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["GIF", "TIFF", "PNG", "WEBP"])
+def test_an_image_of_several_frames_is_refused_naming_the_count(fmt, tmp_path, no_decoding):
+    from PIL import features
+
+    if fmt == "WEBP" and not features.check("webp"):
+        pytest.skip("Pillow built without WebP")
+    data = frames_file(fmt)
+    path = tmp_path / f"moving.{fmt.lower()}"
+    path.write_bytes(data)
+    for source in (data, {"bytes": None, "path": str(path)}, Image.open(path)):
+        assert refusal(decode_image, source, f"row 2 ({path})") == (
+            f"row 2 ({path}): the image has 3 frames (an animation or a multi-page file), and which one to learn "
+            "from is not fedpeft's guess; save the frame you mean as a single-frame PNG")
+
+
+def image_dataset(root: Path, classes=("cat", "dog"), split: str = "train") -> Path:
+    """An ImageFolder dataset ``root/<split>/<class>/0.png`` of 6 x 4 grayscale images."""
+    for cls in classes:
+        (root / split / cls).mkdir(parents=True)
+        (root / split / cls / "0.png").write_bytes(png())
+    return root
+
+
+def test_a_symlink_out_of_the_dataset_directory_is_refused_and_one_within_it_is_followed(tmp_path):
+    from fedpeft.data.sources import load_rows
+
+    outside = image_dataset(tmp_path / "elsewhere", ("bird",)) / "train"
+    dataset = image_dataset(tmp_path / "pets")
+    (dataset / "train" / "bird").symlink_to(outside / "bird")  # a class folder leading out
+    assert refusal(load_rows, str(dataset), "train") == (
+        f"{dataset}/train/bird: points to {outside}/bird, outside the dataset directory {dataset}; put the class "
+        "folders and images inside the dataset directory (copy them in, or link only within it)")
+    (dataset / "train" / "bird").unlink()
+    (dataset / "train" / "cat" / "1.png").symlink_to(outside / "bird" / "0.png")  # an image leading out
+    assert refusal(load_rows, str(dataset), "train").startswith(
+        f"{dataset}/train/cat/1.png: points to {outside}/bird/0.png, outside the dataset directory {dataset};")
+    (dataset / "train" / "cat" / "1.png").unlink()
+    image_dataset(dataset / "pool", ("bird",))  # symlinks within the dataset's directory: followed
+    (dataset / "train" / "bird").symlink_to(dataset / "pool" / "train" / "bird")
+    (dataset / "train" / "cat" / "1.png").symlink_to(Path("..") / "dog" / "0.png")
+    rows = load_rows(str(dataset), "train")
+    assert [r["label"] for r in rows] == ["bird", "cat", "cat", "dog"]
+    assert [decode_image(r["image"], "x").size for r in rows] == [(6, 4)] * 4
+    link = tmp_path / "link-to-pets"  # the dataset directory itself may be a symlink
+    link.symlink_to(dataset)
+    assert len(load_rows(str(link), "train")) == 4
+    split = tmp_path / "split-out"  # a split folder leading out: its classes leave with it
+    split.mkdir()
+    (split / "train").symlink_to(outside)
+    assert refusal(load_rows, str(split), "train").startswith(f"{split}/train: points to {outside}, outside the "
+                                                              f"dataset directory {split};")
+    flat = tmp_path / "flat"  # class folders directly in the dataset directory: it is the dataset's directory
+    (flat / "cat").mkdir(parents=True)
+    (flat / "cat" / "0.png").write_bytes(png())
+    (flat / "bird").symlink_to(outside / "bird")
+    assert refusal(load_rows, str(flat), "train").startswith(f"{flat}/bird: points to {outside}/bird, outside")
+
+
+@pytest.mark.parametrize("name", ["ca\nt", "ca\tt", "ca\rt", "ca\u200bt", "ca\x7ft"])
+def test_a_class_folder_name_with_a_control_character_is_refused_on_one_line(name, tmp_path):
+    folder = tmp_path / "train" / name
+    folder.mkdir(parents=True)
+    (folder / "0.png").write_bytes(png())
+    message = refusal(read_image_folder, tmp_path / "train")
+    assert message.startswith(f"{str(folder)!r}: class folder name {name!r} holds the control character "
+                              f"{name[2]!r}; rename the folder (its name is the class label)"), message
+
+
+def test_a_class_folder_name_over_128_characters_is_refused_and_128_is_taken(tmp_path):
+    for n in (128, 250):
+        folder = tmp_path / str(n) / ("a" * n)
+        folder.mkdir(parents=True)
+        (folder / "0.png").write_bytes(png())
+    assert read_image_folder(tmp_path / "128")[0]["label"] == "a" * 128
+    assert refusal(read_image_folder, tmp_path / "250") == (
+        f"{tmp_path / '250' / ('a' * 250)}: class folder name of 250 characters, over 128; rename the folder to a "
+        "shorter name (its name is the class label)")

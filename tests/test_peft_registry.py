@@ -62,12 +62,21 @@ def test_the_example_method_runs_from_the_command_line_with_unknown_ops(tmp_path
     assert read_summary("run")["total_ops_analytic"] is None
     meta = json.loads((tmp_path / "run" / "adapter" / "fedpeft_adapter.json").read_text())
     assert meta["method"] == "layernorm" and meta["plugins"] == [PLUGIN]
-    # the adapter loads in a fresh process through the plugins its json lists, and `fedpeft eval` repeats the run
-    probe = "import fedpeft; a = fedpeft.load_adapter('run/adapter'); print(a.meta['method'], type(a.model).__name__)"
-    out = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, cwd=tmp_path)
-    assert out.stdout.split() == ["layernorm", "BertForSequenceClassification"], out.stderr
+    # in a fresh process the adapter loads once the caller names the plugin or trusts the ones its json lists;
+    # without either it is refused naming the plugin (an adapter is data: it never imports code by itself)
+    def probe(keywords: str) -> subprocess.CompletedProcess:
+        code = (f"import fedpeft; a = fedpeft.load_adapter('run/adapter'{keywords}); "
+                "print(a.meta['method'], type(a.model).__name__)")
+        return subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=tmp_path)
+
+    for keywords in (f", plugins=[{PLUGIN!r}]", ", trust_plugins=True"):
+        out = probe(keywords)
+        assert out.stdout.split() == ["layernorm", "BertForSequenceClassification"], out.stderr
+    refused = probe("")
+    assert refused.returncode != 0 and "PEFT method 'layernorm' is not registered" in refused.stderr
+    assert f"--plugin {PLUGIN}" in refused.stderr and "--trust-plugins" in refused.stderr
     capsys.readouterr()
-    assert main(["eval", "run", "--adapter", "last", "--max-examples", "32", "--json"]) == 0
+    assert main(["eval", "run", "--adapter", "last", "--max-examples", "32", "--json", "--plugin", PLUGIN]) == 0
     scores = json.loads(capsys.readouterr().out)
     assert scores["eval_accuracy"] == pytest.approx(rows[-1]["eval_accuracy"])
 

@@ -258,18 +258,36 @@ def test_nan_or_inf_in_a_checkpoint_is_refused_unless_it_was_saved_so(tmp_path, 
         checkpoint.load(tmp_path)
 
 
-def test_a_checkpoint_from_before_the_seal_loads_with_a_warning(tmp_path, caplog):
+def test_a_checkpoint_without_its_seal_loads_only_when_allowed(tmp_path, caplog):
+    """Format 1 (before the seal), or a sealed checkpoint stripped of it: refused unless the reader opts in."""
     arrays, tree = checkpoint.pack_state(small_state())
     old = wire.encode(wire.Payload(arrays, {"format": 1, "round": 3, "state": tree}))
     (tmp_path / checkpoint.FILENAME).write_bytes(old)
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        checkpoint.load(tmp_path)
+    assert str(refused.value).startswith(f"{tmp_path / checkpoint.FILENAME} carries no SHA-256 seal")
+    assert "--allow-unsealed" in str(refused.value) and "\n" not in str(refused.value)
     with caplog.at_level("WARNING", logger="fedpeft"):
-        assert checkpoint.load(tmp_path)[0] == 3
-    assert "written before checkpoints carried a checksum" in caplog.text
+        assert checkpoint.load(tmp_path, allow_unsealed=True)[0] == 3
+    assert "carries no checksum (allowed by allow_unsealed)" in caplog.text
     arrays["/server/global_state/0"] = np.array([np.nan] * 6, dtype=np.float32).reshape(2, 3)
     (tmp_path / checkpoint.FILENAME).write_bytes(wire.encode(wire.Payload(arrays, {"format": 1, "round": 3,
                                                                                    "state": tree})))
     with pytest.raises(checkpoint.CheckpointError, match="NaN or infinite"):
+        checkpoint.load(tmp_path, allow_unsealed=True)
+
+
+def test_a_stripped_checkpoint_is_refused_and_sealed_again_on_request(tmp_path):
+    checkpoint.save(tmp_path, 2, small_state())
+    payload = wire.decode((tmp_path / checkpoint.FILENAME).read_bytes())
+    stripped = {k: v for k, v in payload.meta.items() if k not in ("sha256", "nonfinite")}
+    (tmp_path / checkpoint.FILENAME).write_bytes(wire.encode(wire.Payload(payload.arrays, {**stripped, "format": 1})))
+    with pytest.raises(checkpoint.CheckpointError, match="carries no SHA-256 seal"):
         checkpoint.load(tmp_path)
+    assert checkpoint.seal_older(tmp_path) and not checkpoint.seal_older(tmp_path)  # sealed once
+    rnd, state = checkpoint.load(tmp_path)
+    assert rnd == 2 and np.array_equal(state["server"]["global_state"]["w"],
+                                       small_state()["server"]["global_state"]["w"])
 
 
 def test_the_seal_misses_no_bit_of_the_header(tmp_path):
@@ -311,25 +329,37 @@ def test_a_saved_config_cut_at_any_point_is_refused(saved_run):
     (lambda text: b"\n\n", "is empty"),
     (lambda text: text[: len(text) // 2], "does not match the checksum on its first line"),
     (lambda text: text.replace(b"lr: 0.001", b"lr: 0.003"), "does not match the checksum"),  # one bit
-    (lambda text: text.split(b"\n", 1)[1].replace(b"train:", b"trainn:"), "lacks train"),  # an older file
+    (lambda text: text.split(b"\n", 1)[1], "carries no SHA-256 seal (no # sha256 first line)"),  # stripped
+    # unsealed files, read with --allow-unsealed: the other checks still hold
     (lambda text: text.split(b"\n", 1)[1].replace(b"  lr: 0.001", b" lr: [0.001"), "not valid YAML"),
     (lambda text: b"# just a comment\n", "holds no settings"),
 ])
 def test_a_damaged_saved_config_is_refused_on_resume_in_one_line(saved_run, capsys, damage, says):
     path = saved_run / "config.yaml"
     path.write_bytes(damage(path.read_bytes()))
-    assert main(["run", "--resume", str(saved_run), "--no-progress"]) == 2
+    opt_in = ["--allow-unsealed"] if says in ("not valid YAML", "holds no settings") else []
+    assert main(["run", "--resume", str(saved_run), "--no-progress", *opt_in]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert str(path) in line and says in line
 
 
-def test_a_config_without_checksum_is_used_when_it_is_whole(saved_run, caplog):
-    """A config.yaml from an older fedpeft, or written again with `fedpeft config`, has no checksum line."""
+def test_a_config_without_checksum_is_used_only_when_allowed_and_whole(saved_run, caplog, capsys):
+    """A config.yaml from an older fedpeft, or written again with `fedpeft config`, has no checksum line: refused
+    unless the reader opts in; a resume that does seals it in place, once."""
     path = saved_run / "config.yaml"
+    path.write_text(dump_config(tiny_config("train.lr=0.001")).replace("train:", "trainn:"))
+    with pytest.raises(ConfigError, match="carries no SHA-256 seal"):
+        read_saved_config(saved_run)
+    with pytest.raises(ConfigError, match="lacks train"):  # opting in does not let a cut-short file through
+        read_saved_config(saved_run, allow_unsealed=True)
     path.write_text(dump_config(tiny_config("train.lr=0.001")))
     with caplog.at_level("WARNING", logger="fedpeft"):
-        assert resume_config(saved_run).train.lr == 0.001
-    assert "has no checksum" in caplog.text
+        assert read_saved_config(saved_run, allow_unsealed=True)["train"]["lr"] == 0.001
+    assert "has no checksum (allowed by allow_unsealed)" in caplog.text
+    assert main(["run", "--resume", str(saved_run), "--no-progress"]) == 2
+    assert "--allow-unsealed" in one_error_line(capsys.readouterr().err)
+    assert resume_config(saved_run, allow_unsealed=True).train.lr == 0.001
+    assert path.read_text().startswith("# sha256 ") and read_saved_config(saved_run)["train"]["lr"] == 0.001
 
 
 def test_a_resume_refuses_a_config_that_changed_since_the_checkpoint(saved_run):
@@ -616,13 +646,14 @@ def test_a_tampered_adapter_is_refused_by_load_adapter_and_fedpeft_eval(adapter_
         without_checksums(adapter)
     damage(adapter / name)
     with pytest.raises(AdapterError) as refused:
-        load_adapter(adapter)
+        load_adapter(adapter, allow_unsealed=not checksums)
     message = str(refused.value)
     assert says in message and str(adapter) in message and "\n" not in message
     assert message.endswith(f"the adapter in {adapter} cannot be used: restore the directory from a copy, or use the "
                             "run's other adapter (fedpeft eval --adapter best|last)")
     capsys.readouterr()
-    assert main(["eval", str(run), "--adapter", "last", "--max-examples", "8"]) == 2
+    opt_in = [] if checksums else ["--allow-unsealed"]
+    assert main(["eval", str(run), "--adapter", "last", "--max-examples", "8", *opt_in]) == 2
     assert says in one_error_line(capsys.readouterr().err)
 
 

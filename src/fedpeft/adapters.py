@@ -11,19 +11,25 @@ kind, labels, seed) next to the weights, in the save format its PEFT method regi
   trainable tensors under their parameter names in the tuned model; loading applies the registered method
   to a fresh backbone (which inserts its modules, e.g. the bottleneck adapters) and writes them in. BitFit's
   names are the backbone's own, so plain ``model.load_state_dict(tensors, strict=False)`` restores it too.
-A method registered by a plugin is found again through the run's plugins, which the json lists (``plugins``).
+An adapter is data: loading one never imports code it names. A method registered by a plugin needs that
+plugin loaded first: named by the caller (``plugins=``, ``--plugin``), installed (the ``fedpeft.plugins``
+entry points), or, with ``trust_plugins=True`` (``--trust-plugins``), the run's plugins the json lists
+(``plugins``); otherwise the adapter is refused naming the plugin and both ways. Weights are read from
+safetensors files only: a pickle-based file (``.bin``, ``.pt``, ...) can run code when loaded and is refused.
 
 Before anything loads, the directory is verified: ``fedpeft_adapter.json`` holds the SHA-256 of every other
-file and its own (``files``, ``sha256``; fedpeft.integrity), every safetensors file must read and hold finite
-values only, and a PEFT-format adapter must hold exactly the tensors its method's model has. A damaged
-adapter is refused with a one-line :class:`AdapterError` naming the file. Adapters saved before the
-checksums were recorded are loaded with a warning (the other checks still apply).
+file and its own (``files``, ``sha256``; fedpeft.integrity), every JSON and safetensors file must be among
+those, every safetensors file must read and hold finite values only, and a PEFT-format adapter must hold
+exactly the tensors its method's model has. A damaged adapter is refused with a one-line :class:`AdapterError`
+naming the file. An adapter without its seal (saved before seals, or stripped of them) is refused unless the
+caller opts in (``allow_unsealed=True``, ``--allow-unsealed``); the other checks still apply.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +37,7 @@ from typing import Any
 import torch
 
 from fedpeft.errors import UserError
-from fedpeft.integrity import seal_matches, sha256_file
+from fedpeft.integrity import seal_matches, sha256_file, unsealed_refusal
 from fedpeft.models import registry
 from fedpeft.tuners import StateError, apply_tuner, method_options, registered_peft_method
 from fedpeft.tuners.tuned import FEDPEFT_ADAPTER_CONFIG, FEDPEFT_ADAPTER_FILE
@@ -40,11 +46,13 @@ log = logging.getLogger("fedpeft")
 PEFT_WEIGHTS, PEFT_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 # per save format: the files an adapter cannot load without (any one of each group)
 REQUIRED_FILES = {
-    "peft": [(PEFT_CONFIG,), (PEFT_WEIGHTS, "adapter_model.bin")],
+    "peft": [(PEFT_CONFIG,), (PEFT_WEIGHTS,)],
     "state": [(FEDPEFT_ADAPTER_FILE,)],
-    "model": [("config.json",), ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                                 "pytorch_model.bin.index.json")],
+    "model": [("config.json",), ("model.safetensors", "model.safetensors.index.json")],
 }
+# weights in pickle-based formats: loading one can run code, so an adapter directory holding one is refused
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+SEALED_SUFFIXES = (".json", ".safetensors")  # what a loader reads: each must be among the sealed files
 LOAD_ERRORS = (RuntimeError, ValueError, KeyError, TypeError, OSError)  # what a damaged directory makes HF raise
 
 
@@ -73,8 +81,9 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {telling[:200]}"
 
 
-def read_adapter_meta(directory: str | Path) -> dict[str, Any]:
-    """``fedpeft_adapter.json``, checked against its own SHA-256 (AdapterError if it is damaged)."""
+def read_adapter_meta(directory: str | Path, *, allow_unsealed: bool = False) -> dict[str, Any]:
+    """``fedpeft_adapter.json``, checked against its own SHA-256 (AdapterError if it is damaged, or carries no
+    seal or no file digests and ``allow_unsealed`` is off)."""
     directory = Path(directory)
     path = directory / FEDPEFT_ADAPTER_CONFIG
     if not path.is_file():
@@ -87,23 +96,63 @@ def read_adapter_meta(directory: str | Path) -> dict[str, Any]:
         raise damaged(directory, f"{path} is not valid JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise damaged(directory, f"{path} is not a JSON object")
-    if "sha256" in meta:
-        if not seal_matches(data, meta["sha256"]):
-            raise damaged(directory, f"{path} does not match its SHA-256 (damaged or edited since the run saved it)")
-    else:
-        log.warning("%s records no checksums (saved by an older fedpeft): its files cannot be verified", path)
+    missing = [key for key in ("sha256", "files") if key not in meta]
+    if missing and not allow_unsealed:
+        raise AdapterError(unsealed_refusal(path, f"no {' or '.join(repr(k) for k in missing)}"))
+    if "sha256" in meta and not seal_matches(data, meta["sha256"]):
+        raise damaged(directory, f"{path} does not match its SHA-256 (damaged or edited since the run saved it)")
+    if missing:
+        log.warning("%s records no %s (allowed by allow_unsealed): its files cannot all be verified", path,
+                    " or ".join(missing))
     for key in ("method", "kind"):
         if not isinstance(meta.get(key), str):
             raise damaged(directory, f"{path} lacks {key!r}")
     return meta
 
 
+def load_method(directory: Path, method: str, listed: Any, plugins: Sequence[str], trusted: bool) -> None:
+    """Register ``method`` for loading the adapter in ``directory``: the installed plugins and the caller's
+    ``plugins``, and, when ``trusted``, the plugins the adapter lists (``listed``); an AdapterError naming the
+    plugins and both ways to load them when the method is still unknown."""
+    from fedpeft.plugins import load_plugins, resolve_plugin, untrusted_hint
+    from fedpeft.tuners import PEFT_METHODS
+
+    load_plugins([resolve_plugin(x) for x in plugins])
+    if method in PEFT_METHODS:
+        return
+    specs = [x for x in listed if isinstance(x, str)] if isinstance(listed, list) else []
+    if specs and trusted:
+        load_plugins(specs)
+        if method in PEFT_METHODS:
+            return
+    where = directory / FEDPEFT_ADAPTER_CONFIG
+    if specs and not trusted:
+        raise AdapterError(f"{where}: PEFT method {method!r} is not registered; {untrusted_hint(specs, 'the adapter')}")
+    raise AdapterError(f"{where}: PEFT method {method!r} is not registered{' by its plugins' if specs else ''}; load "
+                       f"the plugin that registers it (--plugin FILE_OR_MODULE, or plugins=[...] in Python); "
+                       f"registered: {', '.join(PEFT_METHODS)}")
+
+
 def verify_files(directory: Path, meta: dict[str, Any], save_format: str) -> None:
     """Every file fedpeft_adapter.json lists is there with its SHA-256, and the format's files are there."""
     files = meta.get("files", {})
-    if not isinstance(files, dict):
-        raise damaged(directory, f"{directory / FEDPEFT_ADAPTER_CONFIG}: 'files' is not a mapping")
+    if not isinstance(files, dict) or not all(isinstance(d, str) for d in files.values()):
+        raise damaged(directory, f"{directory / FEDPEFT_ADAPTER_CONFIG}: 'files' is not a mapping of names to digests")
+    present = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != FEDPEFT_ADAPTER_CONFIG)
+    pickled = [p for p in present if p.suffix.lower() in PICKLE_SUFFIXES]
+    if pickled:
+        raise AdapterError(f"{pickled[0]}: a pickle-based weights file, which can run code when loaded; fedpeft reads "
+                           "adapters from safetensors files only: remove it (fedpeft saves safetensors)")
+    if "files" in meta:
+        unsealed_files = [p for p in present if p.suffix.lower() in SEALED_SUFFIXES
+                          and p.relative_to(directory).as_posix() not in files]
+        if unsealed_files:
+            raise damaged(directory, f"{unsealed_files[0]} is not among the files {FEDPEFT_ADAPTER_CONFIG} records "
+                                     "(added or renamed since the run saved the adapter)")
     for name, digest in files.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise damaged(directory, f"{directory / FEDPEFT_ADAPTER_CONFIG}: 'files' names {name!r}, outside the "
+                                     "adapter directory")
         path = directory / name
         if not path.is_file():
             raise damaged(directory, f"{path} is missing")
@@ -157,21 +206,23 @@ def check_peft_tensors(directory: Path, model: Any, saved: list[str]) -> None:
 
 
 def load_adapter(directory: str | Path, *, base_model: str | None = None, dtype: str = "float32",
-                 device: str | torch.device = "cpu") -> LoadedAdapter:
+                 device: str | torch.device = "cpu", plugins: Sequence[str] = (), trust_plugins: bool = False,
+                 allow_unsealed: bool = False) -> LoadedAdapter:
     """The model an adapter directory describes, ready for inference. ``base_model`` overrides the backbone
-    named in fedpeft_adapter.json (e.g. a local copy of the same weights)."""
+    named in fedpeft_adapter.json (e.g. a local copy of the same weights). ``plugins``: plugins to load first
+    (.py files or modules, e.g. the one registering the adapter's method); ``trust_plugins``: also import the
+    plugins the adapter lists (they are code; off by default); ``allow_unsealed``: accept an adapter saved
+    without checksums (by a fedpeft from before seals)."""
     directory = Path(directory)
-    meta = read_adapter_meta(directory)
+    meta = read_adapter_meta(directory, allow_unsealed=allow_unsealed)
     if meta.get("incomplete"):
         raise StateError(f"{str(directory)!r} is not the run's model: {meta['incomplete']}")
     method, kind = meta["method"], meta["kind"]
-    from fedpeft.plugins import load_installed_plugins, load_plugins
-    from fedpeft.tuners import PEFT_METHODS
-
-    load_installed_plugins()
-    if method not in PEFT_METHODS and meta.get("plugins"):  # the run's plugins, one of which registers it
-        load_plugins(meta["plugins"])
+    load_method(directory, method, meta.get("plugins"), plugins, trust_plugins)
     save_format = meta.get("save_format") or registered_peft_method(method).save_format
+    if save_format not in REQUIRED_FILES:
+        raise damaged(directory, f"{directory / FEDPEFT_ADAPTER_CONFIG}: unknown save_format {save_format!r} (one of "
+                                 f"{', '.join(REQUIRED_FILES)})")
     verify_files(directory, meta, save_format)
     tensors = {p.name: scan_tensors(directory, p) for p in sorted(directory.glob("*.safetensors"))}
     name = base_model or meta.get("base_model")

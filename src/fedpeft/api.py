@@ -14,17 +14,18 @@ from fedpeft.observer import RunObserver
 
 
 def _as_config(config: RunConfig | dict[str, Any] | str | Path) -> RunConfig:
-    if isinstance(config, RunConfig):
-        return validate_config(config.model_dump(mode="json"))  # the cross-checks of a whole config, again
+    """The config to run: running a config runs the plugins it lists, as ``fedpeft run CONFIG`` does."""
+    if isinstance(config, RunConfig):  # the cross-checks of a whole config, again
+        return validate_config(config.model_dump(mode="json"), trust_plugins=True)
     if isinstance(config, dict):
-        return validate_config(config)
-    return load_config(config)
+        return validate_config(config, trust_plugins=True)
+    return load_config(config, trust_plugins=True)
 
 
 def run(config: RunConfig | dict[str, Any] | str | Path, run_dir: str | Path | None = None, *,
         observers: Sequence[RunObserver] = ()) -> dict[str, Any]:
-    """Run a federated fine-tuning (a RunConfig, a mapping as in YAML, or a YAML path) in the runtime its
-    ``runtime.name`` names (see fedpeft.launchers.run_config), then draw RUN_DIR/plots; returns the run's summary
+    """Run a federated fine-tuning (a RunConfig, a mapping as in YAML, or a YAML path; its ``plugins`` are
+    imported: a config is code) in the runtime its ``runtime.name`` names (see fedpeft.launchers.run_config), then draw RUN_DIR/plots; returns the run's summary
     (also in RUN_DIR/summary.json). ``observers`` (fedpeft.RunObserver) watch the run's rounds; a runtime that
     runs in this process only (embedded, not flower)."""
     from fedpeft.launchers import run_config
@@ -43,13 +44,17 @@ def plotted(summary: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def resume(run_dir: str | Path, *, rounds: int | None = None, observers: Sequence[RunObserver] = ()) -> dict[str, Any]:
+def resume(run_dir: str | Path, *, rounds: int | None = None, observers: Sequence[RunObserver] = (),
+           allow_unsealed: bool = False) -> dict[str, Any]:
     """Continue the run in ``run_dir`` from its last checkpoint (``rounds``: a new federation.rounds, which
-    also extends a finished run); returns its summary. ``observers`` as in :func:`run`."""
+    also extends a finished run); returns its summary. The run's config is run, its plugins included.
+    ``observers`` as in :func:`run`. ``allow_unsealed``: accept (and seal) a config.yaml and checkpoint saved
+    without their SHA-256 seal, by a fedpeft from before seals."""
     from fedpeft.launchers import run_config
     from fedpeft.runtime.resume import resume_config
 
-    return plotted(run_config(resume_config(run_dir, rounds), run_dir, resume=True, observers=observers))
+    cfg = resume_config(run_dir, rounds, allow_unsealed=allow_unsealed)
+    return plotted(run_config(cfg, run_dir, resume=True, observers=observers))
 
 
 def read_partition(run_dir: str | Path) -> dict[str, Any]:

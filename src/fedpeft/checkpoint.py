@@ -11,7 +11,8 @@ new one, never a half-written file. It is sealed with its SHA-256 (:mod:`fedpeft
 metadata), so a damaged file (a flipped bit in a tensor or in the header) is refused with
 :class:`CheckpointError` rather than trained on, as is a NaN or infinite value in an array that did not
 hold one when it was saved (those the state legitimately holds are listed in the metadata, ``nonfinite``).
-Checkpoints of format 1 (before the seal) still load, with a warning, as long as their arrays are finite.
+Checkpoints of format 1 (before the seal, or stripped of it) load only when the reader opts in
+(``allow_unsealed``), with a warning, and as long as their arrays are finite.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 from fedpeft import wire
 from fedpeft.durable import atomic_write
 from fedpeft.errors import UserError
-from fedpeft.integrity import PLACEHOLDER, seal, seal_matches
+from fedpeft.integrity import PLACEHOLDER, seal, seal_matches, unsealed_refusal
 
 FILENAME = "checkpoint.safetensors"
 FORMAT = 1  # of a state tree (encode_tree, and checkpoints before their seal)
@@ -144,9 +145,10 @@ def _refuse(path: Path, problem: str) -> CheckpointError:
                            "run again in a new directory")
 
 
-def load(run_dir: str | Path) -> tuple[int, dict[str, Any]]:
+def load(run_dir: str | Path, *, allow_unsealed: bool = False) -> tuple[int, dict[str, Any]]:
     """(last completed round, state); CheckpointError if there is none, it cannot be read, its checksum does
-    not match or an array holds NaN / infinite values it did not hold when saved."""
+    not match, it carries none (format 1) and ``allow_unsealed`` is off, or an array holds NaN / infinite values
+    it did not hold when saved."""
     path = Path(run_dir) / FILENAME
     if not path.is_file():
         raise CheckpointError(f"{str(run_dir)!r} has no {FILENAME}: the run saved no checkpoint yet "
@@ -164,8 +166,10 @@ def load(run_dir: str | Path) -> tuple[int, dict[str, Any]]:
         if not seal_matches(data, meta.get("sha256"), 8, _header_end(data)):
             raise _refuse(path, "is damaged: its SHA-256 does not match its contents (a changed bit)")
         declared = set(meta.get("nonfinite") or [])
+    elif not allow_unsealed:
+        raise CheckpointError(unsealed_refusal(path, f"a checkpoint of format {FORMAT}"))
     else:
-        log.warning("%s was written before checkpoints carried a checksum: a damaged one cannot be told from a good "
+        log.warning("%s carries no checksum (allowed by allow_unsealed): a damaged one cannot be told from a good "
                     "one (NaN / infinite values are still refused)", path)
     bad = [p for p in nonfinite_arrays(payload.arrays) if p not in declared]
     if bad:
@@ -173,3 +177,21 @@ def load(run_dir: str | Path) -> tuple[int, dict[str, Any]]:
         raise _refuse(path, f"holds NaN or infinite values in {name!r} ({len(bad)} array(s)), which it did not "
                             "hold when it was saved")
     return meta["round"], unpack_state(payload.arrays, meta.get("state"))
+
+
+def seal_older(run_dir: str | Path) -> bool:
+    """Write an unsealed checkpoint (format 1) of RUN_DIR again, sealed, with the same round and state (after
+    the checks of :func:`load` with ``allow_unsealed``); False if there is none or it was sealed already."""
+    path = Path(run_dir) / FILENAME
+    if not path.is_file():
+        return False
+    data = path.read_bytes()
+    try:
+        sealed = wire.decode(data).meta.get("format") == SEALED_FORMAT
+    except wire.PayloadError:
+        sealed = False  # load says what is wrong
+    if sealed:
+        return False
+    rnd, state = load(run_dir, allow_unsealed=True)
+    save(run_dir, rnd, state)
+    return True

@@ -51,11 +51,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                               "plugins included); give no config file, --run-dir or --plugin with it")
         from fedpeft.runtime.resume import resume_config
 
-        cfg = resume_config(args.resume, _resume_rounds(args.set))
+        cfg = resume_config(args.resume, _resume_rounds(args.set), allow_unsealed=args.allow_unsealed)
     else:
         if not args.config:
             raise ConfigError("give a YAML config (fedpeft run CONFIG) or a run to continue (fedpeft run --resume RUN_DIR)")
-        cfg = load_config(args.config, args.set, plugins=args.plugin)
+        if args.allow_unsealed:
+            raise ConfigError("--allow-unsealed goes with --resume RUN_DIR (a run whose files carry no seal); a new run "
+                              "writes sealed files")
+        # running a config runs the plugins it lists (docs/guide/configuration.md: a config is code)
+        cfg = load_config(args.config, args.set, plugins=args.plugin, trust_plugins=True)
     if args.no_progress:
         cfg.runtime.progress = False
     from fedpeft.data.sources import check_available
@@ -147,14 +151,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no config.yaml)")
-    cfg = saved_config(run_dir, [f"task.dataset={args.dataset}"] if args.dataset else [])  # checked as a resume does
+    trust = {"plugins": args.plugin, "trust_plugins": args.trust_plugins, "allow_unsealed": args.allow_unsealed}
+    # checked as a resume does; the run's plugins are imported only when named or trusted
+    cfg = saved_config(run_dir, [f"task.dataset={args.dataset}"] if args.dataset else [], **trust)
     adapter_name = _eval_adapter(run_dir, args.adapter, args.client, cfg)
     adapter_dir = run_dir / adapter_name
-    meta = read_adapter_meta(adapter_dir)
+    meta = read_adapter_meta(adapter_dir, allow_unsealed=args.allow_unsealed)
     model = _scored_model(adapter_name, meta, cfg)
     split = args.split or cfg.task.eval_split
     device = pick_device(args.device or cfg.runtime.device)
-    loaded = load_adapter(adapter_dir, dtype=cfg.model.dtype, device=device)
+    loaded = load_adapter(adapter_dir, dtype=cfg.model.dtype, device=device, **trust)
     encdec = bool(getattr(loaded.model.config, "is_encoder_decoder", False))
     data = prepare_eval(cfg.task, split, loaded.tokenizer, encoder_decoder=encdec, seed=cfg.seed,
                         max_examples=args.max_examples, label_names=meta.get("label_names"),
@@ -288,7 +294,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set, plugins=args.plugin)
+    cfg = load_config(args.config, args.set, plugins=args.plugin, trust_plugins=args.trust_plugins)
     print(dump_config(cfg), end="")
     return 0
 
@@ -333,7 +339,8 @@ def cmd_data(args: argparse.Namespace) -> int:
         template = prompt_template(task_type, args.dataset, rows, task.prompt_template) if task_type and rows else None
         problems, notes = validate.report(task_type, rows, origins, template, split)
         if task_type == "image_classification" and not problems:
-            images, problems = image_report(rows, [validate.at(o) for o in origins])
+            images, problems = image_report(rows, [validate.at(o) for o in origins],
+                                            max_pixels=task.max_image_pixels)
             print(f"    {images}")
         for line in [f"note: {n}" for n in notes] + [f"problem: {p}" for p in problems[:10]]:
             print(f"    {line}")
@@ -357,7 +364,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"{str(target)!r} has no partition.json")
         stats = json.loads(path.read_text())
     else:
-        cfg = load_config(target, args.set)
+        cfg = load_config(target, args.set, plugins=args.plugin, trust_plugins=args.trust_plugins)
         _quiet_libraries()
         from fedpeft.data.partition import partition_stats
         from fedpeft.data.prepare import prepare_task
@@ -598,6 +605,15 @@ def _peft_sets(sets: list[str]) -> dict[str, str]:
     return out
 
 
+def _trust_arguments(parser: argparse.ArgumentParser, files: str) -> None:
+    """--plugin and --trust-plugins of a command that reads a config, run directory or adapter (no code runs)."""
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                        help="load a plugin (a .py file or a module) first, e.g. the one that registers the run's "
+                        "method (repeatable)")
+    parser.add_argument("--trust-plugins", action="store_true", help=f"import the plugins {files} names (they are "
+                        "code: trust them as you would a Python script); off by default")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpeft", description="Federated parameter-efficient fine-tuning.")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -612,6 +628,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
                    help="load a plugin (a .py file or a module) that registers algorithms or PEFT methods; kept in "
                    "the run's config.yaml, so --resume and Flower apps load it too (repeatable)")
+    r.add_argument("--allow-unsealed", action="store_true", help="with --resume: accept (and seal) a config.yaml and "
+                   "checkpoint that carry no SHA-256 seal, as a fedpeft from before seals wrote them")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_run)
 
@@ -646,12 +664,15 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default: the run's runtime.device")
     ev.add_argument("--out", help="predictions file (default: RUN_DIR/eval/<adapter>-<split>.jsonl)")
     ev.add_argument("--json", action="store_true", help="print the scores as JSON")
+    _trust_arguments(ev, "the run's config and adapter")
+    ev.add_argument("--allow-unsealed", action="store_true", help="accept a config.yaml and adapter that carry no "
+                    "SHA-256 seal (saved by a fedpeft from before seals)")
     ev.set_defaults(func=cmd_eval)
 
     c = sub.add_parser("config", help="validate a config and print it with every default filled in")
     c.add_argument("config")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    c.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE")
+    _trust_arguments(c, "the config")
     c.set_defaults(func=cmd_config)
 
     d = sub.add_parser("data", help="show a dataset's splits, sizes, fields and labels")
@@ -667,6 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("source", help="config YAML or run directory")
     pa.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pa.add_argument("--rows", type=int, default=20, help="clients to list")
+    _trust_arguments(pa, "the config")
     pa.set_defaults(func=cmd_partition)
 
     me = sub.add_parser("methods", help="list the registered algorithms and PEFT methods (with --plugin: a "

@@ -4,6 +4,11 @@ A file that records its own digest (a checkpoint's metadata, ``fedpeft_adapter.j
 line) is *sealed*: it is written with :data:`PLACEHOLDER` (64 zeros) where the digest goes, the SHA-256 of those
 exact bytes is computed and written over the placeholder. To verify, the digest is zeroed again and the bytes
 hashed: any changed bit of the file, its digest included, gives another hash.
+
+A seal proves that a file is the one fedpeft wrote: not cut short, not damaged on disk or on the way, not
+edited by accident. It proves nothing about who wrote it: anyone can edit a file and compute its seal again.
+Seals are not optional: a file that must carry one and does not (written before seals, or stripped of its
+seal) is refused unless the reader opts in (``allow_unsealed``, ``--allow-unsealed``).
 """
 
 from __future__ import annotations
@@ -43,3 +48,15 @@ def seal_matches(data: bytes, digest: str, start: int = 0, end: int | None = Non
         return False
     blank = data[:at] + PLACEHOLDER.encode() + data[at + len(digest):]
     return hashlib.sha256(blank).hexdigest() == digest
+
+
+# how a user loads a file without its seal: the command-line flag and the Python keyword
+ALLOW_UNSEALED = "--allow-unsealed (allow_unsealed=True in Python)"
+
+
+def unsealed_refusal(path: Path, what: str) -> str:
+    """The one-line refusal of ``path``, a file that carries no seal (``what``: what is missing) where fedpeft
+    always writes one."""
+    return (f"{path} carries no SHA-256 seal ({what}), which fedpeft writes into every such file: it was written by "
+            f"a fedpeft from before seals or by hand, or its seal was removed; if you know where it came from, load "
+            f"it with {ALLOW_UNSEALED}")

@@ -6,6 +6,13 @@ A plugin is named in a config (``plugins: [my_package.fl, ./my_plugin.py]``), on
 (``fedpeft run CONFIG --plugin ./my_plugin.py``, which adds it to the config) or by an installed package
 through the entry-point group ``fedpeft.plugins`` (loaded whenever a config is validated). Since a run's
 saved config.yaml lists its plugins, a resumed run and every Flower ServerApp and ClientApp load them too.
+
+A plugin is code, so a file that names one is code too. Only running a config (``fedpeft run CONFIG``,
+``fedpeft.run``) or continuing a run (``--resume``, ``fedpeft.resume``) imports the plugins its config lists;
+everything that only reads a config, a run directory or an adapter (``fedpeft config``, ``partition``,
+``eval``, ``report``, ``fedpeft.load_config``, ``fedpeft.load_adapter``) imports the plugins the user names
+(``--plugin``, ``plugins=``), the installed ones, and those a file lists only when the user trusts them
+(``--trust-plugins``, ``trust_plugins=True``), as Hugging Face's ``trust_remote_code`` does.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import importlib
 import importlib.util
 import logging
 import sys
+from collections.abc import Iterable, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
@@ -46,13 +54,39 @@ def resolve_plugin(spec: str, base_dir: str | Path | None = None) -> str:
     return spec
 
 
+def _file_module_name(path: Path) -> str:
+    return f"fedpeft_plugin_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+
+
+def is_loaded(spec: str) -> bool:
+    """Whether the plugin ``spec`` (resolved, see :func:`resolve_plugin`) was imported in this process."""
+    return (_file_module_name(Path(spec)) if spec.endswith(".py") else spec) in sys.modules
+
+
+def untrusted_plugins(listed: Iterable[str], named: Iterable[str], trusted: bool) -> list[str]:
+    """The plugins a file lists (``listed``) that may not be imported: those the user neither named (``named``)
+    nor trusted, and that this process has not imported already (all resolved specs)."""
+    if trusted:
+        return []
+    named = set(named)
+    return [spec for spec in listed if spec not in named and not is_loaded(spec)]
+
+
+def untrusted_hint(specs: Sequence[str], what: str) -> str:
+    """What a refusal says of the plugins ``what`` (e.g. "the config") lists and fedpeft did not import."""
+    shown = ", ".join(specs[:3]) + (f" and {len(specs) - 3} more" if len(specs) > 3 else "")
+    return (f"{what} names plugin(s) {shown}, which fedpeft does not import from a file it only reads (a plugin is "
+            f"code): name it yourself (--plugin {specs[0]}, or plugins=[...] in Python), or trust the file's "
+            "plugins (--trust-plugins, or trust_plugins=True) if you would run it as a Python script")
+
+
 def load_plugin(spec: str) -> ModuleType:
     """Import a plugin once per process: a .py file (by path) or an importable module name."""
     if spec.endswith(".py"):
         path = Path(spec)
         if not path.is_file():
             raise PluginError(f"plugin file {spec!r} does not exist; give a .py file or an importable module name")
-        name = f"fedpeft_plugin_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        name = _file_module_name(path)
         if name in sys.modules:
             return sys.modules[name]
         module_spec = importlib.util.spec_from_file_location(name, path)

@@ -35,6 +35,7 @@ import re
 import shutil
 import sys
 import time
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from fedpeft.durable import (
     open_log,
     refused_write,
 )
-from fedpeft.integrity import PLACEHOLDER, seal, seal_matches
+from fedpeft.integrity import PLACEHOLDER, seal, seal_matches, unsealed_refusal
 
 CONFIG_FILE = "config.yaml"
 # config.yaml's first line: its own SHA-256 (with these 64 digits zeroed), checked when the run resumes
@@ -72,8 +73,21 @@ def holds_run(path: Path) -> bool:
     return (path / "metrics.jsonl").exists() or (path / "config.yaml").exists()
 
 
+def check_printable_path(path: str | Path, what: str) -> None:
+    """Refuse a path holding a control character or a line separator (a newline would split every line that
+    prints it: the run's messages, events.log, a shell's `fedpeft run --resume` line)."""
+    text = str(path)
+    bad = next((i for i, c in enumerate(text) if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+    if bad is not None:
+        raise ConfigError(f"{what} {text!r} holds the control character {text[bad]!r} at position {bad + 1}; choose a "
+                          "path of printable characters")
+
+
 def check_run_dir_free(run_dir: str | Path | None) -> None:
-    """Refuse, before any work, a chosen run directory that already holds a run (a new run would mix with it)."""
+    """Refuse, before any work, a chosen run directory that already holds a run (a new run would mix with it) or
+    whose path holds a control character."""
+    if run_dir is not None:
+        check_printable_path(run_dir, "--run-dir")
     if run_dir is not None and holds_run(Path(run_dir)):
         raise FileExistsError(f"run directory {str(run_dir)!r} already holds a run; continue it with fedpeft run "
                               f"--resume {run_dir} (it restarts from round 1 when it has no checkpoint yet), or "
@@ -204,11 +218,11 @@ def config_digest_of(cfg: RunConfig) -> str:
     return config_digest(yaml.safe_load(dump_config(cfg)))
 
 
-def read_saved_config(run_dir: str | Path) -> dict[str, Any]:
+def read_saved_config(run_dir: str | Path, *, allow_unsealed: bool = False) -> dict[str, Any]:
     """RUN_DIR/config.yaml as written (not validated), refused with a one-line ConfigError when it is empty,
-    does not parse, does not match the checksum on its first line, or (a file without one: written by an
-    older fedpeft or by hand) lacks a section fedpeft writes: a resume never runs on defaults for what the
-    run saved."""
+    does not parse or does not match the checksum on its first line. A file without one (written by an older
+    fedpeft or by hand, or stripped of it) is refused unless ``allow_unsealed``, and then still refused when it
+    lacks a section fedpeft writes: a resume never runs on defaults for what the run saved."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no {CONFIG_FILE})")
@@ -222,6 +236,8 @@ def read_saved_config(run_dir: str | Path) -> dict[str, Any]:
     if sealed and (seal_line is None or not seal_matches(data, seal_line.group(1).decode(), 0, len(first_line))):
         raise ConfigError(f"{path} does not match the checksum on its first line: it was cut short, damaged or "
                               f"edited since the run saved it; {fix}")
+    if not sealed and not allow_unsealed:
+        raise ConfigError(f"{unsealed_refusal(path, 'no # sha256 first line')}; or {fix}")
     try:
         raw = read_yaml(path)
     except ConfigError as exc:
@@ -235,8 +251,21 @@ def read_saved_config(run_dir: str | Path) -> dict[str, Any]:
         if missing:
             raise ConfigError(f"{path} lacks {', '.join(missing)}, which fedpeft writes into every saved config: it "
                               f"was cut short or edited, and a resume would run on defaults there; {fix}")
-        log.warning("%s has no checksum (written by an older fedpeft or by hand): used as it is", path)
+        log.warning("%s has no checksum (allowed by allow_unsealed): used as it is", path)
     return raw
+
+
+def seal_saved_config(run_dir: str | Path) -> bool:
+    """Seal an unsealed RUN_DIR/config.yaml in place (its text kept, under the seal line), after the checks of
+    :func:`read_saved_config` with ``allow_unsealed``; False if it was sealed already."""
+    path = Path(run_dir) / CONFIG_FILE
+    read_saved_config(run_dir, allow_unsealed=True)
+    data = path.read_bytes()
+    if data.startswith(b"# sha256"):
+        return False
+    text = (CONFIG_SEAL.format(digest=PLACEHOLDER)).encode("utf-8") + data
+    atomic_write(path, seal(text, 0, text.index(b"\n")), then=resume_hint(Path(run_dir)))
+    return True
 
 
 class _EventsLog(logging.FileHandler):

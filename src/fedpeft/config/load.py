@@ -95,6 +95,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
     out = copy.deepcopy(raw)
     for item in overrides:
         parts, value = parse_override(item)
+        if parts[0] == "plugins":
+            raise ConfigError(f"--set {item!r}: a plugin is code; name it with --plugin FILE_OR_MODULE (repeatable; "
+                              "plugins=[...] in Python), not with --set")
         node = out
         for p in parts[:-1]:
             nxt = node.get(p)
@@ -246,23 +249,33 @@ def _format(err: dict[str, Any], raw: dict[str, Any]) -> str:
 
 
 def validate_config(raw: dict[str, Any], base_dir: str | Path | None = None,
-                    switched: dict[str, set[str]] | None = None) -> RunConfig:
-    """A RunConfig from a raw mapping, after loading the plugins it lists (relative plugin paths are taken
-    from ``base_dir``: the config file's directory) and the installed ones (fedpeft.plugins). ``switched``
-    (:func:`switched_sections`): sections whose method an override replaced, and the keys that may go."""
+                    switched: dict[str, set[str]] | None = None, *, plugins: Iterable[str] = (),
+                    trust_plugins: bool = False) -> RunConfig:
+    """A RunConfig from a raw mapping, after loading the installed plugins (fedpeft.plugins), the user's
+    ``plugins`` (files relative to the working directory, or module names; added to the config's list) and the
+    plugins the mapping lists (relative paths taken from ``base_dir``: the config file's directory) when
+    ``trust_plugins``, or when the user named them too. A plugin is code: a listed one that is not trusted is
+    not imported, and a config that needs it (an unknown method name) is refused naming it and both ways to
+    load it; one it does not need is reported with a warning. ``switched`` (:func:`switched_sections`):
+    sections whose method an override replaced, and the keys that may go."""
     if not isinstance(raw, dict):
         raise ConfigError("config: the top level must be a mapping of sections (task:, model:, ...)")
     raw = dict(raw)
-    plugins = raw.get("plugins") or []
-    if not isinstance(plugins, list) or not all(isinstance(x, str) for x in plugins):
+    listed = raw.get("plugins") or []
+    if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
         raise ConfigError("plugins: give a list of plugin modules or .py files, e.g. plugins: [./my_plugin.py]")
     from fedpeft.plugins import (  # registers their algorithms and methods first
         load_plugins,
         resolve_plugin,
+        untrusted_hint,
+        untrusted_plugins,
     )
 
-    raw["plugins"] = list(dict.fromkeys(resolve_plugin(x, base_dir) for x in plugins))
-    load_plugins(raw["plugins"])
+    listed = [resolve_plugin(x, base_dir) for x in listed]
+    named = [resolve_plugin(x) for x in plugins]
+    raw["plugins"] = list(dict.fromkeys([*listed, *named]))
+    untrusted = untrusted_plugins(listed, named, trust_plugins)
+    load_plugins([spec for spec in raw["plugins"] if spec not in untrusted])
     if switched:
         _drop_switched_keys(raw, switched)
     # A section given without its tag means the default method/algorithm with those options.
@@ -270,15 +283,23 @@ def validate_config(raw: dict[str, Any], base_dir: str | Path | None = None,
         if isinstance(raw.get(section), dict) and tag not in raw[section]:
             raw[section] = {tag: default, **raw[section]}
     try:
-        return RunConfig.model_validate(raw)
+        cfg = RunConfig.model_validate(raw)
     except ValidationError as exc:
         lines = [_format(e, raw) for e in exc.errors()]
+        unknown = next((line for line in lines if "unknown choice" in line), None)
+        if untrusted and unknown is not None:  # a name the untrusted plugins may register: one line, the ways out
+            raise ConfigError(f"{unknown}; {untrusted_hint(untrusted, 'the config')}") from None
         raise ConfigError("\n".join(lines)) from None
+    if untrusted:
+        log.warning("not imported: %s", untrusted_hint(untrusted, "the config"))
+    return cfg
 
 
-def load_config(path: str | Path | None, overrides: Iterable[str] = (), plugins: Iterable[str] = ()) -> RunConfig:
-    """Read ``path`` (YAML; None = all defaults), apply overrides, add ``plugins`` (files relative to the
-    working directory, or module names) to the config's own, validate."""
+def load_config(path: str | Path | None, overrides: Iterable[str] = (), plugins: Iterable[str] = (), *,
+                trust_plugins: bool = False) -> RunConfig:
+    """Read ``path`` (YAML; None = all defaults), apply overrides, validate. ``plugins`` (files relative to the
+    working directory, or module names) are loaded and added to the config's own; the config's own are imported
+    only with ``trust_plugins`` (or when ``plugins`` names them too): see :func:`validate_config`."""
     raw: dict[str, Any] = {}
     base_dir = None
     if path is not None:
@@ -295,12 +316,7 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = (), plugins:
     overrides = list(overrides)
     switched = switched_sections(raw, overrides)
     raw = apply_overrides(raw, overrides)
-    listed = raw.get("plugins") or []
-    if plugins and isinstance(listed, list):  # the config's own are resolved against base_dir by validate_config
-        from fedpeft.plugins import resolve_plugin
-
-        raw["plugins"] = [*listed, *(resolve_plugin(x) for x in plugins)]
-    return validate_config(raw, base_dir, switched)
+    return validate_config(raw, base_dir, switched, plugins=plugins, trust_plugins=trust_plugins)
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import unicodedata
 from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -118,6 +119,13 @@ class TaskConfig(Section):
     max_train_examples: int | None = Field(
         None, ge=1, description="Use a seeded random slice of this many training rows (None = all)."
     )
+    max_image_pixels: int = Field(
+        4096 * 4096, ge=1, le=89_478_485,
+        description="Image classification: the most pixels (width x height) an image may have, read from its "
+        "header before it is decoded; a bigger one is refused. The default, 4096 x 4096 (16,777,216), holds a "
+        "12-megapixel photo yet is far above the 224-384 px the models take, and keeps a decode within 64 MiB (RGB), "
+        "where Pillow's own decompression-bomb limit (89,478,485, the most allowed here; Pillow only warns up to "
+        "twice that) lets an RGB PNG of 12000 x 12000, a few hundred KB on disk, take 576 MB.")
     prompt_template: str | None = Field(
         None,
         description="Generation / multiple choice: Python format string over the row's fields "
@@ -537,10 +545,13 @@ def _default_options(registry: Registry[Any], name: str) -> Any:
 class RunConfig(Section):
     plugins: list[str] = Field(
         default_factory=list, description="Plugins loaded before the rest is validated: modules or .py files "
-        "that register algorithms or PEFT methods (fedpeft.register_algorithm, fedpeft.register_peft_method).")
+        "that register algorithms or PEFT methods (fedpeft.register_algorithm, fedpeft.register_peft_method). They "
+        "are code: running the config (fedpeft run, --resume) imports them; commands that only read it (config, "
+        "partition, eval, report) import them only when named with --plugin or trusted with --trust-plugins.")
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int = Field(0, ge=0, lt=2**63, description="Seeds everything random in the run (0 <= seed < 2**63).")
-    output_dir: str = "runs"
+    output_dir: str = Field("runs", description="Where a run's directory is made (OUTPUT_DIR/NAME-TIMESTAMP); "
+                            "printable characters only.")
     task: TaskConfig = Field(default_factory=TaskConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     peft: PeftOptions = Field(default_factory=lambda: _default_options(PEFT_METHODS, "lora"))
@@ -549,6 +560,14 @@ class RunConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @model_validator(mode="after")
+    def _printable_output_dir(self) -> RunConfig:
+        bad = next((c for c in self.output_dir if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+        if bad is not None:  # a newline would split every line that prints the run's path
+            raise OptionValueError("output_dir", f"{self.output_dir!r} holds the control character {bad!r}; choose a "
+                                   "path of printable characters")
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

@@ -12,6 +12,7 @@ pixels, CMYK, colour into a one-channel model) is refused with the conversion to
 from __future__ import annotations
 
 import io
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,22 +25,54 @@ from fedpeft.data.files import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 _LOSSLESS = {"1": "L"}  # modes expanded without loss (palette images: see to_mode)
+# A class folder's name is its label: a few words (long species names included), not a file name or a caption
+# moved into a folder name; longer is refused, and keeps labels readable in logs, reports and prediction files.
+MAX_CLASS_NAME = 128
+# The default of task.max_image_pixels (config/schema.py, where its reason is given)
+MAX_IMAGE_PIXELS = 4096 * 4096
 _CONVERT_FIX = "convert the images to RGB or 8-bit grayscale first (PIL: image.convert('RGB'))"
 
 
-def decode_image(value: Any, where: str) -> Any:
+def decode_image(value: Any, where: str, max_pixels: int = MAX_IMAGE_PIXELS) -> Any:
     """A fully decoded PIL image from a Hugging Face image value (``{"bytes": ..., "path": ...}``), raw bytes, a
-    path or a PIL image (a dataset loader's); ``where`` names the row or file in the error."""
+    path or a PIL image (a dataset loader's); ``where`` names the row or file in the error. An image of more than
+    ``max_pixels`` pixels, or of several frames, is refused from its header, before it is decoded."""
+    from PIL import Image
+
+    image = value if isinstance(value, Image.Image) else _open(value, where, max_pixels)
+    try:
+        _check_header(image, where, max_pixels)
+        image.load()  # decode every pixel now: a truncated file fails here, not in the middle of a round
+    except DataError:
+        if image is not value:
+            image.close()
+        raise
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise DataError(f"{where}: the image cannot be decoded ({_why(exc)}); replace the file with an intact PNG "
+                        "or JPEG") from None
+    return image
+
+
+def _check_header(image: Any, where: str, max_pixels: int) -> None:
+    """Refuse an opened, not yet decoded ``image`` of more than ``max_pixels`` pixels or of several frames: what
+    its header says, read before a pixel is decoded."""
+    width, height = image.size
+    if width * height > max_pixels:
+        raise DataError(f"{where}: the image is {width} x {height}, {width * height:,} pixels, over the cap of "
+                        f"{max_pixels:,} (task.max_image_pixels); shrink the image (the model takes a few hundred "
+                        "pixels a side), or raise task.max_image_pixels")
+    frames = getattr(image, "n_frames", 1)
+    if frames > 1:
+        raise DataError(f"{where}: the image has {frames} frames (an animation or a multi-page file), and which one "
+                        "to learn from is not fedpeft's guess; save the frame you mean as a single-frame PNG")
+
+
+def _open(value: Any, where: str, max_pixels: int) -> Any:
+    """``value`` (a Hugging Face image value, bytes or a path) opened lazily: its header read, no pixel decoded."""
+    import warnings
+
     from PIL import Image, UnidentifiedImageError
 
-    if isinstance(value, Image.Image):  # a loader's, perhaps opened lazily: decoded here like a file
-        try:
-            value.load()
-        except (OSError, SyntaxError, ValueError) as exc:
-            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise DataError(f"{where}: the image cannot be decoded ({why}); replace the file with an intact PNG or "
-                            "JPEG") from None
-        return value
     if isinstance(value, Mapping):
         data, path = value.get("bytes"), value.get("path")
         if data is None and not path:
@@ -49,21 +82,24 @@ def decode_image(value: Any, where: str) -> Any:
         raise DataError(f"{where}: no image; give each row its image")
     try:
         source = io.BytesIO(value) if isinstance(value, (bytes, bytearray)) else Path(value)
-        image = Image.open(source)
-        image.load()  # decode every pixel now: a truncated file fails here, not in the middle of a round
+        with warnings.catch_warnings():  # Pillow's huge-image warning: _check_header refuses the image
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            return Image.open(source)
     except FileNotFoundError:
         raise DataError(f"{where}: image file {value!s} does not exist; check the path") from None
     except (PermissionError, IsADirectoryError) as exc:
         raise DataError(f"{where}: image file {value!s} cannot be read ({exc.strerror}); check the path and its "
                         "permissions") from None
-    except Image.DecompressionBombError as exc:
-        raise DataError(f"{where}: {exc}; shrink the image, or raise PIL.Image.MAX_IMAGE_PIXELS if it is "
-                        "trusted") from None
+    except Image.DecompressionBombError as exc:  # over twice Pillow's own limit: over any cap fedpeft allows
+        raise DataError(f"{where}: the image is over the cap of {max_pixels:,} pixels (task.max_image_pixels) and "
+                        f"over Pillow's own limit ({_why(exc).rstrip('.')}); shrink the image") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"{where}: the image cannot be decoded ({why}); replace the file with an intact PNG or "
+        raise DataError(f"{where}: the image cannot be decoded ({_why(exc)}); replace the file with an intact PNG or "
                         "JPEG") from None
-    return image
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def to_mode(image: Any, channels: int, where: str) -> Any:
@@ -93,11 +129,15 @@ def _describe(mode: str) -> str:
             "I;16": "16-bit grayscale", "I": "32-bit integer", "F": "32-bit float"}.get(mode, "not 8-bit L or RGB")
 
 
-def read_image_folder(root: Path, label_column: str = "label") -> list[Row]:
+def read_image_folder(root: Path, label_column: str = "label", dataset: Path | None = None) -> list[Row]:
     """The rows of an ImageFolder directory: ``root/<class>/<image>``, one row per image, ``{"image": path,
-    label_column: class name}``, classes and files in name order."""
+    label_column: class name}``, classes and files in name order. ``dataset`` is the dataset's directory (the
+    parent of a split folder ``root``; ``root`` itself when not given): a class folder or image that leads out of it
+    through a symlink is refused; symlinks within it are followed."""
     if not root.is_dir():
         raise DataError(f"{root}: not a directory; give an ImageFolder directory (<root>/<class>/<image>)")
+    top = _resolved(dataset or root)
+    _stays_inside(root, top)
     stray = sorted(p.name for p in root.iterdir() if not p.is_dir() or p.name.startswith("."))
     if stray:
         raise DataError(f"{root}: {stray[0]!r} is not a class folder; an ImageFolder directory holds only "
@@ -107,6 +147,9 @@ def read_image_folder(root: Path, label_column: str = "label") -> list[Row]:
         raise DataError(f"{root}: no class folders; an ImageFolder directory holds <class>/<image> folders")
     rows: list[Row] = []
     for folder in classes:
+        _check_class_name(folder)
+        if folder.is_symlink():  # (one that is not lies in root, inside)
+            _stays_inside(folder, top)
         files = sorted(folder.iterdir())
         if not files:
             raise DataError(f"{folder}: class {folder.name!r} has no images; add its images or remove the folder")
@@ -117,14 +160,53 @@ def read_image_folder(root: Path, label_column: str = "label") -> list[Row]:
             if f.is_dir() or not f.name.lower().endswith(IMAGE_SUFFIXES):
                 raise DataError(f"{f}: not an image file ({', '.join(IMAGE_SUFFIXES)}); move or remove it "
                                 "(nothing in a class folder is skipped)")
+            if f.is_symlink():
+                _stays_inside(f, top)
             rows.append({"image": str(f), label_column: folder.name})
     return rows
 
 
-def image_report(rows: list[Row], where: list[str], listed: int = 3) -> tuple[str, list[str]]:
-    """What ``fedpeft data`` says of a split's images: every image decoded (strictly), a line of the most common
-    sizes and modes, and one problem line for each image a run would refuse whatever its model (``where`` names
-    each row); a colour image for a one-channel model is told by the run, which knows the model."""
+def _check_class_name(folder: Path) -> None:
+    """A class folder's name is its class label, printed in logs, reports and prediction files: one printable line
+    of at most :data:`MAX_CLASS_NAME` characters."""
+    name = folder.name
+    bad = next((c for c in name if unicodedata.category(c).startswith("C")), None)
+    if bad is not None:
+        raise DataError(f"{_shown(folder)}: class folder name {name!r} holds the control character {bad!r}; rename "
+                        "the folder (its name is the class label)")
+    if len(name) > MAX_CLASS_NAME:
+        raise DataError(f"{folder}: class folder name of {len(name)} characters, over {MAX_CLASS_NAME}; rename the "
+                        "folder to a shorter name (its name is the class label)")
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise DataError(f"{_shown(path)}: cannot be followed ({_why(exc)}); replace the symlink with the folder or "
+                        "file it means") from None
+
+
+def _stays_inside(path: Path, top: Path) -> None:
+    target = _resolved(path)
+    if not target.is_relative_to(top):
+        raise DataError(f"{_shown(path)}: points to {_shown(target)}, outside the dataset directory {_shown(top)}; "
+                        "put the class folders and images inside the dataset directory (copy them in, or link "
+                        "only within it)")
+
+
+def _shown(path: Path) -> str:
+    """``path`` as it can stand in a one-line message: quoted and escaped when it holds a newline or the like."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def image_report(rows: list[Row], where: list[str], listed: int = 3,
+                 max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[str, list[str]]:
+    """What ``fedpeft data`` says of a split's images: every image decoded (strictly, none of more than
+    ``max_pixels`` pixels), a line of the most common sizes and modes, and one problem line for each image a run
+    would refuse whatever its model (``where`` names each row); a colour image for a one-channel model is told by
+    the run, which knows the model."""
     from collections import Counter
 
     kinds: Counter[str] = Counter()
@@ -132,7 +214,7 @@ def image_report(rows: list[Row], where: list[str], listed: int = 3) -> tuple[st
     for row, w in zip(rows, where):
         w = f"{w} ({row['image']})" if isinstance(row.get("image"), str) else w
         try:
-            image = decode_image(row.get("image"), w)
+            image = decode_image(row.get("image"), w, max_pixels)
             to_mode(image, 3, w)  # a lossy mode is refused whatever the model (colour into one channel is not)
         except DataError as exc:
             problems.append(str(exc))
@@ -161,17 +243,17 @@ def normalisation(processor: Any, channels: int) -> tuple[float, tuple[float, ..
     return scale, tuple(mean[:channels]), tuple(std[:channels])
 
 
-def encode_images(rows: list[Row], labels: list[int], where: list[str], processing: Any,
-                  batch: int = 256) -> ImageEncoded:
-    """The rows' images decoded (strictly, ``where`` naming each row, and the file of an image given by path), in
-    the mode of the model's channels, resized by its processor (``processing``:
+def encode_images(rows: list[Row], labels: list[int], where: list[str], processing: Any, batch: int = 256,
+                  max_pixels: int = MAX_IMAGE_PIXELS) -> ImageEncoded:
+    """The rows' images decoded (strictly, none of more than ``max_pixels`` pixels, ``where`` naming each row, and
+    the file of an image given by path), in the mode of the model's channels, resized by its processor (``processing``:
     :class:`fedpeft.models.images.ImageProcessing`) and kept as 8-bit pixels."""
     blocks = []
     for start in range(0, len(rows), batch):
         images = []
         for r, w in zip(rows[start:start + batch], where[start:start + batch]):
             w = f"{w} ({r['image']})" if isinstance(r["image"], str) else w
-            images.append(to_mode(decode_image(r["image"], w), processing.channels, w))
+            images.append(to_mode(decode_image(r["image"], w, max_pixels), processing.channels, w))
         blocks.append(pixel_values(images, processing.processor))
     pixels = np.concatenate(blocks) if blocks else np.zeros((0, processing.channels, 1, 1), np.uint8)
     return ImageEncoded(pixels, list(labels), processing.tokens, *normalisation(processing.processor,

@@ -133,10 +133,12 @@ def prepare_task(
 
         y_train = [y_train[i] for i in pick]
         y_eval = [y_eval[i] for i in eval_pick]
-        images = encode_images(train_rows, y_train, [V.at(train_origins[i]) for i in pick], tokenizer)
+        images = encode_images(train_rows, y_train, [V.at(train_origins[i]) for i in pick], tokenizer,
+                               max_pixels=task.max_image_pixels)
         return TaskData(
             "image_classification", images,
-            encode_images(eval_rows, y_eval, [V.at(eval_origins[i]) for i in eval_pick], tokenizer),
+            encode_images(eval_rows, y_eval, [V.at(eval_origins[i]) for i in eval_pick], tokenizer,
+                          max_pixels=task.max_image_pixels),
             np.asarray(y_train, dtype=np.int64), len(names), names, len(eval_rows), None,
             "names" if isinstance(V.class_id(train_rows[0]["label"]), str) else "ids",
             train_eval=images if train_eval else None,
@@ -264,7 +266,8 @@ def prepare_eval(task: TaskConfig, split: str, tokenizer, *, encoder_decoder: bo
         if task.type == "image_classification":
             from fedpeft.data.images import encode_images
 
-            data: EvalSet = encode_images(rows, ids, [V.at(o) for o in origins], tokenizer)
+            data: EvalSet = encode_images(rows, ids, [V.at(o) for o in origins], tokenizer,
+                                          max_pixels=task.max_image_pixels)
         else:
             data = F.encode_classification(rows, ids, tokenizer, task.max_length, where)
     elif task.type == "instruction":

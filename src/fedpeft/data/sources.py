@@ -119,7 +119,8 @@ def _load_local_split(location: Path, split: str, label_column: str) -> list[Row
     if path is None and _is_image_folder(location / split):
         from fedpeft.data.images import read_image_folder
 
-        return read_image_folder(location / split, label_column)  # an ImageFolder split: <split>/<class>/<image>
+        # an ImageFolder split, <split>/<class>/<image>: nothing in it may lead out of the dataset's directory
+        return read_image_folder(location / split, label_column, location)
     split_folder = location / split
     if path is None and split_folder.is_dir() and _holds_images(split_folder):
         raise DataError(f"{split_folder}: split folder {split!r} holds images but no class folders, so they have no "

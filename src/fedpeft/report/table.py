@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from fedpeft.config import ConfigError, load_config
+from fedpeft.config import ConfigError, validate_config
 from fedpeft.metrics.accounting import better_or_equal, summarize
 from fedpeft.report.plots import finite, metric_key, plot_curves
 from fedpeft.rundir import read_metrics, read_summary
@@ -78,7 +78,8 @@ def load_run(run_dir: Path) -> Run:
     metric = summary.get("primary_metric")
     if not metric:
         try:
-            metric = load_config(path).primary_metric()
+            # validated without importing the plugins it names (a run directory is data)
+            metric = validate_config(config if isinstance(config, dict) else {}, path.parent).primary_metric()
         except ConfigError:
             metric = "accuracy"
     if not summary:

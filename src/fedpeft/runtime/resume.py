@@ -13,7 +13,15 @@ from typing import Any
 from fedpeft import checkpoint
 from fedpeft.config import ConfigError, RunConfig, apply_overrides, validate_config
 from fedpeft.config.load import read_yaml
-from fedpeft.rundir import CONFIG_FILE, config_digest, read_metrics, read_saved_config, read_summary
+from fedpeft.rundir import (
+    CONFIG_FILE,
+    config_digest,
+    read_metrics,
+    read_saved_config,
+    read_summary,
+    seal_saved_config,
+)
+from fedpeft.runlock import RunLock
 
 log = logging.getLogger("fedpeft")
 
@@ -69,12 +77,39 @@ def check_config_unchanged(run_dir: Path, rnd: int, state: dict[str, Any]) -> No
                           "back, or start a new run with this one")
 
 
-def saved_config(run_dir: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
-    """The config saved in RUN_DIR (checked: fedpeft.rundir.read_saved_config), with ``overrides`` applied."""
+def saved_config(run_dir: str | Path, overrides: Iterable[str] = (), *, plugins: Iterable[str] = (),
+                 trust_plugins: bool = False, allow_unsealed: bool = False) -> RunConfig:
+    """The config saved in RUN_DIR (checked: fedpeft.rundir.read_saved_config), with ``overrides`` applied. The
+    plugins it lists are imported only with ``trust_plugins`` (or when ``plugins``, the user's, name them):
+    reading a run directory never runs code it names (fedpeft.config.load.validate_config)."""
     path = Path(run_dir) / CONFIG_FILE
-    return validate_config(apply_overrides(read_saved_config(run_dir), overrides), path.parent)
+    raw = read_saved_config(run_dir, allow_unsealed=allow_unsealed)
+    return validate_config(apply_overrides(raw, overrides), path.parent, plugins=plugins, trust_plugins=trust_plugins)
 
 
-def resume_config(run_dir: str | Path, rounds: int | None = None) -> RunConfig:
-    """The config saved in RUN_DIR, with federation.rounds set to ``rounds`` when given."""
-    return saved_config(run_dir, [f"federation.rounds={rounds}"] if rounds is not None else [])
+def resume_config(run_dir: str | Path, rounds: int | None = None, *, allow_unsealed: bool = False) -> RunConfig:
+    """The config saved in RUN_DIR, with federation.rounds set to ``rounds`` when given. Continuing a run runs its
+    config, so the plugins it lists are imported. ``allow_unsealed``: a config.yaml and checkpoint written without
+    their seal (by a fedpeft from before seals) are accepted and sealed in place (:func:`seal_older_files`)."""
+    if allow_unsealed:
+        seal_older_files(run_dir)
+    return saved_config(run_dir, [f"federation.rounds={rounds}"] if rounds is not None else [], trust_plugins=True)
+
+
+def seal_older_files(run_dir: str | Path) -> list[str]:
+    """Seal RUN_DIR's config.yaml and checkpoint where they carry no seal (the user's opt-in, allow_unsealed),
+    holding the run's lock, so that the run's own processes (a Flower ServerApp too) read them as sealed files.
+    Returns what it did, one line each (also logged)."""
+    run_dir = Path(run_dir)
+    done = []
+    lock = RunLock.acquire(run_dir)
+    try:
+        if seal_saved_config(run_dir):
+            done.append(f"sealed {run_dir / CONFIG_FILE}, which carried no seal (allow_unsealed)")
+        if checkpoint.seal_older(run_dir):
+            done.append(f"sealed {run_dir / checkpoint.FILENAME}, which carried no seal (allow_unsealed)")
+    finally:
+        lock.release()
+    for line in done:
+        log.warning("%s", line)
+    return done

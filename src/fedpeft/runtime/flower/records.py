@@ -60,4 +60,5 @@ def config_from_run_config(run_config: dict) -> RunConfig:
     if not isinstance(text, str):
         raise ValueError(f"the Flower run config lacks {CONFIG_KEY!r}; start runs with `fedpeft run` or an app "  # noqa: TRY004
                          "written by fedpeft.runtime.flower.launch.write_app")
-    return validate_config(yaml.safe_load(text) or {})
+    # the run's own processes: the config was run by the operator (fedpeft run), its plugins with it
+    return validate_config(yaml.safe_load(text) or {}, trust_plugins=True)
