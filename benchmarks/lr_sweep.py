@@ -35,6 +35,7 @@ import argparse
 import math
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 from results_io import (  # benchmarks/
@@ -50,10 +51,12 @@ from results_io import (  # benchmarks/
     with_earlier,
 )
 
-from fedpeft.config import load_config
+from fedpeft.config import load_config as read_config
 from fedpeft.metrics.accounting import metric_key
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import run
+
+load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
 
 ADAPTERS = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
 SCALES = [3e-3, 1e-2, 3e-2, 1e-1]  # IA3's scaling vectors and BitFit's biases

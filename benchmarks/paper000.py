@@ -37,6 +37,7 @@ import json
 import statistics
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,11 @@ from results_io import (  # benchmarks/results_io.py
 )
 
 import fedpeft
-from fedpeft.config import load_config
+from fedpeft.config import load_config as read_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
+
+load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
 
 CONFIG = "configs/paper000_mnli_heads.yaml"
 B1 = ["algorithm.pruning=none", "algorithm.aggregation=fedavg"]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,12 @@ from results_io import (  # benchmarks/results_io.py
     save,
 )
 
-from fedpeft.config import dump_config, load_config
+from fedpeft.config import dump_config
+from fedpeft.config import load_config as read_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
+
+load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
 
 CONFIG = "configs/fedsp_arc_easy.yaml"
 DATASETS = {  # train part, evaluation part (disjoint slices of one split where no train split exists here)

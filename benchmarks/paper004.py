@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from functools import partial
 from pathlib import Path
 
 from results_io import save  # benchmarks/results_io.py
 
-from fedpeft.config import load_config
+from fedpeft.config import load_config as read_config
 from fedpeft.metrics.accounting import total_transmission
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import run
+
+load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
 
 METHODS = {
     "full": ["peft={method: full}", "train.lr=0.0001"],

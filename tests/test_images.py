@@ -757,7 +757,7 @@ def test_a_symlink_out_of_the_dataset_directory_is_refused_and_one_within_it_is_
     assert refusal(load_rows, str(flat), "train").startswith(f"{flat}/bird: points to {outside}/bird, outside")
 
 
-@pytest.mark.parametrize("name", ["ca\nt", "ca\tt", "ca\rt", "ca\u200bt", "ca\x7ft"])
+@pytest.mark.parametrize("name", ["ca\nt", "ca\tt", "ca\rt", "ca\u200bt", "ca\x7ft", "ca\u2028t", "ca\u2029t"])
 def test_a_class_folder_name_with_a_control_character_is_refused_on_one_line(name, tmp_path):
     folder = tmp_path / "train" / name
     folder.mkdir(parents=True)
@@ -776,3 +776,42 @@ def test_a_class_folder_name_over_128_characters_is_refused_and_128_is_taken(tmp
     assert refusal(read_image_folder, tmp_path / "250") == (
         f"{tmp_path / '250' / ('a' * 250)}: class folder name of 250 characters, over 128; rename the folder to a "
         "shorter name (its name is the class label)")
+
+
+def test_a_camera_jpeg_with_a_preview_is_read_as_its_primary_image_and_said_once(tmp_path, caplog):
+    """MPO (a JPEG with an MPF preview or second view, as phones and cameras write): frame 0 is the photo."""
+    from fedpeft.data import images
+
+    primary, preview = Image.new("RGB", (8, 6), (200, 10, 10)), Image.new("RGB", (4, 3), (10, 10, 200))
+    out = io.BytesIO()
+    primary.save(out, format="MPO", save_all=True, append_images=[preview])
+    assert Image.open(io.BytesIO(out.getvalue())).n_frames == 2
+    images._primary_frame_logged = False
+    with caplog.at_level("WARNING", logger="fedpeft"):
+        for row in (1, 2):
+            image = decode_image(out.getvalue(), f"row {row}")
+            assert image.size == (8, 6) and image.getpixel((4, 3))[0] > 150  # the primary image, decoded
+    assert caplog.text.count("its primary image (frame 0) is read") == 1 and "row 1" in caplog.text
+
+
+def test_a_run_resizes_large_images_in_groups_within_twice_the_pixel_cap(monkeypatch):
+    """The cap bounds one decode; a run holds at most twice its pixels decoded before the processor resizes them
+    (a batch of 256 images at the cap would hold over 4 G pixels)."""
+    from fedpeft.data import images
+    from fedpeft.models.images import ImageProcessing
+
+    held = []
+
+    def counted(batch, processor):
+        held.append(sum(i.width * i.height for i in batch))
+        return np.zeros((len(batch), 3, 2, 2), np.uint8)
+
+    monkeypatch.setattr(images, "pixel_values", counted)
+    processor = type("P", (), {"do_rescale": False, "do_normalize": False})()
+    processing = ImageProcessing(processor, 3, 4)
+    rows = [{"image": png("RGB", (10, 10), (1, 2, 3))} for _ in range(9)]
+    encoded = images.encode_images(rows, [0] * 9, [f"row {i}" for i in range(9)], processing, max_pixels=150)
+    assert len(encoded.pixels) == 9 and held == [300, 300, 300]  # 100-pixel images, 300 pixels at most
+    held.clear()
+    images.encode_images(rows, [0] * 9, [f"row {i}" for i in range(9)], processing, batch=2)
+    assert held == [200, 200, 200, 200, 100]  # small images: the batch size decides

@@ -132,8 +132,35 @@ def test_load_config_imports_a_files_plugins_only_when_named_or_trusted(tmp_path
     plugin, marker = marking_plugin(tmp_path)
     config = write_tiny_config(tmp_path / "c.yaml", plugins=["./handed_over.py"])
     assert fedpeft.load_config(config).plugins == [str(plugin)] and not marker.exists()
+    with pytest.raises(fedpeft.ConfigError, match="give a list of plugins"):
+        fedpeft.load_config(config, plugins=str(plugin))  # a string is no list of plugins
+    assert not marker.exists()
+    fedpeft.load_config(config, plugins=[str(plugin)])  # named by the caller
+    assert marker.exists()
+
+
+def test_load_config_imports_a_files_plugins_when_trusted(tmp_path):
+    import fedpeft
+
+    _, marker = marking_plugin(tmp_path)
+    config = write_tiny_config(tmp_path / "c.yaml", plugins=["./handed_over.py"])
     fedpeft.load_config(config, trust_plugins=True)
     assert marker.exists()
+
+
+@pytest.mark.needs_data
+def test_running_a_config_or_resuming_its_run_imports_its_plugins(tmp_path):
+    """The two places a config is code, in fresh processes: `fedpeft run CONFIG` and `fedpeft run --resume`."""
+    plugin, marker = marking_plugin(tmp_path, algorithm="handed_median")
+    config = write_tiny_config(tmp_path / "c.yaml", "federation.rounds=1", plugins=[str(plugin)])
+    config.write_text(config.read_text().replace("name: fedavg\n  server_lr: 1.0\n  dp: null\n  robust: null",
+                                                 "name: handed_median"))
+    out = fedpeft_cli("run", str(config), "--run-dir", "run", "--no-progress", cwd=tmp_path)
+    assert out.returncode == 0 and marker.exists(), out.stderr
+    marker.unlink()
+    out = fedpeft_cli("run", "--resume", "run", "--set", "federation.rounds=2", "--no-progress", cwd=tmp_path)
+    assert out.returncode == 0 and marker.exists(), out.stderr
+    assert read_summary(tmp_path / "run")["rounds"] == 2
 
 
 # -- a run directory is data ----------------------------------------------------------------------------------------
@@ -144,7 +171,11 @@ def test_report_and_eval_of_a_run_naming_a_plugin_import_nothing(run_copy, tmp_p
     (run_copy / "summary.json").unlink()  # the report then reads the run's config for its primary metric
     out = fedpeft_cli("report", str(run_copy), cwd=tmp_path)
     assert out.returncode == 0 and "| lora r16 | fedavg | sst2 |" in out.stdout, out.stderr
-    assert not marker.exists()
+    assert not marker.exists() and "plugin" not in out.stderr  # it takes no --plugin: nothing to advise
+    reseal_config(run_copy, lambda text: text.replace("name: fedavg", "name: only_a_plugin_has_it", 1))
+    out = fedpeft_cli("report", str(run_copy), cwd=tmp_path)  # a method of the plugin: the task's metric
+    assert out.returncode == 0 and "metric: accuracy" in out.stdout and not marker.exists(), out.stderr
+    reseal_config(run_copy, lambda text: text.replace("name: only_a_plugin_has_it", "name: fedavg", 1))
     out = fedpeft_cli("eval", str(run_copy), "--adapter", "last", "--max-examples", "8", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert not marker.exists() and f"names plugin(s) {plugin}" in out.stderr
@@ -173,7 +204,7 @@ def test_a_crafted_adapter_with_a_recomputed_seal_runs_no_code(run_copy, tmp_pat
 
 
 @pytest.mark.needs_data
-def test_an_adapter_stripped_of_its_seal_is_refused_unless_allowed(run_copy, capsys):
+def test_an_adapter_stripped_of_its_seal_is_refused_unless_allowed(run_copy, capsys, caplog):
     adapter = run_copy / "adapter"
     weights = adapter / "adapter_model.safetensors"
     save_file({k: v * 0 + 7 for k, v in load_file(str(weights)).items()}, str(weights))  # every weight set to 7
@@ -187,7 +218,9 @@ def test_an_adapter_stripped_of_its_seal_is_refused_unless_allowed(run_copy, cap
     capsys.readouterr()
     assert main(["eval", str(run_copy), "--adapter", "last", "--max-examples", "8"]) == 2
     assert "carries no SHA-256 seal" in error_line(capsys.readouterr().err)
-    assert load_adapter(adapter, allow_unsealed=True).meta["round"] == 1  # the opt-in, and a warning
+    with caplog.at_level("WARNING", logger="fedpeft"):
+        assert load_adapter(adapter, allow_unsealed=True).meta["round"] == 1  # the opt-in, and a warning
+    assert "records no sha256 or files (allowed by allow_unsealed)" in caplog.text
     assert main(["eval", str(run_copy), "--adapter", "last", "--max-examples", "8", "--allow-unsealed"]) == 0
 
 
@@ -228,6 +261,26 @@ def test_a_stripped_run_resumes_only_with_allow_unsealed_which_seals_it(run_copy
     assert wire.decode((run_copy / checkpoint.FILENAME).read_bytes()).meta["format"] == checkpoint.SEALED_FORMAT
 
 
+@pytest.mark.needs_data
+def test_a_run_whose_checkpoint_alone_lost_its_seal_is_refused_then_resumed_on_request(run_copy, capsys):
+    payload = wire.decode((run_copy / checkpoint.FILENAME).read_bytes())
+    stripped = {k: v for k, v in payload.meta.items() if k not in ("sha256", "nonfinite")}
+    (run_copy / checkpoint.FILENAME).write_bytes(wire.encode(wire.Payload(payload.arrays, {**stripped, "format": 1})))
+    resume = ["run", "--resume", str(run_copy), "--set", "federation.rounds=2", "--no-progress"]
+    assert main(resume) == 2
+    line = error_line(capsys.readouterr().err)
+    assert f"{run_copy / checkpoint.FILENAME} carries no SHA-256 seal" in line and "--allow-unsealed" in line
+    assert main([*resume, "--allow-unsealed"]) == 0 and read_summary(run_copy)["rounds"] == 2
+
+
+def test_allow_unsealed_writes_nothing_where_there_is_no_run(tmp_path, capsys):
+    assert main(["run", "--resume", str(tmp_path / "none"), "--allow-unsealed"]) == 2
+    assert "is not a run directory" in error_line(capsys.readouterr().err)
+    (tmp_path / "empty").mkdir()
+    assert main(["run", "--resume", str(tmp_path / "empty"), "--allow-unsealed"]) == 2
+    assert not (tmp_path / "none").exists() and list((tmp_path / "empty").iterdir()) == []
+
+
 def test_allow_unsealed_belongs_to_a_resume(tmp_path, capsys):
     config = write_tiny_config(tmp_path / "c.yaml")
     assert main(["run", str(config), "--allow-unsealed"]) == 2
@@ -235,12 +288,12 @@ def test_allow_unsealed_belongs_to_a_resume(tmp_path, capsys):
 
 
 # -- printable run directories -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["a\nb", "tab\there", "esc\x1b[31m", "sep\u2028x"])
+@pytest.mark.parametrize("name", ["a\nb", "tab\there", "esc\x1b[31m", "sep\u2028x", "rtl\u202eoverride"])
 def test_a_run_directory_with_a_control_character_is_refused_before_any_work(tmp_path, capsys, name):
     config = write_tiny_config(tmp_path / "c.yaml")
     assert main(["run", str(config), "--run-dir", str(tmp_path / name), "--no-progress"]) == 2
     line = error_line(capsys.readouterr().err)
-    assert "holds the control character" in line and "--run-dir" in line
+    assert "run directory" in line and "holds the control character" in line
     assert not (tmp_path / name).exists()
     assert main(["config", str(config), "--set", f'output_dir="runs/{name.encode("unicode_escape").decode()}"']) == 2
     assert "output_dir:" in error_line(capsys.readouterr().err)

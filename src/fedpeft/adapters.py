@@ -117,10 +117,13 @@ def load_method(directory: Path, method: str, listed: Any, plugins: Sequence[str
     from fedpeft.plugins import load_plugins, resolve_plugin, untrusted_hint
     from fedpeft.tuners import PEFT_METHODS
 
+    if isinstance(plugins, str):
+        raise AdapterError(f"plugins={plugins!r}: give a list of plugins, e.g. plugins=[{plugins!r}]")
     load_plugins([resolve_plugin(x) for x in plugins])
     if method in PEFT_METHODS:
         return
-    specs = [x for x in listed if isinstance(x, str)] if isinstance(listed, list) else []
+    # as a run's config keeps them: resolved, a relative one from the adapter's directory
+    specs = [resolve_plugin(x, directory) for x in listed if isinstance(x, str)] if isinstance(listed, list) else []
     if specs and trusted:
         load_plugins(specs)
         if method in PEFT_METHODS:
@@ -142,7 +145,8 @@ def verify_files(directory: Path, meta: dict[str, Any], save_format: str) -> Non
     pickled = [p for p in present if p.suffix.lower() in PICKLE_SUFFIXES]
     if pickled:
         raise AdapterError(f"{pickled[0]}: a pickle-based weights file, which can run code when loaded; fedpeft reads "
-                           "adapters from safetensors files only: remove it (fedpeft saves safetensors)")
+                           "adapters from safetensors files only (and saves them so): remove it, or convert it to "
+                           "safetensors where you trust it (safetensors.torch.save_file)")
     if "files" in meta:
         unsealed_files = [p for p in present if p.suffix.lower() in SEALED_SUFFIXES
                           and p.relative_to(directory).as_posix() not in files]

@@ -25,8 +25,8 @@ def _as_config(config: RunConfig | dict[str, Any] | str | Path) -> RunConfig:
 def run(config: RunConfig | dict[str, Any] | str | Path, run_dir: str | Path | None = None, *,
         observers: Sequence[RunObserver] = ()) -> dict[str, Any]:
     """Run a federated fine-tuning (a RunConfig, a mapping as in YAML, or a YAML path; its ``plugins`` are
-    imported: a config is code) in the runtime its ``runtime.name`` names (see fedpeft.launchers.run_config), then draw RUN_DIR/plots; returns the run's summary
-    (also in RUN_DIR/summary.json). ``observers`` (fedpeft.RunObserver) watch the run's rounds; a runtime that
+    imported: a config is code) in the runtime its ``runtime.name`` names (see fedpeft.launchers.run_config),
+    then draw RUN_DIR/plots; returns the run's summary (also in RUN_DIR/summary.json). ``observers`` (fedpeft.RunObserver) watch the run's rounds; a runtime that
     runs in this process only (embedded, not flower)."""
     from fedpeft.launchers import run_config
 

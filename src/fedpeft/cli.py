@@ -141,7 +141,7 @@ def end_of_run_line(name: str, summary: dict) -> str:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     _quiet_libraries()
-    from fedpeft.adapters import load_adapter, read_adapter_meta
+    from fedpeft.adapters import load_adapter
     from fedpeft.data.prepare import prepare_eval
     from fedpeft.durable import atomic_write, is_refused_write, refused_write
     from fedpeft.runtime.resume import saved_config
@@ -156,11 +156,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = saved_config(run_dir, [f"task.dataset={args.dataset}"] if args.dataset else [], **trust)
     adapter_name = _eval_adapter(run_dir, args.adapter, args.client, cfg)
     adapter_dir = run_dir / adapter_name
-    meta = read_adapter_meta(adapter_dir, allow_unsealed=args.allow_unsealed)
-    model = _scored_model(adapter_name, meta, cfg)
     split = args.split or cfg.task.eval_split
     device = pick_device(args.device or cfg.runtime.device)
     loaded = load_adapter(adapter_dir, dtype=cfg.model.dtype, device=device, **trust)
+    meta = loaded.meta
+    model = _scored_model(adapter_name, meta, cfg)
     encdec = bool(getattr(loaded.model.config, "is_encoder_decoder", False))
     data = prepare_eval(cfg.task, split, loaded.tokenizer, encoder_decoder=encdec, seed=cfg.seed,
                         max_examples=args.max_examples, label_names=meta.get("label_names"),

@@ -13,3 +13,12 @@ def first_line(text: object, limit: int = 300) -> str:
     ``limit`` characters, for a one-line error or a logged refusal."""
     lines = str(text).strip().splitlines()
     return lines[0][:limit] if lines else "(no reason given)"
+
+
+def unprintable(text: str) -> str | None:
+    """The first character of ``text`` that would break the one line it is printed on (a control or format
+    character, Unicode category C*, or a line or paragraph separator), or None."""
+    import unicodedata
+
+    return next((c for c in text if unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp")),
+                None)

@@ -5,8 +5,8 @@ line) is *sealed*: it is written with :data:`PLACEHOLDER` (64 zeros) where the d
 exact bytes is computed and written over the placeholder. To verify, the digest is zeroed again and the bytes
 hashed: any changed bit of the file, its digest included, gives another hash.
 
-A seal proves that a file is the one fedpeft wrote: not cut short, not damaged on disk or on the way, not
-edited by accident. It proves nothing about who wrote it: anyone can edit a file and compute its seal again.
+A seal proves that a file is unchanged since it was sealed: not cut short, not damaged on disk or on the way,
+not edited by accident. It proves nothing about who sealed it: anyone can edit a file and compute its seal again.
 Seals are not optional: a file that must carry one and does not (written before seals, or stripped of its
 seal) is refused unless the reader opts in (``allow_unsealed``, ``--allow-unsealed``).
 """

@@ -35,7 +35,6 @@ import re
 import shutil
 import sys
 import time
-import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,7 @@ from fedpeft.durable import (
     open_log,
     refused_write,
 )
+from fedpeft.errors import unprintable
 from fedpeft.integrity import PLACEHOLDER, seal, seal_matches, unsealed_refusal
 
 CONFIG_FILE = "config.yaml"
@@ -73,21 +73,21 @@ def holds_run(path: Path) -> bool:
     return (path / "metrics.jsonl").exists() or (path / "config.yaml").exists()
 
 
-def check_printable_path(path: str | Path, what: str) -> None:
+def check_printable_path(path: str | Path, what: str = "run directory") -> None:
     """Refuse a path holding a control character or a line separator (a newline would split every line that
     prints it: the run's messages, events.log, a shell's `fedpeft run --resume` line)."""
     text = str(path)
-    bad = next((i for i, c in enumerate(text) if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+    bad = unprintable(text)
     if bad is not None:
-        raise ConfigError(f"{what} {text!r} holds the control character {text[bad]!r} at position {bad + 1}; choose a "
-                          "path of printable characters")
+        raise ConfigError(f"{what} {text!r} holds the control character {bad!r} at position {text.index(bad) + 1}; "
+                          "choose a path of printable characters")
 
 
 def check_run_dir_free(run_dir: str | Path | None) -> None:
     """Refuse, before any work, a chosen run directory that already holds a run (a new run would mix with it) or
     whose path holds a control character."""
     if run_dir is not None:
-        check_printable_path(run_dir, "--run-dir")
+        check_printable_path(run_dir)
     if run_dir is not None and holds_run(Path(run_dir)):
         raise FileExistsError(f"run directory {str(run_dir)!r} already holds a run; continue it with fedpeft run "
                               f"--resume {run_dir} (it restarts from round 1 when it has no checkpoint yet), or "
@@ -227,7 +227,7 @@ def read_saved_config(run_dir: str | Path, *, allow_unsealed: bool = False) -> d
     if not path.is_file():
         raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no {CONFIG_FILE})")
     fix = (f"write it again from the config the run was started with (fedpeft config CONFIG [--set ...] > {path}) "
-           "and resume, or start a new run")
+           "and resume with --allow-unsealed, or start a new run")
     data = path.read_bytes()
     if not data.strip():
         raise ConfigError(f"{path} is empty: the run's saved config is lost; {fix}")

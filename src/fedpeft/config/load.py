@@ -250,27 +250,32 @@ def _format(err: dict[str, Any], raw: dict[str, Any]) -> str:
 
 def validate_config(raw: dict[str, Any], base_dir: str | Path | None = None,
                     switched: dict[str, set[str]] | None = None, *, plugins: Iterable[str] = (),
-                    trust_plugins: bool = False) -> RunConfig:
+                    trust_plugins: bool = False, source: str = "the config", quiet: bool = False) -> RunConfig:
     """A RunConfig from a raw mapping, after loading the installed plugins (fedpeft.plugins), the user's
     ``plugins`` (files relative to the working directory, or module names; added to the config's list) and the
     plugins the mapping lists (relative paths taken from ``base_dir``: the config file's directory) when
     ``trust_plugins``, or when the user named them too. A plugin is code: a listed one that is not trusted is
     not imported, and a config that needs it (an unknown method name) is refused naming it and both ways to
-    load it; one it does not need is reported with a warning. ``switched`` (:func:`switched_sections`):
-    sections whose method an override replaced, and the keys that may go."""
+    load it (``source``: the file, in that message); one it does not need is reported with a warning (unless
+    ``quiet``). ``switched`` (:func:`switched_sections`): sections whose method an override replaced, and the keys
+    that may go."""
     if not isinstance(raw, dict):
         raise ConfigError("config: the top level must be a mapping of sections (task:, model:, ...)")
     raw = dict(raw)
     listed = raw.get("plugins") or []
     if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
         raise ConfigError("plugins: give a list of plugin modules or .py files, e.g. plugins: [./my_plugin.py]")
+    if isinstance(plugins, str):
+        raise ConfigError(f"plugins={plugins!r}: give a list of plugins, e.g. plugins=[{plugins!r}]")
     from fedpeft.plugins import (  # registers their algorithms and methods first
+        load_installed_plugins,
         load_plugins,
         resolve_plugin,
         untrusted_hint,
         untrusted_plugins,
     )
 
+    load_installed_plugins()  # first: what an installed package imports is no longer the file's to name
     listed = [resolve_plugin(x, base_dir) for x in listed]
     named = [resolve_plugin(x) for x in plugins]
     raw["plugins"] = list(dict.fromkeys([*listed, *named]))
@@ -288,10 +293,10 @@ def validate_config(raw: dict[str, Any], base_dir: str | Path | None = None,
         lines = [_format(e, raw) for e in exc.errors()]
         unknown = next((line for line in lines if "unknown choice" in line), None)
         if untrusted and unknown is not None:  # a name the untrusted plugins may register: one line, the ways out
-            raise ConfigError(f"{unknown}; {untrusted_hint(untrusted, 'the config')}") from None
+            raise ConfigError(f"{unknown}; {untrusted_hint(untrusted, source)}") from None
         raise ConfigError("\n".join(lines)) from None
-    if untrusted:
-        log.warning("not imported: %s", untrusted_hint(untrusted, "the config"))
+    if untrusted and not quiet:
+        log.warning("not imported: %s", untrusted_hint(untrusted, source))
     return cfg
 
 
@@ -316,7 +321,8 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = (), plugins:
     overrides = list(overrides)
     switched = switched_sections(raw, overrides)
     raw = apply_overrides(raw, overrides)
-    return validate_config(raw, base_dir, switched, plugins=plugins, trust_plugins=trust_plugins)
+    return validate_config(raw, base_dir, switched, plugins=plugins, trust_plugins=trust_plugins,
+                           source=str(path) if path is not None else "the config")
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
-import unicodedata
 from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -18,6 +17,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from fedpeft.config.adversarial import AttackersConfig
 from fedpeft.config.section import OptionValueError, Section
+from fedpeft.errors import unprintable
 from fedpeft.registry import ALGORITHMS, DATASETS, PEFT_METHODS, RUNTIMES, TRACKERS, Registry
 
 
@@ -547,7 +547,7 @@ class RunConfig(Section):
         default_factory=list, description="Plugins loaded before the rest is validated: modules or .py files "
         "that register algorithms or PEFT methods (fedpeft.register_algorithm, fedpeft.register_peft_method). They "
         "are code: running the config (fedpeft run, --resume) imports them; commands that only read it (config, "
-        "partition, eval, report) import them only when named with --plugin or trusted with --trust-plugins.")
+        "partition, eval) import them only when named with --plugin or trusted with --trust-plugins, report never.")
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int = Field(0, ge=0, lt=2**63, description="Seeds everything random in the run (0 <= seed < 2**63).")
     output_dir: str = Field("runs", description="Where a run's directory is made (OUTPUT_DIR/NAME-TIMESTAMP); "
@@ -563,7 +563,7 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _printable_output_dir(self) -> RunConfig:
-        bad = next((c for c in self.output_dir if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+        bad = unprintable(self.output_dir)
         if bad is not None:  # a newline would split every line that prints the run's path
             raise OptionValueError("output_dir", f"{self.output_dir!r} holds the control character {bad!r}; choose a "
                                    "path of printable characters")

@@ -12,7 +12,7 @@ pixels, CMYK, colour into a one-channel model) is refused with the conversion to
 from __future__ import annotations
 
 import io
-import unicodedata
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ import numpy as np
 from fedpeft.data.batching import ImageEncoded
 from fedpeft.data.catalog import Row
 from fedpeft.data.files import DataError
+from fedpeft.errors import unprintable
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 _LOSSLESS = {"1": "L"}  # modes expanded without loss (palette images: see to_mode)
@@ -30,6 +31,7 @@ _LOSSLESS = {"1": "L"}  # modes expanded without loss (palette images: see to_mo
 MAX_CLASS_NAME = 128
 # The default of task.max_image_pixels (config/schema.py, where its reason is given)
 MAX_IMAGE_PIXELS = 4096 * 4096
+log = logging.getLogger("fedpeft")
 _CONVERT_FIX = "convert the images to RGB or 8-bit grayscale first (PIL: image.convert('RGB'))"
 
 
@@ -62,9 +64,24 @@ def _check_header(image: Any, where: str, max_pixels: int) -> None:
                         f"{max_pixels:,} (task.max_image_pixels); shrink the image (the model takes a few hundred "
                         "pixels a side), or raise task.max_image_pixels")
     frames = getattr(image, "n_frames", 1)
-    if frames > 1:
+    if frames > 1 and image.format == "MPO":  # a camera JPEG with an MPF preview: frame 0 is its primary image
+        _log_primary_frame(where, frames)
+    elif frames > 1:
         raise DataError(f"{where}: the image has {frames} frames (an animation or a multi-page file), and which one "
                         "to learn from is not fedpeft's guess; save the frame you mean as a single-frame PNG")
+
+
+_primary_frame_logged = False
+
+
+def _log_primary_frame(where: str, frames: int) -> None:
+    """Say (once per process) that a JPEG of several images (MPO: phone and camera photos with a preview or a
+    second view, CIPA DC-007) is read as its primary image, frame 0, as any JPEG reader shows it."""
+    global _primary_frame_logged
+    if not _primary_frame_logged:
+        _primary_frame_logged = True
+        log.warning("%s: a JPEG holding %d images (MPO, e.g. a camera's photo with its preview): its primary image "
+                    "(frame 0) is read, as for every such JPEG of the dataset (logged once)", where, frames)
 
 
 def _open(value: Any, where: str, max_pixels: int) -> Any:
@@ -170,7 +187,7 @@ def _check_class_name(folder: Path) -> None:
     """A class folder's name is its class label, printed in logs, reports and prediction files: one printable line
     of at most :data:`MAX_CLASS_NAME` characters."""
     name = folder.name
-    bad = next((c for c in name if unicodedata.category(c).startswith("C")), None)
+    bad = unprintable(name)
     if bad is not None:
         raise DataError(f"{_shown(folder)}: class folder name {name!r} holds the control character {bad!r}; rename "
                         "the folder (its name is the class label)")
@@ -198,7 +215,7 @@ def _stays_inside(path: Path, top: Path) -> None:
 def _shown(path: Path) -> str:
     """``path`` as it can stand in a one-line message: quoted and escaped when it holds a newline or the like."""
     text = str(path)
-    return text if text.isprintable() else repr(text)
+    return text if unprintable(text) is None else repr(text)
 
 
 def image_report(rows: list[Row], where: list[str], listed: int = 3,
@@ -246,14 +263,20 @@ def normalisation(processor: Any, channels: int) -> tuple[float, tuple[float, ..
 def encode_images(rows: list[Row], labels: list[int], where: list[str], processing: Any, batch: int = 256,
                   max_pixels: int = MAX_IMAGE_PIXELS) -> ImageEncoded:
     """The rows' images decoded (strictly, none of more than ``max_pixels`` pixels, ``where`` naming each row, and
-    the file of an image given by path), in the mode of the model's channels, resized by its processor (``processing``:
+    the file of an image given by path), in the mode of the model's channels, resized by its processor in groups of
+    at most ``batch`` images and twice ``max_pixels`` decoded pixels (``processing``:
     :class:`fedpeft.models.images.ImageProcessing`) and kept as 8-bit pixels."""
-    blocks = []
-    for start in range(0, len(rows), batch):
-        images = []
-        for r, w in zip(rows[start:start + batch], where[start:start + batch]):
-            w = f"{w} ({r['image']})" if isinstance(r["image"], str) else w
-            images.append(to_mode(decode_image(r["image"], w, max_pixels), processing.channels, w))
+    blocks, images, held = [], [], 0
+    budget = 2 * max_pixels  # decoded pixels held at once: a batch of large images is resized in smaller groups
+    for r, w in zip(rows, where):
+        w = f"{w} ({r['image']})" if isinstance(r["image"], str) else w
+        image = to_mode(decode_image(r["image"], w, max_pixels), processing.channels, w)
+        if images and (len(images) == batch or held + image.width * image.height > budget):
+            blocks.append(pixel_values(images, processing.processor))
+            images, held = [], 0  # (the decoded images go with the list)
+        images.append(image)
+        held += image.width * image.height
+    if images:
         blocks.append(pixel_values(images, processing.processor))
     pixels = np.concatenate(blocks) if blocks else np.zeros((0, processing.channels, 1, 1), np.uint8)
     return ImageEncoded(pixels, list(labels), processing.tokens, *normalisation(processing.processor,

@@ -77,14 +77,25 @@ def load_run(run_dir: Path) -> Run:
     summary = read_summary(run_dir)
     metric = summary.get("primary_metric")
     if not metric:
-        try:
-            # validated without importing the plugins it names (a run directory is data)
-            metric = validate_config(config if isinstance(config, dict) else {}, path.parent).primary_metric()
-        except ConfigError:
-            metric = "accuracy"
+        metric = primary_metric_of(config if isinstance(config, dict) else {}, path.parent)
     if not summary:
         summary = summarize(rows, metric=metric, target=None)
     return Run(run_dir, rows, summary, config if isinstance(config, dict) else {}, metric)
+
+
+def primary_metric_of(config: dict[str, Any], base_dir: Path) -> str:
+    """The primary metric of a run's saved config, read without importing the plugins it names (a run directory is
+    data): a method only a plugin registers leaves the task's metric (without ``personal_``, which only the method
+    could say); a config that does not validate at all, accuracy."""
+    try:
+        return validate_config(config, base_dir, quiet=True).primary_metric()
+    except ConfigError:
+        pass
+    try:
+        methods_left_out = {k: v for k, v in config.items() if k not in ("algorithm", "peft")}
+        return validate_config(methods_left_out, base_dir, quiet=True).task_metric()
+    except ConfigError:
+        return "accuracy"
 
 
 def available_metrics(rows: Sequence[dict[str, Any]]) -> set[str]:

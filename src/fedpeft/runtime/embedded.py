@@ -343,10 +343,12 @@ class EmbeddedRuntime:
         self.start_round = rnd + 1
 
     @classmethod
-    def resume(cls, run_dir: str | Path, *, rounds: int | None = None, **kwargs: Any) -> EmbeddedRuntime:
+    def resume(cls, run_dir: str | Path, *, rounds: int | None = None, allow_unsealed: bool = False,
+               **kwargs: Any) -> EmbeddedRuntime:
         """Continue the run in RUN_DIR from its last checkpoint (from round 1 if it has none yet), with the config
-        it was started with; ``rounds`` changes federation.rounds, which also extends a finished run."""
-        return cls(resume_config(run_dir, rounds), run_dir, resume=True, **kwargs)
+        it was started with; ``rounds`` changes federation.rounds, which also extends a finished run;
+        ``allow_unsealed`` as in fedpeft.resume."""
+        return cls(resume_config(run_dir, rounds, allow_unsealed=allow_unsealed), run_dir, resume=True, **kwargs)
 
     # -- pieces of a round -------------------------------------------------------------------------
     def evaluate_global(self) -> dict[str, Any]:
@@ -693,8 +695,8 @@ def run(cfg: RunConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     return EmbeddedRuntime(cfg, run_dir).run()
 
 
-def resume(run_dir: str | Path) -> dict[str, Any]:
-    return EmbeddedRuntime.resume(run_dir).run()
+def resume(run_dir: str | Path, *, allow_unsealed: bool = False) -> dict[str, Any]:
+    return EmbeddedRuntime.resume(run_dir, allow_unsealed=allow_unsealed).run()
 
 
 def launch(cfg: RunConfig, run_dir: str | Path | None, *, resume: bool, observers: Sequence[RunObserver],

@@ -26,10 +26,12 @@ from fedpeft.runlock import RunLock
 log = logging.getLogger("fedpeft")
 
 
-def resume_point(run_dir: str | Path, rounds: int) -> tuple[tuple[int, dict[str, Any]] | None, list[dict[str, Any]]]:
+def resume_point(run_dir: str | Path, rounds: int, *,
+                 allow_unsealed: bool = False) -> tuple[tuple[int, dict[str, Any]] | None, list[dict[str, Any]]]:
     """Where the run in RUN_DIR continues when resumed with federation.rounds = ``rounds``: (its checkpoint, the
     metrics rows up to it), or (None, []) when it has no checkpoint yet (it starts again from round 1 in place).
-    A finished run continues only with more rounds than it ran, from the checkpoint of its last round."""
+    A finished run continues only with more rounds than it ran, from the checkpoint of its last round.
+    ``allow_unsealed``: accept a checkpoint without its seal (checkpoint.load)."""
     run_dir = Path(run_dir)
     finished = read_summary(run_dir)
     if finished:
@@ -48,7 +50,7 @@ def resume_point(run_dir: str | Path, rounds: int) -> tuple[tuple[int, dict[str,
                 "extended; start a new run with the rounds you want")
         log.warning("%s has no checkpoint yet: the run starts again from round 1 in place", run_dir)
         return None, []
-    restored = checkpoint.load(run_dir)  # a damaged checkpoint fails here, before any work
+    restored = checkpoint.load(run_dir, allow_unsealed=allow_unsealed)  # a damaged one fails here, before any work
     check_config_unchanged(run_dir, *restored)
     if restored[0] > rounds:
         raise checkpoint.CheckpointError(
@@ -84,16 +86,21 @@ def saved_config(run_dir: str | Path, overrides: Iterable[str] = (), *, plugins:
     reading a run directory never runs code it names (fedpeft.config.load.validate_config)."""
     path = Path(run_dir) / CONFIG_FILE
     raw = read_saved_config(run_dir, allow_unsealed=allow_unsealed)
-    return validate_config(apply_overrides(raw, overrides), path.parent, plugins=plugins, trust_plugins=trust_plugins)
+    return validate_config(apply_overrides(raw, overrides), path.parent, plugins=plugins, trust_plugins=trust_plugins,
+                           source=str(path))
 
 
 def resume_config(run_dir: str | Path, rounds: int | None = None, *, allow_unsealed: bool = False) -> RunConfig:
     """The config saved in RUN_DIR, with federation.rounds set to ``rounds`` when given. Continuing a run runs its
     config, so the plugins it lists are imported. ``allow_unsealed``: a config.yaml and checkpoint written without
-    their seal (by a fedpeft from before seals) are accepted and sealed in place (:func:`seal_older_files`)."""
+    their seal (by a fedpeft from before seals) are accepted and, once every check of the resume has passed,
+    sealed in place (:func:`seal_older_files`), so that the run's own processes read sealed files."""
+    overrides = [f"federation.rounds={rounds}"] if rounds is not None else []
+    cfg = saved_config(run_dir, overrides, trust_plugins=True, allow_unsealed=allow_unsealed)
     if allow_unsealed:
+        resume_point(run_dir, cfg.federation.rounds, allow_unsealed=True)  # the resume's checks, before any write
         seal_older_files(run_dir)
-    return saved_config(run_dir, [f"federation.rounds={rounds}"] if rounds is not None else [], trust_plugins=True)
+    return cfg
 
 
 def seal_older_files(run_dir: str | Path) -> list[str]:
