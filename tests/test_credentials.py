@@ -41,3 +41,26 @@ def test_private_keys_are_owner_only(tmp_path):
     for name in ("ca.key", "server.key", "supernode-0", "supernode-1"):
         assert stat.S_IMODE((creds / name).stat().st_mode) == 0o600, name
     assert stat.S_IMODE((creds / "ca.crt").stat().st_mode) == 0o644
+
+
+def test_the_command_prints_and_writes_the_setting_that_pins_each_partition_to_its_key(tmp_path, capsys):
+    """`fedpeft flower credentials` ends with the --set argument that pins partition I to supernode-I.pub's
+    fingerprint (`ssh-keygen -lf` prints the same), also written to partition_keys.yaml; a run on a SuperLink takes it."""
+    import shlex
+
+    from fedpeft.cli import main
+    from fedpeft.config import load_config
+    from fedpeft.keys import pinned_key_fingerprint
+
+    assert main(["flower", "credentials", str(tmp_path / "creds"), "--supernodes", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    pins = {i: pinned_key_fingerprint((tmp_path / "creds" / f"supernode-{i}.pub").read_text()) for i in range(3)}
+    assert out[-1] == ("  --set 'runtime.flower.partition_keys={"
+                       + ", ".join(f'{i}: "{pins[i]}"' for i in range(3)) + "}'")
+    assert "partition_keys.yaml" in out[-2]
+    option, setting = shlex.split(out[-1])
+    assert option == "--set"
+    cfg = load_config(None, ["runtime.flower.superlink=10.0.0.1:8000", "runtime.flower.num_supernodes=3", setting])
+    assert cfg.runtime.flower.partition_keys == pins
+    written = (tmp_path / "creds" / "partition_keys.yaml").read_text().strip()
+    assert f"runtime.flower.partition_keys={written}" == setting

@@ -225,8 +225,10 @@ def test_a_killed_server_resumes_from_its_checkpoint_and_ends_like_an_uninterrup
 
 def test_tls_and_supernode_authentication(tmp_path):
     """A SuperLink with TLS and SuperNode authentication, keys registered with `flwr supernode register`,
-    SuperNodes connecting with the CA certificate and their private keys (all from fedpeft's helper)."""
-    from fedpeft.runtime.flower.credentials import make_credentials
+    SuperNodes connecting with the CA certificate and their private keys (all from fedpeft's helper). The config
+    pins no partition, so the run pins partition i to the key of the SuperNode i it started."""
+    from fedpeft.config import load_config
+    from fedpeft.runtime.flower.credentials import make_credentials, partition_keys
 
     creds = make_credentials(tmp_path / "creds", supernodes=2)
     cfg = tiny_config("federation.rounds=1", "train.local_steps=1")
@@ -235,6 +237,8 @@ def test_tls_and_supernode_authentication(tmp_path):
     assert summary["rounds"] == 1 and summary["rejected_updates"] == 0
     logs = [(tmp_path / "logs" / f).read_text() for f in ("superlink.log", "supernode-0.log", "supernode-1.log")]
     assert not any("--insecure" in text for text in logs)  # Flower warns when a channel is insecure
+    ran = load_config(tmp_path / "run" / "config.yaml", [])
+    assert ran.runtime.flower.partition_keys == partition_keys(creds, 2) and cfg.runtime.flower.partition_keys is None
 
 
 def test_flower_simulation_engine_gives_the_same_results_as_embedded(tmp_path):

@@ -123,6 +123,60 @@ def test_the_grpc_control_api_switch_keeps_its_name():
     assert "os.getenv(FLWR_INTERNAL_GRPC_CONTROL_API) == \"1\"" in inspect.getsource(_superlink_cli())
 
 
+@pytest.mark.parametrize(("host", "dialled"), [("::", "[::1]"), ("0.0.0.0", "127.0.0.1"), ("10.0.0.1", "10.0.0.1")])
+def test_the_superexec_command_can_still_be_wrapped_and_says_where_it_dials(monkeypatch, host, dialled):
+    """flower-superlink (--isolation subprocess) builds its SuperExec's command with the module function
+    _get_superexec_command, called with the Runtime API address the SuperExec dials: a bind-all --host becomes
+    loopback of its family. wrap_superexec_command reaches it; the command is what Popen starts."""
+    from types import SimpleNamespace
+
+    cli = _superlink_cli()
+    monkeypatch.setattr(cli, "_get_superexec_command", cli._get_superexec_command)  # restored afterwards
+    seen, started = [], []
+    internals.wrap_superexec_command(lambda command, address: seen.append((command, address)) or ["wrapped"])
+    monkeypatch.setattr(cli.subprocess, "Popen", lambda command, **kwargs: started.append(command))
+    config = SimpleNamespace(isolation="subprocess", host=host, port=9093, certificates=None, ssl_ca_certfile=None,
+                             runtime_dependency_install=False)
+    cli.SuperLinkLifespan._start_superexec_if_needed(SimpleNamespace(config=config, superexec_process=None))
+    ((command, address),) = seen
+    assert address == f"{dialled}:9093" and command[0] == "flower-superexec"
+    assert command[command.index("--runtime-api-address") + 1] == address
+    assert started == [["wrapped"]]
+
+
+def test_the_superlink_serves_through_uvicorn_run_and_its_shutdown_can_be_bounded(monkeypatch):
+    """flower-superlink serves with uvicorn.run(...) (its module's uvicorn), without a graceful-shutdown timeout:
+    uvicorn then waits for every open request when it stops. bound_superlink_shutdown gives it one."""
+    import uvicorn
+
+    cli = _superlink_cli()
+    source = inspect.getsource(cli._run_superlink_http_api)
+    assert "uvicorn.run(" in source and "timeout_graceful_shutdown" not in source
+    assert "timeout_graceful_shutdown" in _params(uvicorn.run)
+    monkeypatch.setattr(cli, "uvicorn", cli.uvicorn)  # restored afterwards
+    calls = []
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: calls.append(kwargs))
+    internals.bound_superlink_shutdown(3.0)
+    internals.bound_superlink_shutdown(2.0)  # again: replaces the bound, does not stack
+    cli.uvicorn.run(app=None, host="127.0.0.1")
+    assert calls == [{"app": None, "host": "127.0.0.1", "timeout_graceful_shutdown": 2.0}]
+    assert cli.uvicorn.Config is uvicorn.Config
+
+
+def test_the_superexec_drops_the_handles_of_the_processes_it_starts():
+    """Why fedpeft.runtime.flower.superexec exists: Flower's SubprocessExecutor starts a ServerApp with Popen and keeps
+    no handle (so CPython keeps it in subprocess._active until the next Popen), and its loop has no wait."""
+    import subprocess
+
+    from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+
+    source = inspect.getsource(SubprocessExecutor.launch)
+    assert "subprocess.Popen(" in source and "= subprocess.Popen(" not in source
+    assert "wait" not in inspect.getsource(SubprocessExecutor.reconcile)
+    assert callable(subprocess._cleanup) and isinstance(subprocess._active, list)
+    assert _params(internals.run_flower_superexec) == []
+
+
 def test_the_bounded_pull_finds_what_it_reads_where_it_reads_it():
     """HttpGrid's address / TLS / token fields, the Runtime client's HTTP client, the protobuf field numbers
     bounded_pull reads as streams, the object format and the Array header."""

@@ -233,3 +233,53 @@ def test_pinned_keys_are_refused_on_the_simulation_engine(keys):
 
     with pytest.raises(ConfigError, match="virtual SuperNodes have no keys"):
         load_config(None, ["runtime.flower.engine=simulation", f"runtime.flower.partition_keys={{0: '{keys[0].line}'}}"])
+
+
+def test_a_run_on_a_superlink_must_pin_its_partitions_or_say_any(keys):
+    """Without SuperNode authentication keys change at every start, so the ServerApp cannot tell whether pins would
+    ever be served: a run on a SuperLink of one's own must give the keys or say any, in one line naming both."""
+    from fedpeft.config import ConfigError
+
+    remote = "runtime.flower.superlink=10.0.0.1:8000"
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [remote])
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("runtime.flower: partition_keys: without it a run on the "
+                                                      "SuperLink at superlink=10.0.0.1:8000 lets any SuperNode")
+    assert "`fedpeft flower credentials` prints the setting" in message and "partition_keys: any" in message
+    assert load_config(None, [remote, "runtime.flower.partition_keys=any"]).runtime.flower.partition_keys == "any"
+    pinned = load_config(None, [remote, f"runtime.flower.partition_keys={{0: '{keys[0].line}'}}"])
+    assert pinned.runtime.flower.partition_keys == {0: pinned_key_fingerprint(keys[0].line)}
+    for fine in ([], ["runtime.flower.engine=simulation", remote]):  # a local deployment; virtual SuperNodes
+        assert load_config(None, fine).runtime.flower.partition_keys is None
+    with pytest.raises(ConfigError, match=r"partition_keys: 'all' is neither any nor a mapping") as err:
+        load_config(None, [remote, "runtime.flower.partition_keys=all"])
+    assert "\n" not in str(err.value)
+
+
+def test_any_pins_nothing(keys):
+    link = FakeSuperLink()
+    link.add(4, keys[2].pem, 0)
+    rt = server(link, "runtime.flower.partition_keys=any")
+    rt.refresh_nodes(timeout=0.5)
+    assert rt.partitions.pinned == {} and rt.node_of_partition == {0: 4}
+
+
+def test_a_deployment_started_here_with_credentials_pins_each_partition_to_its_supernode(tmp_path):
+    """LocalDeployment registers supernode-i.pub itself and starts SuperNode i with its key: a run on it that pins
+    nothing gets those pins (tests/test_flower.py's TLS run checks them in its config); any stays any."""
+    from fedpeft.runtime.flower.credentials import partition_keys
+    from fedpeft.runtime.flower.launch import LocalDeployment, pinned_to
+
+    creds = make_credentials(tmp_path / "creds", supernodes=3)
+    dep = LocalDeployment(3, tmp_path / "logs", credentials=creds)  # not started: pinning reads only its keys
+    cfg = load_config(None, [])
+    logged: list[str] = []
+    pinned = pinned_to(cfg, dep, logged.append)
+    expected = {i: pinned_key_fingerprint((creds / f"supernode-{i}.pub").read_text()) for i in range(2)}
+    assert pinned.runtime.flower.partition_keys == expected == partition_keys(creds, 2)  # the run's 2 partitions
+    assert cfg.runtime.flower.partition_keys is None and len(logged) == 1
+    for kept in (load_config(None, ["runtime.flower.partition_keys=any"]),
+                 load_config(None, [f"runtime.flower.partition_keys={{0: '{expected[1]}'}}"])):
+        assert pinned_to(kept, dep, logged.append) is kept
+    assert pinned_to(cfg, LocalDeployment(2, tmp_path / "logs"), logged.append) is cfg  # no keys to pin to

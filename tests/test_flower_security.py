@@ -177,7 +177,8 @@ def test_a_registered_supernode_cannot_displace_the_one_serving_a_partition(secu
     """The operator runs fedpeft (registration, `flwr run`, SuperNodes: all from this machine); once round 1 is
     done a second SuperNode (another registered key) claims partition 0. It is refused and logged; every round
     aggregates both clients from the operator's SuperNodes. (The server waits in round 2 until that SuperNode
-    has registered, so a slow start cannot let the run end before the claim.)"""
+    has registered, so a slow start cannot let the run end before the claim.) partition_keys: any, so that the
+    displacement rule alone decides, not the pins this deployment would give a run by default."""
     import threading
 
     dep = secured["dep"]
@@ -187,7 +188,8 @@ def test_a_registered_supernode_cannot_displace_the_one_serving_a_partition(secu
     participant_log.unlink(missing_ok=True)
     cfg = tiny_config("federation.num_clients=2", "federation.clients_per_round=2", "federation.rounds=4",
                       "train.local_steps=1", "federation.round_timeout_s=60", "algorithm.name=waiting_fedavg",
-                      f"algorithm.wait_for={participant_log}", plugins=[str(plugin)])
+                      f"algorithm.wait_for={participant_log}", "runtime.flower.partition_keys=any",
+                      plugins=[str(plugin)])
     done: dict = {}
     run = threading.Thread(target=lambda: done.update(s=run_flower(cfg, tmp_path / "run", deployment=dep,
                                                                    log=lambda m: None)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import sys
 
 import pytest
 
@@ -108,12 +109,39 @@ def test_the_command_line_refuses_a_bad_network_before_starting_flower(capsys, m
 def test_an_abbreviated_option_is_not_taken_for_control_from(monkeypatch):
     """`--control-f any` must not silently open the Control API: only the full option name is the launcher's;
     anything else goes to Flower (which refuses what it does not know)."""
-    import sys
-
     installed, started = [], []
     monkeypatch.setattr(superlink, "install", installed.append)
-    monkeypatch.setattr(superlink, "run_flower_superlink", lambda: started.append(list(sys.argv)))
+    monkeypatch.setattr(superlink, "serve", lambda allowed: started.append((list(sys.argv), allowed)))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     superlink.main(["--control-f", "any", "--insecure"])
     assert installed == [parse_control_from([superlink.LOCAL])]  # the default, not 'any'
-    assert started == [["flower-superlink", "--control-f", "any", "--insecure"]]
+    assert started == [(["flower-superlink", "--control-f", "any", "--insecure"], installed[0])]
+
+
+def test_a_control_from_that_refuses_the_superlinks_own_superexec_is_one_warning(caplog):
+    """The SuperExec Flower starts dials the Runtime API at the address it is given (tests/test_flower_internals.py:
+    [::1] for --host ::), so it connects from there; its command becomes fedpeft's SuperExec, which waits for its
+    ServerApps (tests/test_flower_shutdown.py plays both on real processes)."""
+    flower = ["flower-superexec", "--insecure", "--runtime-api-address", "[::1]:9093", "--parent-pid", "7"]
+    with caplog.at_level(logging.WARNING, logger="fedpeft"):
+        command = superlink.superexec_command(flower, "[::1]:9093", allowed=parse_control_from(["127.0.0.1/32"]))
+    assert command == [sys.executable, "-m", "fedpeft.runtime.flower.superexec", *flower[1:]]
+    assert [r.getMessage() for r in caplog.records] == [(
+        "--control-from does not admit ::1, the address this SuperLink's own SuperExec and ServerApps connect from "
+        "(they dial the Runtime API at [::1]:9093, from --host): they would be refused and no run could start; add "
+        "--control-from local (or --control-from ::1)")]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fedpeft"):
+        for address, allowed in (("[::1]:9093", ["local"]), ("127.0.0.1:9093", ["127.0.0.1/32"]),
+                                 ("[::1]:9093", ["::1", "10.0.0.0/8"]), ("[::1]:9093", ["any"])):
+            superlink.superexec_command(flower, address, allowed=parse_control_from(allowed))
+    assert not caplog.records
+
+
+def test_the_superexec_dials_from_the_address_or_every_address_of_a_name():
+    from ipaddress import ip_address
+
+    assert superlink.dialled_from("[::1]:9093") == [ip_address("::1")]
+    assert superlink.dialled_from("10.0.0.1:9093") == [ip_address("10.0.0.1")]
+    assert ip_address("127.0.0.1") in superlink.dialled_from("localhost:9093")
+    assert superlink.dialled_from("no-such-host.invalid:9093") == []

@@ -276,11 +276,18 @@ def prediction_lines(data, predictions: list, instruction: str | None = None) ->
 
 
 def cmd_flower_credentials(args: argparse.Namespace) -> int:
-    from fedpeft.runtime.flower.credentials import make_credentials
+    from fedpeft.runtime.flower.credentials import (
+        PARTITION_KEYS_FILE,
+        make_credentials,
+        partition_keys,
+        partition_keys_setting,
+    )
 
     out = make_credentials(args.out_dir, hosts=args.host, supernodes=args.supernodes, days=args.days)
     print(f"wrote ca.crt, server.pem / server.key (for localhost, 127.0.0.1{''.join(', ' + h for h in args.host)}) "
           f"and {args.supernodes} SuperNode key pairs to {out}")
+    print(f"pin partition I to the key of supernode-I (also in {out / PARTITION_KEYS_FILE}); add to `fedpeft run`:")
+    print(f"  {partition_keys_setting(partition_keys(out, args.supernodes))}")
     return 0
 
 

@@ -395,17 +395,46 @@ class FlowerRuntimeConfig(Section):
         None, description="Secure aggregation with Flower's SecAgg+ (FedAvg family only; off by default)."
     )
     startup_timeout_s: float = Field(180.0, gt=0, description="How long to wait for the SuperNodes to connect.")
-    partition_keys: dict[Annotated[int, Field(ge=0)], str] | None = Field(
+    partition_keys: dict[Annotated[int, Field(ge=0)], str] | Literal["any"] | None = Field(
         None, description="Pin partitions to SuperNode keys: {partition id: that SuperNode's OpenSSH public key "
-        "(the line in supernode-I.pub) or its SHA256:... fingerprint (ssh-keygen -lf supernode-I.pub)}. A SuperNode "
-        "with another key never serves a pinned partition, even a free one. Needs SuperNode authentication "
-        "(without it a SuperNode's key changes at every start). None: any SuperNode may claim a free partition, "
-        "and one that stops answering is replaced by the next claimant.",
+        "(the line in supernode-I.pub) or its SHA256:... fingerprint (ssh-keygen -lf supernode-I.pub; `fedpeft "
+        "flower credentials` prints the setting)}. A SuperNode with another key never serves a pinned partition, even "
+        "a free one. Needs SuperNode authentication (without it a SuperNode's key changes at every start). any: any "
+        "SuperNode may claim a free partition, and one that stops answering is replaced by the next claimant. None: "
+        "any, except that a run on a superlink (engine: deployment) is refused (give the keys, or any), and SuperNodes "
+        "started here with credentials are pinned to their own keys.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _partition_keys_any_or_keys(cls, data: Any) -> Any:
+        value = data.get("partition_keys") if isinstance(data, dict) else None
+        if value is not None and value != "any" and not isinstance(value, dict):
+            raise ValueError(f"partition_keys: {str(value)[:40]!r} is neither any nor a mapping {{partition: "
+                             "SuperNode key or SHA256 fingerprint, ...}")
+        if isinstance(value, dict):  # checked here, so that a bad entry is one error, not one per member of the union
+            from pydantic import TypeAdapter, ValidationError
+
+            try:
+                keys = TypeAdapter(dict[Annotated[int, Field(ge=0)], str]).validate_python(value)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = f": partition {first['loc'][0]!r}" if "[key]" in first["loc"] else f"[{first['loc'][0]}]"
+                raise ValueError(f"partition_keys{where}: {first['msg']}") from None
+            data = {**data, "partition_keys": keys}
+        return data
 
     @model_validator(mode="after")
     def _partition_keys_as_fingerprints(self) -> FlowerRuntimeConfig:
-        if not self.partition_keys:
+        if not self.partition_keys and self.superlink is not None and self.engine == "deployment":
+            raise ValueError(
+                f"partition_keys: without it a run on the SuperLink at superlink={self.superlink} lets any SuperNode "
+                "of that SuperLink claim any free partition, even one that belongs to another participant; pin each "
+                "partition to its SuperNode's key, partition_keys={0: key or SHA256 fingerprint, 1: ...} (`fedpeft "
+                "flower credentials` prints the setting for its keys), or set partition_keys: any to let any SuperNode "
+                "claim a free partition (for a SuperLink without SuperNode authentication, whose keys change at every "
+                "start)")
+        if not self.partition_keys or self.partition_keys == "any":
             return self
         from fedpeft.keys import pinned_key_fingerprint  # cryptography, imported only when used
 

@@ -8,7 +8,10 @@
   (``--node-config "partition-id=I num-partitions=N"``: client c lives on partition c mod N);
 * :mod:`.launch`: writes the Flower app for a config, starts a SuperLink and SuperNodes on loopback
   (or submits to a running SuperLink) and runs ``flwr run``;
-* :mod:`.superlink`: ``flower-superlink`` whose Control and Runtime APIs answer only ``--control-from``;
+* :mod:`.superlink`: ``flower-superlink`` whose Control and Runtime APIs answer only ``--control-from``, and
+  which stops on SIGTERM with everything it started;
+* :mod:`.superexec`: ``flower-superexec`` that waits for the ServerApp processes it starts;
+* :mod:`.processes`: stopping and reaping the processes those launchers started;
 * :mod:`.bounded_pull`: the ServerApp's reply pull within a byte budget per reply;
 * :mod:`.partitions`: which SuperNode serves which partition, and who may take one over.
 

@@ -9,7 +9,10 @@
   to 127.0.0.1, so that one must stay);
 * ``supernode-I`` / ``supernode-I.pub``: an ECDSA P-384 key pair per SuperNode in OpenSSH format,
   the kind Flower's SuperNode authentication takes (``flwr supernode register supernode-I.pub``,
-  ``flower-supernode --auth-supernode-private-key supernode-I``).
+  ``flower-supernode --auth-supernode-private-key supernode-I``);
+* ``partition_keys.yaml``: ``{0: "SHA256:...", 1: "SHA256:..."}``, the fingerprint of each ``supernode-I.pub``,
+  which pins partition I to SuperNode I's key in a run (``runtime.flower.partition_keys``,
+  :func:`partition_keys_setting` gives the ``--set`` argument).
 
 The certificates carry the key identifiers and key usages that strict X.509 checking (Python 3.13's
 default ``VERIFY_X509_STRICT``) requires. Private keys are created readable by their owner only.
@@ -28,6 +31,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
+
+from fedpeft.keys import pinned_key_fingerprint
+
+PARTITION_KEYS_FILE = "partition_keys.yaml"
 
 
 def _name(common_name: str) -> x509.Name:
@@ -97,4 +104,22 @@ def make_credentials(out_dir: str | Path, *, hosts: list[str] | None = None, sup
         _write(out / f"supernode-{i}", key.private_bytes(pem, serialization.PrivateFormat.OpenSSH, plain), private=True)
         _write(out / f"supernode-{i}.pub", key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                                                           serialization.PublicFormat.OpenSSH) + b"\n")
+    _write(out / PARTITION_KEYS_FILE, (pins_yaml(partition_keys(out, supernodes)) + "\n").encode())
     return out
+
+
+def partition_keys(folder: str | Path, supernodes: int) -> dict[int, str]:
+    """{I: the SHA256 fingerprint of ``folder/supernode-I.pub``} for I < ``supernodes``: each partition pinned to the
+    key of the SuperNode that serves it."""
+    folder = Path(folder)
+    return {i: pinned_key_fingerprint((folder / f"supernode-{i}.pub").read_text()) for i in range(supernodes)}
+
+
+def pins_yaml(pins: dict[int, str]) -> str:
+    """``pins`` as a one-line YAML mapping, ``{0: "SHA256:...", 1: "SHA256:..."}``."""
+    return "{" + ", ".join(f'{i}: "{fingerprint}"' for i, fingerprint in sorted(pins.items())) + "}"
+
+
+def partition_keys_setting(pins: dict[int, str]) -> str:
+    """The ``fedpeft run`` argument that pins the partitions to ``pins`` (shell-quoted)."""
+    return f"--set 'runtime.flower.partition_keys={pins_yaml(pins)}'"

@@ -19,8 +19,10 @@ Who uses what:
   same test;
 * error codes and statuses of messages and tasks (``server_app.py``, ``warm_worker.py``);
 * the SuperLink launcher (``superlink.py``): the point where ``flower-superlink`` builds its FastAPI
-  app (:func:`wrap_superlink_app`), the paths of its Fleet API and health check, and the environment
-  switch of its extra gRPC Control API;
+  app (:func:`wrap_superlink_app`), the paths of its Fleet API and health check, the environment
+  switch of its extra gRPC Control API, the command it starts its SuperExec with
+  (:func:`wrap_superexec_command`) and its ``uvicorn.run`` call (:func:`bound_superlink_shutdown`);
+* the SuperExec launcher (``superexec.py``): Flower's ``flower-superexec`` entry point;
 * the bounded reply pull (``bounded_pull.py``): the address, TLS and token of the ServerApp's
   ``HttpGrid`` (:func:`runtime_client_for`), the Runtime API's message and object requests, the
   object format (head, body, children) and the ``Array`` header (:func:`read_array_header`).
@@ -28,6 +30,7 @@ Who uses what:
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -90,6 +93,63 @@ def run_flower_superlink() -> None:
     from flwr.superlink.cli.flower_superlink import flower_superlink
 
     flower_superlink()
+
+
+def _superlink_cli() -> Any:
+    """The module of flower-superlink's entry point (its package exports a function of the same name)."""
+    return importlib.import_module("flwr.superlink.cli.flower_superlink")
+
+
+def wrap_superexec_command(wrap: Callable[[list[str], str], list[str]]) -> None:
+    """Make ``flower-superlink`` (in this process) start its SuperExec with ``wrap(command, runtime_address)`` in place
+    of Flower's ``command`` (``["flower-superexec", ...]``). ``runtime_address`` is the Runtime API address the
+    SuperExec, and every ServerApp it starts, connects to: ``--host:--port`` with a bind-all host (0.0.0.0, ::)
+    replaced by loopback of its family (127.0.0.1, ::1), Flower's ``resolve_bind_address``.
+
+    With ``--isolation subprocess`` (the default) ``SuperLinkLifespan._start_superexec_if_needed`` calls the module
+    function ``_get_superexec_command`` (keyword ``runtime_address``) at the app's startup, looked up when called,
+    so replacing that module attribute reaches it; with ``--isolation process`` it starts no SuperExec."""
+    cli = _superlink_cli()
+    original = cli._get_superexec_command
+
+    def command(*args: Any, **kwargs: Any) -> list[str]:
+        address = kwargs["runtime_address"] if "runtime_address" in kwargs else args[0]
+        return wrap(list(original(*args, **kwargs)), address)
+
+    cli._get_superexec_command = command
+
+
+class _BoundedUvicorn:
+    """The ``uvicorn`` module as ``flower-superlink`` sees it, except that ``run`` waits at most ``seconds`` for
+    open connections when the server stops."""
+
+    def __init__(self, module: Any, seconds: float) -> None:
+        self._module, self._seconds = module, seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("timeout_graceful_shutdown", self._seconds)
+        return self._module.run(*args, **kwargs)
+
+
+def bound_superlink_shutdown(seconds: float) -> None:
+    """Make ``flower-superlink`` (in this process) wait at most ``seconds`` for open requests when it stops.
+
+    ``_run_superlink_http_api`` serves with ``uvicorn.run(...)`` (the ``uvicorn`` module global) and no
+    ``timeout_graceful_shutdown``, so on SIGTERM or SIGINT uvicorn waits, without limit, for every open connection to
+    end, and a ``flwr run --stream`` log stream lasts as long as its run; only a second SIGINT cuts it short."""
+    cli = _superlink_cli()
+    module = cli.uvicorn._module if isinstance(cli.uvicorn, _BoundedUvicorn) else cli.uvicorn
+    cli.uvicorn = _BoundedUvicorn(module, seconds)
+
+
+def run_flower_superexec() -> None:
+    """Flower's ``flower-superexec`` command (its arguments from ``sys.argv``)."""
+    from flwr.supercore.cli import flower_superexec
+
+    flower_superexec()
 
 
 def wrap_superlink_app(wrap: Callable[[Any], None]) -> None:
@@ -202,6 +262,7 @@ __all__ = [
     "Stage",
     "SubStatus",
     "WorkflowKey",
+    "bound_superlink_shutdown",
     "get_fab_config",
     "get_load_client_app_fn",
     "get_object_head_values_from_object_content",
@@ -218,10 +279,12 @@ __all__ = [
     "read_array_header",
     "recorddict_compat",
     "recorddict_to_proto",
+    "run_flower_superexec",
     "run_flower_superlink",
     "run_flower_supernode",
     "runtime_client_for",
     "start_client_internal",
     "superlink_public_paths",
+    "wrap_superexec_command",
     "wrap_superlink_app",
 ]

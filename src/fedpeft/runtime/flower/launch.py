@@ -38,6 +38,7 @@ from fedpeft.errors import UserError
 from fedpeft.observer import RunObserver
 from fedpeft.rundir import new_run_dir, read_summary
 from fedpeft.runlock import RunLock
+from fedpeft.runtime.flower.credentials import partition_keys
 from fedpeft.runtime.flower.fast_supernode import DEFAULT_POLL_S
 from fedpeft.runtime.flower.records import CONFIG_KEY
 from fedpeft.runtime.resume import resume_point
@@ -96,8 +97,9 @@ class LocalDeployment:
 
     With ``credentials`` (a folder from :func:`fedpeft.runtime.flower.credentials.make_credentials`)
     the SuperLink serves TLS with SuperNode authentication on, every SuperNode key is registered with
-    ``flwr supernode register`` and the SuperNodes connect with the CA certificate and their private key.
-    The SuperLink runs through :mod:`fedpeft.runtime.flower.superlink`: its Control and Runtime APIs
+    ``flwr supernode register`` and the SuperNodes connect with the CA certificate and their private key; a run
+    on it whose config pins no partition (``runtime.flower.partition_keys`` None) gets partition i pinned to the
+    key of SuperNode i (:meth:`partition_keys`). The SuperLink runs through :mod:`fedpeft.runtime.flower.superlink`: its Control and Runtime APIs
     answer ``control_from`` only (its ``--control-from`` values; default: this machine).
     """
 
@@ -168,6 +170,13 @@ class LocalDeployment:
         for i in range(self.num_supernodes):
             self.start_supernode(i)
         return self
+
+    def partition_keys(self, partitions: int) -> dict[int, str] | None:
+        """With credentials, {i: the fingerprint of supernode-i.pub} for the first ``partitions`` SuperNodes: the keys
+        this deployment registered and SuperNode i signs with. None without credentials (keys change at every start)."""
+        if self.credentials is None or self.simulation:
+            return None
+        return partition_keys(self.credentials, min(partitions, self.num_supernodes))
 
     def _register_supernodes(self) -> None:
         home = Path(self.env["FLWR_HOME"])
@@ -297,6 +306,19 @@ def write_connection(home: Path, address: str, root_certificates: str | None) ->
     (home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: conn}}))
 
 
+def pinned_to(cfg: RunConfig, deployment: LocalDeployment, log: Callable[[str], None]) -> RunConfig:
+    """``cfg`` with partition i pinned to the key of ``deployment``'s SuperNode i when the deployment authenticates
+    its SuperNodes (it registered their keys itself) and ``cfg`` pins nothing (``partition_keys`` None, not any)."""
+    fl = cfg.runtime.flower
+    pins = deployment.partition_keys(fl.num_supernodes) if fl.partition_keys is None else None
+    if not pins or fl.engine != "deployment":
+        return cfg
+    pinned = cfg.model_copy(deep=True)
+    pinned.runtime.flower.partition_keys = pins
+    log(f"partitions pinned to the keys of the SuperNodes started here: {pins}")
+    return pinned
+
+
 def simulation_options(cfg: RunConfig) -> list[str]:
     """``flwr run`` options for Flower's simulation engine: virtual SuperNodes and Ray resources per ClientApp."""
     fl = cfg.runtime.flower
@@ -356,6 +378,7 @@ def _run_flower(cfg: RunConfig, run_dir: Path, resume: bool, deployment: LocalDe
         fl = cfg.runtime.flower
         if deployment is not None:
             address, certs = deployment.address, deployment.root_certificates
+            cfg = pinned_to(cfg, deployment, log)
         elif fl.superlink is None:
             simulation = fl.engine == "simulation"
             own = LocalDeployment(fl.num_supernodes, flower_dir, env=env, warm=fl.warm_clients,

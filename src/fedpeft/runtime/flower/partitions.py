@@ -4,7 +4,7 @@ A SuperNode says which partition it serves (its ``--node-config "partition-id=I 
 the ServerApp's describe message); nothing in Flower binds that claim to the node. So the ServerApp
 decides, for a SuperNode N claiming partition p:
 
-* p is free: N serves it (with ``runtime.flower.partition_keys``: only if N's key is p's key);
+* p is free: N serves it (with ``runtime.flower.partition_keys`` pinning p: only if N's key is p's key);
 * p is served by M with the same public key as N: the same SuperNode restarted, N serves it;
 * p is served by M that did not answer its last message (a round's, within
   ``federation.round_timeout_s``), or does not answer a describe message sent now: N replaces M
@@ -29,8 +29,9 @@ log = logging.getLogger("fedpeft")
 class PartitionTable:
     """The ServerApp's map partition -> SuperNode, kept by the rules in this module's docstring."""
 
-    def __init__(self, pinned: Mapping[int, str] | None = None):
-        self.pinned = dict(pinned or {})  # partition -> key fingerprint (runtime.flower.partition_keys)
+    def __init__(self, pinned: Mapping[int, str] | str | None = None):
+        # partition -> key fingerprint (runtime.flower.partition_keys; "any" and None pin nothing)
+        self.pinned = dict(pinned) if isinstance(pinned, Mapping) else {}
         self.node_of: dict[int, int] = {}  # partition -> the SuperNode serving it
         self.key_of: dict[int, str] = {}  # online SuperNode -> key fingerprint ("" when unknown)
         self.contenders: dict[int, int] = {}  # SuperNode -> the partition it claims and was refused

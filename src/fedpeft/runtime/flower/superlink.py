@@ -23,16 +23,34 @@ network (``10.0.0.5``, ``10.0.0.0/24``, ``fd00::/64``), or ``any`` (no filter, l
 Flower's extra gRPC Control API (``FLWR_INTERNAL_GRPC_CONTROL_API=1``) would bypass the filter, so
 it is refused unless ``--control-from any``. The hook depends on Flower internals
 (``internals.wrap_superlink_app``), checked by tests/test_flower_internals.py.
+
+The launcher also runs Flower's SuperLink as a daemon that cleans up after itself:
+
+* SIGTERM does what Ctrl-C (SIGINT) does, and either signal stops the SuperLink within seconds: Flower serves
+  with uvicorn, which on either one waits for every open request to end, a ``flwr run --stream`` log stream
+  included (it lasts as long as its run); here it waits at most ``GRACE_S`` (``internals.bound_superlink_shutdown``).
+* Its SuperExec runs through :mod:`fedpeft.runtime.flower.superexec` (``internals.wrap_superexec_command``),
+  which waits for the ServerApp processes it starts: Flower's own leaves each finished one a zombie.
+* It is the subreaper of everything it starts (Linux), waits for whatever is re-parented to it, and on the way
+  out stops (SIGTERM, then SIGKILL) and waits for every process still below it.
+* At startup, when its SuperExec would connect to the Runtime API from an address outside ``--control-from``
+  (``--host ::`` dials ``[::1]``, ``--host 0.0.0.0`` dials 127.0.0.1, any other host itself), it logs one warning:
+  the filter would refuse the SuperExec, so no run could start. A warning, not a refusal: the launcher infers
+  the address the kernel will pick and resolves host names itself, which it can get wrong.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import logging
 import os
+import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -40,10 +58,13 @@ import psutil
 from fedpeft.errors import UserError
 from fedpeft.runtime.flower.internals import (
     GRPC_CONTROL_API_ENV,
+    bound_superlink_shutdown,
     run_flower_superlink,
     superlink_public_paths,
+    wrap_superexec_command,
     wrap_superlink_app,
 )
+from fedpeft.runtime.flower.processes import become_subreaper, reap_on_sigchld, stop_descendants
 
 log = logging.getLogger("fedpeft")
 
@@ -56,6 +77,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 LOCAL = "local"
 ANY = "any"
 FORWARDING_HEADERS = frozenset({b"x-forwarded-for", b"forwarded", b"x-real-ip"})
+GRACE_S = 3.0  # how long a stopping SuperLink waits for open requests, and its processes for SIGTERM
 REFUSAL = (b'{"detail": "this SuperLink serves its Control and Runtime APIs only to the addresses given by '
            b'--control-from (fedpeft.runtime.flower.superlink); from elsewhere only the Fleet API"}')
 
@@ -174,6 +196,60 @@ def install(allowed: list[Network] | None) -> None:
     log.info("SuperLink Control and Runtime APIs served to %s only", ", ".join(str(n) for n in allowed))
 
 
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def dialled_from(runtime_address: str) -> list[Address]:
+    """The addresses a process on this machine connects from when it dials ``runtime_address`` (host:port, [v6]:port):
+    the host itself for an address of this machine (loopback or an interface's), every address a host name resolves
+    to (the client may try any); none when the name does not resolve."""
+    host = runtime_address.rsplit(":", 1)[0].strip("[]")
+    address = peer_address(host)
+    if address is not None:
+        return [address]
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return []
+    found = [peer_address(str(info[4][0])) for info in infos]
+    return sorted({a for a in found if a is not None}, key=lambda a: (a.version, int(a)))
+
+
+def superexec_command(command: list[str], runtime_address: str, *, allowed: list[Network] | None) -> list[str]:
+    """The command the SuperLink starts its SuperExec with: fedpeft's, which waits for its ServerApps, in place of
+    ``flower-superexec``; logs one warning if the SuperExec would dial the Runtime API from outside ``allowed``."""
+    if allowed is not None:
+        outside = [a for a in dialled_from(runtime_address) if not any(a in net for net in allowed)]
+        if outside:
+            log.warning("--control-from does not admit %s, the address this SuperLink's own SuperExec and ServerApps "
+                        "connect from (they dial the Runtime API at %s, from --host): they would be refused and no run "
+                        "could start; add --control-from local (or --control-from %s)", ", ".join(map(str, outside)),
+                        runtime_address, " --control-from ".join(map(str, outside)))
+    if command and Path(command[0]).name == "flower-superexec":
+        return [sys.executable, "-m", "fedpeft.runtime.flower.superexec", *command[1:]]
+    return command
+
+
+def serve(allowed: list[Network] | None) -> None:
+    """Run ``flower-superlink`` (its arguments in ``sys.argv``) in this process until SIGTERM or SIGINT, then stop
+    every process it started (see the module's docstring)."""
+    become_subreaper()
+    reap_on_sigchld()  # this process's only children: the SuperExec (Flower's lifespan reads 0 as its status) and orphans
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # what SIGINT does: KeyboardInterrupt, once uvicorn is done
+    wrap_superexec_command(functools.partial(superexec_command, allowed=allowed))
+    bound_superlink_shutdown(GRACE_S)
+    try:
+        run_flower_superlink()  # returns after SIGTERM / SIGINT (uvicorn.run swallows the KeyboardInterrupt)
+    except KeyboardInterrupt:
+        log.info("stopped before the SuperLink was serving")
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut the clean-up short
+            signal.signal(signum, signal.SIG_IGN)
+        left = stop_descendants(GRACE_S)
+        if left:
+            log.warning("processes still running after SIGKILL: %s", ", ".join(str(p.pid) for p in left))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--control-from", action="append", default=None, metavar="NET")
@@ -182,12 +258,13 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)  # then Flower's own options
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        install(parse_control_from(args.control_from or [LOCAL]))
+        allowed = parse_control_from(args.control_from or [LOCAL])
+        install(allowed)
     except ControlFromError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     sys.argv = ["flower-superlink", *rest]
-    run_flower_superlink()
+    serve(allowed)
 
 
 if __name__ == "__main__":
