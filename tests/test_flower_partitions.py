@@ -235,26 +235,38 @@ def test_pinned_keys_are_refused_on_the_simulation_engine(keys):
         load_config(None, ["runtime.flower.engine=simulation", f"runtime.flower.partition_keys={{0: '{keys[0].line}'}}"])
 
 
-def test_a_run_on_a_superlink_must_pin_its_partitions_or_say_any(keys):
+def test_a_new_run_on_a_superlink_must_pin_its_partitions_or_say_any(keys, tmp_path):
     """Without SuperNode authentication keys change at every start, so the ServerApp cannot tell whether pins would
-    ever be served: a run on a SuperLink of one's own must give the keys or say any, in one line naming both."""
+    ever be served: a new run on a SuperLink of one's own must give the keys or say any, in one line naming both,
+    before anything starts. The config itself stays valid, so an older run that pins nothing is still read and
+    resumed (as any, with a warning)."""
     from fedpeft.config import ConfigError
+    from fedpeft.launchers import run_config
+    from fedpeft.runtime.flower.launch import check_partitions_pinned
 
-    remote = "runtime.flower.superlink=10.0.0.1:8000"
+    remote = ["runtime.name=flower", "runtime.flower.superlink=10.0.0.1:8000"]
+    cfg = load_config(None, remote)  # valid: a run directory holding it is still read (eval, report, resume)
     with pytest.raises(ConfigError) as err:
-        load_config(None, [remote])
+        run_config(cfg, tmp_path / "run", on_run_dir=lambda path: None)
     message = str(err.value)
-    assert "\n" not in message and message.startswith("runtime.flower: partition_keys: without it a run on the "
-                                                      "SuperLink at superlink=10.0.0.1:8000 lets any SuperNode")
+    assert "\n" not in message and message.startswith("runtime.flower.partition_keys: without it a run on the "
+                                                      "SuperLink at superlink='10.0.0.1:8000' lets any SuperNode")
     assert "`fedpeft flower credentials` prints the setting" in message and "partition_keys: any" in message
-    assert load_config(None, [remote, "runtime.flower.partition_keys=any"]).runtime.flower.partition_keys == "any"
-    pinned = load_config(None, [remote, f"runtime.flower.partition_keys={{0: '{keys[0].line}'}}"])
+    assert not (tmp_path / "run").exists()
+    said: list[str] = []
+    check_partitions_pinned(cfg, True, said.append)  # resuming a run from before the rule: any, said
+    assert len(said) == 1 and "(as partition_keys: any)" in said[0]
+    for fine in (["runtime.flower.partition_keys=any"], [f"runtime.flower.partition_keys={{0: '{keys[0].line}'}}"]):
+        check_partitions_pinned(load_config(None, [*remote, *fine]), False, said.append)
+    pinned = load_config(None, [*remote, f"runtime.flower.partition_keys={{0: '{keys[0].line}'}}"])
     assert pinned.runtime.flower.partition_keys == {0: pinned_key_fingerprint(keys[0].line)}
-    for fine in ([], ["runtime.flower.engine=simulation", remote]):  # a local deployment; virtual SuperNodes
-        assert load_config(None, fine).runtime.flower.partition_keys is None
-    with pytest.raises(ConfigError, match=r"partition_keys: 'all' is neither any nor a mapping") as err:
-        load_config(None, [remote, "runtime.flower.partition_keys=all"])
-    assert "\n" not in str(err.value)
+    for local in ([], ["runtime.flower.engine=simulation", remote[1]]):  # a local deployment; virtual SuperNodes
+        check_partitions_pinned(load_config(None, local), False, said.append)
+    assert len(said) == 1
+    for bad, says in (("all", r"partition_keys: 'all' is neither any nor a mapping"), ("{}", "pins no partition")):
+        with pytest.raises(ConfigError, match=says) as err:
+            load_config(None, [*remote, f"runtime.flower.partition_keys={bad}"])
+        assert "\n" not in str(err.value)
 
 
 def test_any_pins_nothing(keys):

@@ -24,8 +24,6 @@ from fedpeft.runtime.flower.launch import (
     write_connection,
 )
 
-pytestmark = pytest.mark.slow
-
 SERVER = '''
 import time
 from pathlib import Path
@@ -98,10 +96,11 @@ def test_a_finished_serverapp_is_not_left_a_zombie(tmp_path):
         run, marker = start_app(dep, tmp_path, seconds=0)
         assert run.wait(timeout=120) == 0, (tmp_path / "flwr-run.log").read_text()
         assert marker.exists()
-        wait_until(lambda: not named(family(dep.superlink.pid), "flwr-serverapp"), 10, "end of the ServerApp")
-        below = family(dep.superlink.pid)
-        assert not zombies(below), [(p.pid, p.name()) for p in zombies(below)]
-        assert named(below, "fedpeft.runtime.flower.superexec")  # the SuperExec that waits for its ServerApps
+        # a ServerApp that has ended may be a zombie for a moment (its parent's SIGCHLD handler reaps it); one left
+        # a zombie for 10 s is one nobody waits for (Flower's own SuperExec: until the next run starts)
+        wait_until(lambda: not named(family(dep.superlink.pid), "flwr-serverapp")
+                   and not zombies(family(dep.superlink.pid)), 10, "ServerApp ended and reaped")
+        assert named(family(dep.superlink.pid), "fedpeft.runtime.flower.superexec")  # the SuperExec that reaps
     assert CONTROL_FROM_WARNING not in (tmp_path / "logs" / "superlink.log").read_text()
 
 
@@ -120,8 +119,8 @@ def test_a_signal_stops_the_superlink_mid_run_with_everything_it_started(tmp_pat
         dep.superlink.send_signal(signum)
         code = dep.superlink.wait(timeout=10)
         took = time.monotonic() - t0
-        left = [p for p in started[1:] if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert code == 0 and not left, (code, [(p.pid, p.cmdline()) for p in left])
+        left = [p for p in started[1:] if p.is_running() and p not in zombies([p])]
+        assert code == 0 and not left, (code, [p.pid for p in left])
         assert not [p for p in started[1:] if p.is_running()]  # not even a zombie
         print(f"{signal.Signals(signum).name}: the SuperLink stopped in {took:.1f} s")
     finally:

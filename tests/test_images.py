@@ -763,8 +763,8 @@ def test_a_class_folder_name_with_a_control_character_is_refused_on_one_line(nam
     folder.mkdir(parents=True)
     (folder / "0.png").write_bytes(png())
     message = refusal(read_image_folder, tmp_path / "train")
-    assert message.startswith(f"{str(folder)!r}: class folder name {name!r} holds the control character "
-                              f"{name[2]!r}; rename the folder (its name is the class label)"), message
+    assert message.startswith(f"{str(folder)!r}: class folder name {name!r} holds the unprintable character "
+                              f"{name[2]!r} (a control or format character); rename the folder (its name is the class label)"), message
 
 
 def test_a_class_folder_name_over_128_characters_is_refused_and_128_is_taken(tmp_path):
@@ -778,7 +778,7 @@ def test_a_class_folder_name_over_128_characters_is_refused_and_128_is_taken(tmp
         "shorter name (its name is the class label)")
 
 
-def test_a_camera_jpeg_with_a_preview_is_read_as_its_primary_image_and_said_once(tmp_path, caplog):
+def test_a_camera_jpeg_with_a_preview_is_read_as_its_primary_image_and_said_once(tmp_path, caplog, monkeypatch):
     """MPO (a JPEG with an MPF preview or second view, as phones and cameras write): frame 0 is the photo."""
     from fedpeft.data import images
 
@@ -786,7 +786,7 @@ def test_a_camera_jpeg_with_a_preview_is_read_as_its_primary_image_and_said_once
     out = io.BytesIO()
     primary.save(out, format="MPO", save_all=True, append_images=[preview])
     assert Image.open(io.BytesIO(out.getvalue())).n_frames == 2
-    images._primary_frame_logged = False
+    monkeypatch.setattr(images, "_primary_frame_logged", False)
     with caplog.at_level("WARNING", logger="fedpeft"):
         for row in (1, 2):
             image = decode_image(out.getvalue(), f"row {row}")

@@ -293,7 +293,7 @@ def test_a_run_directory_with_a_control_character_is_refused_before_any_work(tmp
     config = write_tiny_config(tmp_path / "c.yaml")
     assert main(["run", str(config), "--run-dir", str(tmp_path / name), "--no-progress"]) == 2
     line = error_line(capsys.readouterr().err)
-    assert "run directory" in line and "holds the control character" in line
+    assert "run directory" in line and "holds the unprintable character" in line
     assert not (tmp_path / name).exists()
     assert main(["config", str(config), "--set", f'output_dir="runs/{name.encode("unicode_escape").decode()}"']) == 2
     assert "output_dir:" in error_line(capsys.readouterr().err)

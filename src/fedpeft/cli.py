@@ -283,6 +283,9 @@ def cmd_flower_credentials(args: argparse.Namespace) -> int:
         partition_keys_setting,
     )
 
+    if args.supernodes < 1 or args.days < 1:
+        raise ConfigError(f"--supernodes {args.supernodes} --days {args.days}: give at least one SuperNode key pair "
+                          "and a validity of at least one day")
     out = make_credentials(args.out_dir, hosts=args.host, supernodes=args.supernodes, days=args.days)
     print(f"wrote ca.crt, server.pem / server.key (for localhost, 127.0.0.1{''.join(', ' + h for h in args.host)}) "
           f"and {args.supernodes} SuperNode key pairs to {out}")

@@ -79,7 +79,7 @@ def check_printable_path(path: str | Path, what: str = "run directory") -> None:
     text = str(path)
     bad = unprintable(text)
     if bad is not None:
-        raise ConfigError(f"{what} {text!r} holds the control character {bad!r} at position {text.index(bad) + 1}; "
+        raise ConfigError(f"{what} {text!r} holds the unprintable character {bad!r} (a control or format character) at position {text.index(bad) + 1}; "
                           "choose a path of printable characters")
 
 

@@ -401,8 +401,8 @@ class FlowerRuntimeConfig(Section):
         "flower credentials` prints the setting)}. A SuperNode with another key never serves a pinned partition, even "
         "a free one. Needs SuperNode authentication (without it a SuperNode's key changes at every start). any: any "
         "SuperNode may claim a free partition, and one that stops answering is replaced by the next claimant. None: "
-        "any, except that a run on a superlink (engine: deployment) is refused (give the keys, or any), and SuperNodes "
-        "started here with credentials are pinned to their own keys.",
+        "any, except that a new run on a superlink (engine: deployment) is refused (give the keys, or any), and "
+        "SuperNodes started here with credentials are pinned to their own keys.",
     )
 
     @model_validator(mode="before")
@@ -426,15 +426,10 @@ class FlowerRuntimeConfig(Section):
 
     @model_validator(mode="after")
     def _partition_keys_as_fingerprints(self) -> FlowerRuntimeConfig:
-        if not self.partition_keys and self.superlink is not None and self.engine == "deployment":
-            raise ValueError(
-                f"partition_keys: without it a run on the SuperLink at superlink={self.superlink} lets any SuperNode "
-                "of that SuperLink claim any free partition, even one that belongs to another participant; pin each "
-                "partition to its SuperNode's key, partition_keys={0: key or SHA256 fingerprint, 1: ...} (`fedpeft "
-                "flower credentials` prints the setting for its keys), or set partition_keys: any to let any SuperNode "
-                "claim a free partition (for a SuperLink without SuperNode authentication, whose keys change at every "
-                "start)")
-        if not self.partition_keys or self.partition_keys == "any":
+        if self.partition_keys == {}:
+            raise ValueError("partition_keys: {} pins no partition; give {partition: SuperNode key or SHA256 "
+                             "fingerprint, ...}, or any")
+        if self.partition_keys is None or self.partition_keys == "any":
             return self
         from fedpeft.keys import pinned_key_fingerprint  # cryptography, imported only when used
 
@@ -594,7 +589,7 @@ class RunConfig(Section):
     def _printable_output_dir(self) -> RunConfig:
         bad = unprintable(self.output_dir)
         if bad is not None:  # a newline would split every line that prints the run's path
-            raise OptionValueError("output_dir", f"{self.output_dir!r} holds the control character {bad!r}; choose a "
+            raise OptionValueError("output_dir", f"{self.output_dir!r} holds the unprintable character {bad!r} (a control or format character); choose a "
                                    "path of printable characters")
         return self
 

@@ -189,7 +189,7 @@ def _check_class_name(folder: Path) -> None:
     name = folder.name
     bad = unprintable(name)
     if bad is not None:
-        raise DataError(f"{_shown(folder)}: class folder name {name!r} holds the control character {bad!r}; rename "
+        raise DataError(f"{_shown(folder)}: class folder name {name!r} holds the unprintable character {bad!r} (a control or format character); rename "
                         "the folder (its name is the class label)")
     if len(name) > MAX_CLASS_NAME:
         raise DataError(f"{folder}: class folder name of {len(name)} characters, over {MAX_CLASS_NAME}; rename the "

@@ -33,7 +33,7 @@ from typing import Any, Self
 import psutil
 import tomli_w
 
-from fedpeft.config import RunConfig, dump_config
+from fedpeft.config import ConfigError, RunConfig, dump_config
 from fedpeft.errors import UserError
 from fedpeft.observer import RunObserver
 from fedpeft.rundir import new_run_dir, read_summary
@@ -99,8 +99,8 @@ class LocalDeployment:
     the SuperLink serves TLS with SuperNode authentication on, every SuperNode key is registered with
     ``flwr supernode register`` and the SuperNodes connect with the CA certificate and their private key; a run
     on it whose config pins no partition (``runtime.flower.partition_keys`` None) gets partition i pinned to the
-    key of SuperNode i (:meth:`partition_keys`). The SuperLink runs through :mod:`fedpeft.runtime.flower.superlink`: its Control and Runtime APIs
-    answer ``control_from`` only (its ``--control-from`` values; default: this machine).
+    key of SuperNode i (:meth:`pinned_keys`). The SuperLink runs through :mod:`fedpeft.runtime.flower.superlink`:
+    its Control and Runtime APIs answer ``control_from`` only (its ``--control-from`` values; default: this machine).
     """
 
     def __init__(self, num_supernodes: int, log_dir: str | Path, *, env: dict[str, str] | None = None,
@@ -171,7 +171,7 @@ class LocalDeployment:
             self.start_supernode(i)
         return self
 
-    def partition_keys(self, partitions: int) -> dict[int, str] | None:
+    def pinned_keys(self, partitions: int) -> dict[int, str] | None:
         """With credentials, {i: the fingerprint of supernode-i.pub} for the first ``partitions`` SuperNodes: the keys
         this deployment registered and SuperNode i signs with. None without credentials (keys change at every start)."""
         if self.credentials is None or self.simulation:
@@ -306,11 +306,30 @@ def write_connection(home: Path, address: str, root_certificates: str | None) ->
     (home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: conn}}))
 
 
+def check_partitions_pinned(cfg: RunConfig, resume: bool, log: Callable[[str], None]) -> None:
+    """Refuse a new run on a SuperLink of one's own (``runtime.flower.superlink``, engine deployment) whose config
+    neither pins its partitions to SuperNode keys nor says ``any``: any SuperNode of that SuperLink could claim a
+    partition that belongs to another participant. A resumed run started before this rule continues as ``any``."""
+    fl = cfg.runtime.flower
+    if fl.superlink is None or fl.engine != "deployment" or fl.partition_keys is not None:
+        return
+    if resume:
+        log(f"warning: runtime.flower.partition_keys: the run's config pins no partition, so any SuperNode of the "
+            f"SuperLink at {fl.superlink!r} may claim a free one (as partition_keys: any)")
+        return
+    raise ConfigError(
+        f"runtime.flower.partition_keys: without it a run on the SuperLink at superlink={fl.superlink!r} lets any "
+        "SuperNode of that SuperLink claim any free partition, even one that belongs to another participant; pin each "
+        "partition to its SuperNode's key, partition_keys={0: key or SHA256 fingerprint, 1: ...} (`fedpeft flower "
+        "credentials` prints the setting for its keys), or set partition_keys: any to let any SuperNode claim a free "
+        "partition (for a SuperLink without SuperNode authentication, whose keys change at every start)")
+
+
 def pinned_to(cfg: RunConfig, deployment: LocalDeployment, log: Callable[[str], None]) -> RunConfig:
     """``cfg`` with partition i pinned to the key of ``deployment``'s SuperNode i when the deployment authenticates
     its SuperNodes (it registered their keys itself) and ``cfg`` pins nothing (``partition_keys`` None, not any)."""
     fl = cfg.runtime.flower
-    pins = deployment.partition_keys(fl.num_supernodes) if fl.partition_keys is None else None
+    pins = deployment.pinned_keys(fl.num_supernodes) if fl.partition_keys is None else None
     if not pins or fl.engine != "deployment":
         return cfg
     pinned = cfg.model_copy(deep=True)
@@ -338,6 +357,8 @@ def run_flower(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: boo
     from fedpeft import tracking
 
     tracking.check_available(cfg.runtime.loggers)  # here, before any SuperNode starts, not inside the ServerApp
+    if deployment is None:
+        check_partitions_pinned(cfg, resume, log)
     if resume:
         run_dir = Path(run_dir)  # type: ignore[arg-type]
         lock = RunLock.acquire(run_dir)
@@ -362,10 +383,12 @@ def launch(cfg: RunConfig, run_dir: str | Path | None, *, resume: bool, observer
     """The Flower runtime's launch (``runtime.name: flower``, see :class:`fedpeft.launchers.Launch`; registered
     with in_process=False, so ``observers`` is empty): with ``on_run_dir``, a new run's directory is made before
     its SuperNodes start, so that an interrupted launch can name it. ``log``: print by default."""
+    log = print if log is None else log
     if not resume and on_run_dir is not None:
+        check_partitions_pinned(cfg, resume, log)  # before the run's directory is made
         run_dir = new_run_dir(cfg, run_dir)
         on_run_dir(run_dir)
-    return run_flower(cfg, run_dir, resume=resume, log=print if log is None else log)
+    return run_flower(cfg, run_dir, resume=resume, log=log)
 
 
 def _run_flower(cfg: RunConfig, run_dir: Path, resume: bool, deployment: LocalDeployment | None,

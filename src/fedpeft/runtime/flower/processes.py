@@ -49,7 +49,8 @@ def reap_on_sigchld() -> None:
     """Reap this process's exited children as they exit. For a process whose only children are ones nobody else
     waits for (a subreaper's adopted orphans, a daemon's own helpers): it takes the exit status from anyone else who
     waits for a child (``subprocess`` then reads 0)."""
-    signal.signal(signal.SIGCHLD, lambda signum, frame: reap_exited_children())
+    if hasattr(signal, "SIGCHLD"):  # (POSIX; elsewhere nothing is left a zombie)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: reap_exited_children())
 
 
 def _running(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
@@ -94,8 +95,10 @@ def stop_processes(procs: list[psutil.Process], grace: float) -> list[psutil.Pro
 
 
 def stop_descendants(grace: float) -> list[psutil.Process]:
-    """:func:`stop_processes` on every descendant of this process (and those adopted meanwhile)."""
+    """Every descendant of this process (and those adopted meanwhile) stopped: given ``grace`` seconds to end by
+    themselves first (a daemon's own shutdown has signalled its children, which stop theirs: a second SIGTERM would
+    cut that short, Flower resetting its handler after the first), then :func:`stop_processes`."""
     me = psutil.Process()
-    left = stop_processes(me.children(recursive=True), grace)
+    left = stop_processes(_wait(me.children(recursive=True), grace), grace)
     adopted = _running(me.children(recursive=True))  # re-parented here while the others stopped
     return [*left, *stop_processes(adopted, grace)] if adopted else left

@@ -10,7 +10,8 @@ orphaned. This runs Flower's entry point unchanged, plus:
   ``Popen`` does first); a child whose handle is still held (a dependency installation the SuperExec waits for)
   is left to its holder;
 * at exit (Flower's SIGTERM / SIGINT handler ends in ``sys.exit``), the children still running get SIGTERM, 3 s,
-  then SIGKILL, and are waited for, within Flower's 5 s before it forces the exit.
+  then SIGKILL, and are waited for (fedpeft's SuperLink launcher gives its SuperExec that long before it signals
+  again).
 
 fedpeft's SuperLink launcher (:mod:`fedpeft.runtime.flower.superlink`) starts its SuperExec through this; a
 SuperExec of your own (``--isolation process``) can run it in place of ``flower-superexec``:
@@ -47,7 +48,8 @@ def stop_children() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    signal.signal(signal.SIGCHLD, wait_for_dropped_children)
+    if hasattr(signal, "SIGCHLD"):  # (POSIX; elsewhere nothing is left a zombie)
+        signal.signal(signal.SIGCHLD, wait_for_dropped_children)
     atexit.register(stop_children)
     sys.argv = ["flower-superexec", *(sys.argv[1:] if argv is None else argv)]
     run_flower_superexec()

@@ -57,6 +57,7 @@ import psutil
 
 from fedpeft.errors import UserError
 from fedpeft.runtime.flower.internals import (
+    FLOWER_VERSION,
     GRPC_CONTROL_API_ENV,
     bound_superlink_shutdown,
     run_flower_superlink,
@@ -209,7 +210,7 @@ def dialled_from(runtime_address: str) -> list[Address]:
         return [address]
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
+    except (OSError, UnicodeError, ValueError):  # (a label over 63 characters is a UnicodeError)
         return []
     found = [peer_address(str(info[4][0])) for info in infos]
     return sorted({a for a in found if a is not None}, key=lambda a: (a.version, int(a)))
@@ -227,18 +228,22 @@ def superexec_command(command: list[str], runtime_address: str, *, allowed: list
                         runtime_address, " --control-from ".join(map(str, outside)))
     if command and Path(command[0]).name == "flower-superexec":
         return [sys.executable, "-m", "fedpeft.runtime.flower.superexec", *command[1:]]
+    log.warning("the SuperExec command %r is not flower-superexec (a Flower other than %s?): started as it is, so the "
+                "ServerApps it ends may stay zombies until it stops", command[:1], FLOWER_VERSION)
     return command
 
 
 def serve(allowed: list[Network] | None) -> None:
     """Run ``flower-superlink`` (its arguments in ``sys.argv``) in this process until SIGTERM or SIGINT, then stop
     every process it started (see the module's docstring)."""
-    become_subreaper()
-    reap_on_sigchld()  # this process's only children: the SuperExec (Flower's lifespan reads 0 as its status) and orphans
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # what SIGINT does: KeyboardInterrupt, once uvicorn is done
-    wrap_superexec_command(functools.partial(superexec_command, allowed=allowed))
-    bound_superlink_shutdown(GRACE_S)
     try:
+        become_subreaper()
+        # this process's only children: the SuperExec (Flower's lifespan reads 0 as its status) and orphans
+        reap_on_sigchld()
+        # SIGTERM does what SIGINT does: KeyboardInterrupt, once uvicorn is done
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        wrap_superexec_command(functools.partial(superexec_command, allowed=allowed))
+        bound_superlink_shutdown(GRACE_S)
         run_flower_superlink()  # returns after SIGTERM / SIGINT (uvicorn.run swallows the KeyboardInterrupt)
     except KeyboardInterrupt:
         log.info("stopped before the SuperLink was serving")
