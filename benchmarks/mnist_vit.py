@@ -2,7 +2,8 @@
 federated on digits 5-9 (a new head, classes it never saw) with full fine-tuning vs Houlsby vs Pfeiffer adapters
 vs LoRA under FedAvg, 10 clients, IID and Dirichlet(0.5) label skew, 3 seeds.
 
-    python benchmarks/mnist_vit.py prepare            # the pretrained ViT and the digits-5-9 data (about 40 s)
+    python benchmarks/mnist_vit.py prepare            # the pretrained ViT and the digits-5-9 data
+    python benchmarks/mnist_vit.py prepare --epochs 1 # quicker: one epoch of pretraining (--max-steps N: fewer)
     python benchmarks/mnist_vit.py run --seeds 0,1,2 --out benchmarks/results/mnist_vit.json
 
 Data: the official MNIST test set (../shared/data/mnist/test.parquet, 10,000 images; the 60,000 training images
@@ -61,8 +62,9 @@ PARTITIONS = {"iid": ["federation.partition.scheme=iid"],
               "dirichlet0.5": ["federation.partition={scheme: dirichlet_label, alpha: 0.5}"]}
 
 
-def prepare(work: Path, mnist: Path, epochs: int = 6, seed: int = 0) -> None:
-    """Write the pretrained ViT (``work``/vit-mnist-0to4) and the digits-5-9 dataset (``work``/mnist-5to9)."""
+def prepare(work: Path, mnist: Path, epochs: int = 6, seed: int = 0, max_steps: int | None = None) -> None:
+    """Write the pretrained ViT (``work``/vit-mnist-0to4) and the digits-5-9 dataset (``work``/mnist-5to9);
+    ``epochs`` of pretraining, stopped after ``max_steps`` optimizer steps when given (a quicker, weaker ViT)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -91,13 +93,20 @@ def prepare(work: Path, mnist: Path, epochs: int = 6, seed: int = 0) -> None:
     model = ViTForImageClassification(config)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
     steps = epochs * -(-len(x) // 64)
+    if max_steps is not None:
+        steps = min(steps, max_steps)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=steps)
     model.train()
     start = time.perf_counter()
+    done = 0
     for epoch in range(epochs):
+        if done == steps:
+            break
         order = torch.randperm(len(x))
-        correct = 0
+        correct = seen = 0
         for i in range(0, len(x), 64):
+            if done == steps:
+                break
             b = order[i:i + 64]
             out = model(pixel_values=x[b], labels=y[b])
             out.loss.backward()
@@ -105,8 +114,10 @@ def prepare(work: Path, mnist: Path, epochs: int = 6, seed: int = 0) -> None:
             sched.step()
             opt.zero_grad()
             correct += int((out.logits.argmax(-1) == y[b]).sum())
-        print(f"pretrain epoch {epoch + 1}/{epochs}: train accuracy {correct / len(x):.4f} "
-              f"({time.perf_counter() - start:.0f} s)", flush=True)
+            seen += len(b)
+            done += 1
+        print(f"pretrain epoch {epoch + 1}/{epochs}: train accuracy {correct / seen:.4f} over {seen} images, "
+              f"step {done}/{steps} ({time.perf_counter() - start:.0f} s)", flush=True)
     out_dir = work / "vit-mnist-0to4"
     model.vit.save_pretrained(out_dir)  # the encoder only, as google/vit-base-patch16-224-in21k: a new head learns 5-9
     ViTImageProcessorPil(size={"height": 28, "width": 28}, image_mean=[0.5], image_std=[0.5]).save_pretrained(out_dir)
@@ -143,6 +154,9 @@ def main() -> None:
     ap.add_argument("--config", default="configs/mnist_vit_adapters.yaml")
     ap.add_argument("--work", default=str(WORK), help="where prepare writes the ViT and the data")
     ap.add_argument("--mnist", default=str(MNIST))
+    ap.add_argument("--epochs", type=int, default=6, help="prepare: pretraining epochs (default 6)")
+    ap.add_argument("--max-steps", type=int, help="prepare: stop pretraining after this many optimizer steps "
+                    "(81 a full epoch); fewer give a quicker, weaker ViT")
     ap.add_argument("--runs", default="runs/mnist_vit/runs")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--partitions", default=",".join(PARTITIONS))
@@ -150,8 +164,10 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/mnist_vit.json")
     ap.add_argument("--set", action="append", default=[])
     args = ap.parse_args()
+    if args.epochs < 1 or (args.max_steps is not None and args.max_steps < 1):
+        ap.error("--epochs and --max-steps take a positive whole number")
     if args.step == "prepare":
-        prepare(Path(args.work), Path(args.mnist))
+        prepare(Path(args.work), Path(args.mnist), epochs=args.epochs, max_steps=args.max_steps)
         return
     seeds = parse_seeds(args.seeds) or [0]
     rows, table = [], []

@@ -77,6 +77,11 @@ def test_flower_gives_the_same_results_as_embedded(deployment, tmp_path):
     assert_same_metrics(comparable(a), comparable(b))  # losses, accuracies, selections, bytes up and down
     assert_same_globals(tmp_path / "embedded", tmp_path / "flower")
     assert all(v > 0 for r in b[1:] for v in r["client_flops"].values())  # measured in the ClientApps
+    # progress inside a round: the ServerApp's lines, in events.log and in the stream the launcher's bar follows
+    for log_file in (tmp_path / "flower" / "events.log", tmp_path / "flower" / "flower" / "flwr-run.log"):
+        text = log_file.read_text()
+        assert "round 3/3: 1 of 2 clients done" in text and "round 3/3: 2 of 2 clients done" in text, log_file
+        assert "round 3/3 done: loss" in text, log_file
 
     # the launcher takes the run directory's lock: a directory another process writes is refused
     held = RunLock.acquire(tmp_path / "flower")

@@ -14,6 +14,7 @@ from fedpeft.config import dump_config, load_config
 from fedpeft.metrics.accounting import summarize
 from fedpeft.report import plots
 from fedpeft.rundir import RunWriter, read_metrics
+from fedpeft.runlock import RunLock
 
 CFG = ["task.dataset=sst2", "model.name=tiny-bert"]
 
@@ -111,13 +112,68 @@ def test_the_metric_drives_the_table_and_a_loss_is_best_lowest(tmp_path, capsys)
     assert [table_row(out, "a")[i] for i in pick] == ["train_loss", "-", "0.4300", "0.4100", "-"]
 
 
-def test_an_unfinished_run_is_reported_from_its_rows(tmp_path, capsys):
-    make_run(tmp_path / "running", summary=False)  # no summary.json yet
-    assert main(["report", str(tmp_path / "running")]) == 0
+def test_an_unfinished_run_is_reported_from_its_rows_and_marked(tmp_path, capsys):
+    make_run(tmp_path / "killed", summary=False, overrides=["federation.rounds=10"])  # no summary.json
+    assert main(["report", str(tmp_path / "killed")]) == 0
     out = capsys.readouterr().out
-    row = dict(zip(header(out), table_row(out, "running")))
+    row = dict(zip(header(out), table_row(out, "killed (incomplete: 3 of 10 rounds, no summary)")))
     assert (row["initial"], row["final"], row["best"], row["rounds"]) == ("0.5000", "0.7000", "0.8000", "3")
     assert (row["total MiB"], row["MiB up / client / round"]) == ("1,200.0", "100.0")
+
+
+def test_a_run_whose_writer_is_alive_is_marked_running(tmp_path, capsys):
+    run = make_run(tmp_path / "live", summary=False, overrides=["federation.rounds=10"])
+    lock = RunLock.acquire(run)  # this process writes it
+    try:
+        assert main(["report", str(run), "--out", str(tmp_path / "out")]) == 0
+    finally:
+        lock.release()
+    assert "| live (running, 3 of 10 rounds) |" in capsys.readouterr().out
+
+
+def test_runs_that_overlap_stay_visible_and_say_so(tmp_path, capsys):
+    same = [make_run(tmp_path / name) for name in ("a", "b", "c")]  # identical curves
+    other = make_run(tmp_path / "d", rows=make_rows(acc=(0.5, 0.55, 0.6, 0.65)))
+    drawn = []
+    real = plots.plt.Axes.plot
+
+    def spy(ax, *args, **kwargs):
+        drawn.append(kwargs)
+        return real(ax, *args, **kwargs)
+
+    plots.plt.Axes.plot = spy
+    try:
+        assert main(["report", *map(str, [*same, other]), "--out", str(tmp_path / "out")]) == 0
+    finally:
+        plots.plt.Axes.plot = real
+    first = drawn[:4]  # accuracy against rounds
+    assert [k["label"] for k in first] == ["a", "b (overlaps a)", "c (overlaps a)", "d"]
+    widths = [k["linewidth"] for k in first]
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]  # the later drawn thinner, on top
+    assert len({k["marker"] for k in first}) == 4
+
+
+def test_runs_of_different_datasets_or_tasks_are_plotted_apart(tmp_path, capsys):
+    a = make_run(tmp_path / "a")
+    b = make_run(tmp_path / "b", overrides=["task.dataset=ag_news"])
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "plotted apart" in out and "sst2-classification: a" in out and "ag_news-classification: b" in out
+    assert (tmp_path / "out" / "sst2-classification-accuracy_vs_round.png").is_file()
+    assert (tmp_path / "out" / "ag_news-classification-accuracy_vs_round.png").is_file()
+    assert not (tmp_path / "out" / "accuracy_vs_round.png").exists()
+
+
+def test_a_personalized_final_score_shows_its_sample(tmp_path, capsys):
+    rows = make_rows()
+    for r in rows:
+        r["personal_accuracy"], r["personal_examples"] = r["eval_accuracy"], 30
+        r["client_personal"] = {"0": {}, "1": {}, "2": {}}
+    run = make_run(tmp_path / "fedsa", rows=rows, overrides=["algorithm.name=fedsa_lora", "eval.personalized=true"])
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    row = dict(zip(header(out), table_row(out, "fedsa")))
+    assert row["final scored on"] == "30 rows of 3 clients, 95% 0.52-0.83"
 
 
 def test_the_table_names_dataset_model_method_and_algorithm(tmp_path, capsys):
@@ -259,7 +315,7 @@ def test_old_files_with_nan_tokens_are_read_and_summarized(tmp_path, capsys):
     assert summarize(back, metric="accuracy", target=None) == summarize(rows, metric="accuracy", target=None) | {
         "final": None, "final_eval": {"eval_loss": 0.45, "eval_accuracy": None, "eval_samples": 32}}
     assert main(["report", str(run), "--metric", "train_loss", "--out", str(tmp_path / "rep")]) == 0
-    row = table_row(capsys.readouterr().out, "old")
+    row = table_row(capsys.readouterr().out, "old (incomplete: 3 of 3 rounds, no summary)")
     assert row[row.index("train_loss") + 1:row.index("train_loss") + 4] == ["-", "-", "0.4100"]
 
 

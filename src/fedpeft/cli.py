@@ -133,10 +133,19 @@ def end_of_run_line(name: str, summary: dict) -> str:
     """One line: the primary metric before -> after (best, at which round), rounds, traffic, time."""
     best_round = summary.get("best_round")
     stopped = f" (stopped early: {summary['stopped_early']})" if summary.get("stopped_early") else ""
-    return (f"{name}: {summary['primary_metric']} {_figure(summary.get('initial'))} -> {_figure(summary.get('final'))} "
-            f"(best {_figure(summary.get('best'))}{f' at round {best_round}' if best_round is not None else ''}) "
+    return (f"{name}: {summary['primary_metric']} {_figure(summary.get('initial'))} -> {_figure(summary.get('final'))}"
+            f"{sample_note(summary)} (best {_figure(summary.get('best'))}{f' at round {best_round}' if best_round is not None else ''}) "
             f"in {summary.get('rounds') or 0} rounds{stopped}; {summary.get('total_bytes', 0) / 2**20:.2f} MiB "
             f"exchanged; rounds to target: {_figure(summary.get('rounds_to_target'))}; {summary.get('wall_s', 0):.1f} s")
+
+
+def sample_note(summary: dict) -> str:
+    """How many rows a personalized final score stands on (and its 95% interval for accuracy), or ""."""
+    if not summary.get("final_rows"):
+        return ""
+    interval = summary.get("final_interval")
+    within = f", 95% interval {interval[0]:.2f}-{interval[1]:.2f}" if interval else ""
+    return f" [on {summary['final_rows']} held-out rows of {summary.get('final_clients')} clients{within}]"
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -189,6 +198,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"{run_dir} {adapter_name} (round {meta.get('round')}) on {cfg.task.dataset} {split} "
               f"({len(data.rows)} rows): {shown}")
         print(f"predictions: {out}")
+    if data.task_type in ("classification", "image_classification"):
+        from fedpeft.metrics.scores import one_class, one_class_advice
+
+        found = one_class(result[PREDICTIONS], data.eval.labels)
+        if found is not None:
+            names = data.label_names
+            label = names[found[0]] if names and found[0] < len(names) else str(found[0])
+            print(f"warning: the model predicts {label!r} for {found[1]:.0%} of the rows, while the data has several "
+                  f"classes: {one_class_advice(cfg.task_metric())}", file=sys.stderr)
     return 0
 
 

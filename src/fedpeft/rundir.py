@@ -35,6 +35,7 @@ import re
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +297,8 @@ class RunWriter:
         self.path = path
         self._metrics: int | None = None
         self._handler: _EventsLog | None = None
+        self._level: int | None = None  # the fedpeft logger's own level, while the run raises it to INFO
+        self._showwarning = warnings.showwarning
         self.then = resume_hint(path)  # what to do after a refused write: start the run again, ...
         atomic_write(path / CONFIG_FILE, sealed_config(cfg), then=self.then)
         self.then = resume_hint(path)  # ... or, once config.yaml is there, continue it
@@ -309,7 +312,24 @@ class RunWriter:
                 raise refused_write(path / "events.log", exc, then=self.then) from None
             raise
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        logging.getLogger("fedpeft").addHandler(self._handler)
+        logger = logging.getLogger("fedpeft")
+        logger.addHandler(self._handler)
+        # the run's informational lines (what clients_per_pass auto measured, a chat format, ...) reach events.log,
+        # and a console that shows INFO (the CLI's); a level the user set lower (DEBUG) stays
+        if logger.getEffectiveLevel() > logging.INFO:
+            self._level = logger.level
+            logger.setLevel(logging.INFO)
+        # Python warnings raised during the run (scikit-learn's undefined scores on a small slice, a library's
+        # deprecations) are nothing a user of the run can act on: they go to events.log, not the console
+        warnings.showwarning = self._warning_to_log
+
+    def _warning_to_log(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                        file: Any = None, line: str | None = None) -> None:
+        if self._handler is None:
+            self._showwarning(message, category, filename, lineno, file, line)
+            return
+        text = f"{category.__name__} ({Path(filename).name}:{lineno}): {message}"
+        self._handler.handle(logging.LogRecord("fedpeft", logging.WARNING, filename, lineno, text, None, None))
 
     def note(self, message: str) -> None:
         """An informational line in events.log, whatever the logging level."""
@@ -333,7 +353,12 @@ class RunWriter:
             os.close(self._metrics)
             self._metrics = None
         if self._handler is not None:
-            logging.getLogger("fedpeft").removeHandler(self._handler)
+            logger = logging.getLogger("fedpeft")
+            logger.removeHandler(self._handler)
+            if self._level is not None and logger.level == logging.INFO:  # (unless someone set another since)
+                logger.setLevel(self._level)
+            if warnings.showwarning == self._warning_to_log:  # (unless someone replaced it since)
+                warnings.showwarning = self._showwarning
             self._handler.close()
             self._handler = None
 

@@ -45,6 +45,21 @@ def _describe(owner: dict[str, Any] | None) -> str:
     return f"process {owner.get('pid')} on {owner.get('host')} (since {owner.get('started')})"
 
 
+def writer_alive(run_dir: str | Path) -> bool:
+    """Whether a live process on this host holds ``run_dir`` (read from its owner file; takes no lock): a run
+    without summary.json is running when this holds, else it stopped before its end."""
+    owner = _owner(Path(run_dir))
+    if not owner or owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+        return False
+    try:
+        os.kill(owner["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return owner["pid"] < 2**22  # someone else's live process (a huge number is no process id)
+    return True
+
+
 class RunLock:
     """The exclusive lock of one run directory; :meth:`release` (or the process's end) gives it up."""
 

@@ -31,6 +31,21 @@ def total_transmission(rounds: int, clients: int, payload_bytes: float) -> float
     return 2.0 * rounds * clients * payload_bytes
 
 
+def personal_sample(row: dict[str, Any], key: str) -> dict[str, Any]:
+    """For a personalized metric (``personal_<name>``): the rows and clients its value in ``row`` was scored on
+    (``final_rows``, ``final_clients``) and, for accuracy, the 95% Wilson interval (``final_interval``); a
+    headline from a few held-out rows a client is read with its sample size."""
+    rows = row.get("personal_examples")
+    if not key.startswith("personal_") or not isinstance(rows, int) or rows <= 0 or row.get(key) is None:
+        return {}
+    out: dict[str, Any] = {"final_rows": rows, "final_clients": len(row.get("client_personal") or {})}
+    if key == "personal_accuracy" and math.isfinite(row[key]):
+        from fedpeft.metrics.scores import accuracy_interval
+
+        out["final_interval"] = list(accuracy_interval(row[key], rows))
+    return out
+
+
 def summarize(rows: Sequence[dict[str, Any]], *, metric: str, target: float | None) -> dict[str, Any]:
     key = metric_key(metric)
     evals = [r for r in rows if key in r]
@@ -50,6 +65,7 @@ def summarize(rows: Sequence[dict[str, Any]], *, metric: str, target: float | No
             "final_eval": {k: v for k, v in evals[-1].items() if k.startswith(("eval_", "personal_"))
                            and k not in ("personal_examples",)},
         })
+        out.update(personal_sample(evals[-1], key))
     hit = first_reaching(evals, key, target) if target is not None else None
     out["rounds_to_target"] = hit["round"] if hit else None
     out["time_to_target_s"] = hit["wall_s"] if hit else None

@@ -43,6 +43,40 @@ def classification_scores(pred: Sequence[int], gold: Sequence[int], num_labels: 
     return out
 
 
+def accuracy_interval(value: float, rows: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of an accuracy measured on ``rows`` rows (scipy's binomial test): how far a score
+    on a few rows can be from the model's true accuracy."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(round(value * rows), rows).proportion_ci(level, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+ONE_CLASS_SHARE = 0.95  # a model that gives one class to this share of the rows is "predicting one class"
+
+
+def one_class(pred: Sequence[int], gold: Sequence[int]) -> tuple[int, float] | None:
+    """(the class, its share of the predictions) when at least ONE_CLASS_SHARE of the predictions are one class
+    while the gold labels are spread wider (their most common class holds less than that share), else None: a
+    model that learned the class balance, not the task, whose accuracy is about the majority class's share."""
+    pred, gold = np.asarray(pred), np.asarray(gold)
+    if not len(pred) or not len(gold):
+        return None
+    classes, counts = np.unique(pred, return_counts=True)
+    share = counts.max() / len(pred)
+    if share < ONE_CLASS_SHARE or np.unique(gold, return_counts=True)[1].max() / len(gold) >= ONE_CLASS_SHARE:
+        return None
+    return int(classes[counts.argmax()]), float(share)
+
+
+def one_class_advice(metric: str) -> str:
+    """What to do about a one-class model, for a run judged by ``metric``."""
+    if metric.removeprefix("personal_") in ("mcc", "macro_f1"):
+        return f"{metric} scores such a model low, so it is kept as the best only when no round did better"
+    return (f"its {metric} reflects the class balance, not the task; judge the run (and pick best_adapter) by a "
+            "metric that scores such a model low: task.metric: mcc (0 for one class, chance-corrected) or macro_f1")
+
+
 def rouge(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
     """Mean ROUGE-1/2/L F-measure (rouge-score, with stemming); for several references, the best one
     counts (``RougeScorer.score_multi``)."""

@@ -41,12 +41,32 @@ def series(rows: Sequence[dict[str, Any]], metric: str, x_key: str = "round") ->
 
 
 def line_styles(n: int) -> list[dict[str, Any]]:
-    """``n`` distinct line styles: 10 colours, then the same colours with other dashes and markers."""
+    """``n`` distinct line styles: 10 colours, then the same colours with other dashes; every run its own marker
+    shape, and each run drawn thinner and with smaller markers than the one before, so that a run lying on top of
+    another leaves the one below visible around it."""
     colors = plt.get_cmap("tab10").colors
     dashes = ("-", "--", ":", "-.")
     markers = ("o", "s", "^", "D", "v", "P", "X")
-    return [{"color": colors[i % 10], "linestyle": dashes[(i // 10) % len(dashes)],
-             "marker": markers[(i // 10) % len(markers)]} for i in range(n)]
+    shrink = [1.0 - 0.6 * i / max(1, n - 1) for i in range(n)]  # 1 for the first run drawn, 0.4 for the last
+    return [{"color": colors[i % 10], "linestyle": dashes[(i // 10) % len(dashes)], "marker": markers[i % len(markers)],
+             "linewidth": 0.8 + 2.2 * shrink[i], "markersize": 2.5 + 5.0 * shrink[i]} for i in range(n)]
+
+
+def overlapping(curves: dict[str, tuple[list[float], list[float]]], tolerance: float = 0.005) -> dict[str, str]:
+    """Runs whose curve lies on an earlier run's (the same x values, every y within ``tolerance`` of the y range
+    of all the curves): label -> the label of the run it hides under."""
+    spans = [y for _, ys in curves.values() for y in ys]
+    gap = tolerance * ((max(spans) - min(spans)) if spans else 0.0) or 1e-12
+    out: dict[str, str] = {}
+    labels = list(curves)
+    for j, label in enumerate(labels):
+        xs, ys = curves[label]
+        for earlier in labels[:j]:
+            ex, ey = curves[earlier]
+            if ex == xs and all(abs(a - b) <= gap for a, b in zip(ey, ys)):
+                out[label] = out.get(earlier, earlier)
+                break
+    return out
 
 
 def plot_curves(runs: dict[str, Sequence[dict[str, Any]]], metric: str, out_dir: Path, prefix: str = "",
@@ -67,9 +87,11 @@ def plot_curves(runs: dict[str, Sequence[dict[str, Any]]], metric: str, out_dir:
         columns = 1 + len(having) // 25
         width = 6 + (2.6 * columns if outside else 0)
         fig, ax = plt.subplots(figsize=(width, max(4, 0.2 * len(having) / columns + 1) if outside else 4))
-        for (label, rows), style in zip(having.items(), styles):
-            xs, values = series(rows, metric, x_key)
-            ax.plot([x * scale for x in xs], values, markersize=3, label=label, **style)
+        curves = {label: series(rows, metric, x_key) for label, rows in having.items()}
+        under = overlapping(curves)
+        for (label, (xs, values)), style in zip(curves.items(), styles):
+            shown = f"{label} (overlaps {under[label]})" if label in under else label
+            ax.plot([x * scale for x in xs], values, label=shown, **style)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(x_label)
         ax.set_ylabel(metric)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from fedpeft.config import ConfigError, validate_config
 from fedpeft.metrics.accounting import better_or_equal, summarize
 from fedpeft.report.plots import finite, metric_key, plot_curves
 from fedpeft.rundir import read_metrics, read_summary
+from fedpeft.runlock import writer_alive
 
 COLUMNS = (
     ("run", "run"),
@@ -56,6 +58,7 @@ class Run:
     summary: dict[str, Any]  # summary.json; computed from the rows while the run has none (unfinished)
     config: dict[str, Any]  # config.yaml as written, not validated (an older run's may not validate today)
     primary_metric: str
+    state: str | None = None  # None for a finished run (it has summary.json); else "running, ..." or "incomplete: ..."
 
 
 def _fmt(v: Any) -> str:
@@ -76,11 +79,23 @@ def load_run(run_dir: Path) -> Run:
     config = yaml.safe_load(path.read_text()) if path.is_file() else None
     summary = read_summary(run_dir)
     metric = summary.get("primary_metric")
+    config = config if isinstance(config, dict) else {}
     if not metric:
-        metric = primary_metric_of(config if isinstance(config, dict) else {}, path.parent)
+        metric = primary_metric_of(config, path.parent)
+    state = None
     if not summary:
         summary = summarize(rows, metric=metric, target=None)
-    return Run(run_dir, rows, summary, config if isinstance(config, dict) else {}, metric)
+        state = unfinished_state(run_dir, rows, config)
+    return Run(run_dir, rows, summary, config, metric, state)
+
+
+def unfinished_state(run_dir: Path, rows: Sequence[dict[str, Any]], config: dict[str, Any]) -> str:
+    """What a run without summary.json is: still running (a live process holds it), or stopped before its end
+    (killed, crashed or interrupted: ``fedpeft run --resume`` continues it)."""
+    done = max((r.get("round", 0) for r in rows), default=0)
+    planned = _section_of(config, "federation").get("rounds")
+    of = f"{done} of {planned} rounds" if isinstance(planned, int) else f"{done} rounds"
+    return f"running, {of}" if writer_alive(run_dir) else f"incomplete: {of}, no summary"
 
 
 def primary_metric_of(config: dict[str, Any], base_dir: Path) -> str:
@@ -200,7 +215,7 @@ def run_record(run: Run, metric: str | None = None) -> dict[str, Any]:
     up = summary.get("mean_bytes_up_per_client_round")
     total = summary.get("total_bytes")
     return {
-        "run": run.path.name,
+        "run": run.path.name + (f" ({run.state})" if run.state else ""),
         "model": _section_of(cfg, "model").get("name") or summary.get("model"),
         "peft": _peft_label(cfg, summary),
         "algorithm": _section_of(cfg, "algorithm").get("name") or summary.get("algorithm"),
@@ -211,6 +226,7 @@ def run_record(run: Run, metric: str | None = None) -> dict[str, Any]:
         "rounds": summary.get("rounds"),
         "metric": metric,
         **values,
+        "final_sample": final_sample(summary) if primary else None,
         "rounds_to_target": summary.get("rounds_to_target") if metric == run.primary_metric else None,
         "up_mib": up / 2**20 if finite(up) else None,
         "total_mib": total / 2**20 if finite(total) else None,
@@ -219,11 +235,25 @@ def run_record(run: Run, metric: str | None = None) -> dict[str, Any]:
     }
 
 
+def final_sample(summary: dict[str, Any]) -> str | None:
+    """The rows (and clients) a personalized final score stands on, with accuracy's 95% interval."""
+    if not summary.get("final_rows"):
+        return None
+    interval = summary.get("final_interval")
+    return (f"{summary['final_rows']} rows of {summary.get('final_clients')} clients"
+            + (f", 95% {interval[0]:.2f}-{interval[1]:.2f}" if interval else ""))
+
+
 def columns(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
-    """The table's columns: the fixed ones, with the settings in which the runs differ after the algorithm."""
+    """The table's columns: the fixed ones, with the settings in which the runs differ after the algorithm (and
+    the sample of a personalized final score after it, where a run has one)."""
     differing = [(k, label) for k, label in SETTINGS if len({r.get(k) for r in records}) > 1]
     at = [k for k, _ in COLUMNS].index("algorithm") + 1
-    return [*COLUMNS[:at], *differing, *COLUMNS[at:]]
+    cols = [*COLUMNS[:at], *differing, *COLUMNS[at:]]
+    if any(r.get("final_sample") for r in records):
+        final = [k for k, _ in cols].index("final") + 1
+        cols.insert(final, ("final_sample", "final scored on"))
+    return cols
 
 
 def markdown_table(records: Sequence[dict[str, Any]]) -> str:
@@ -280,16 +310,38 @@ def report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None, me
         text += f"\n\nskipped (no run): {', '.join(skipped)}"
     if damaged:
         text += f"\n\nskipped (unreadable): {', '.join(damaged)}"
+    groups = task_groups(runs, records)
+    if len(groups) > 1:
+        text += ("\n\nplotted apart (runs of different datasets or tasks do not share an axis): "
+                 + "; ".join(f"{prefix.rstrip('-')}: {', '.join(r['run'] for _, r in members)}"
+                             for prefix, members in groups.items()))
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.md").write_text(text + "\n")
-        about = ", ".join(v for v in (_common(records, "dataset"), _common(records, "model")) if v)
-        rows = {label: r.rows for label, r in zip(_labels([r.path for r in runs]), runs)}
-        if metric:
-            plot_curves(rows, metric, out, about=about)
-        else:  # each primary metric, for the runs judged by it (FedSA-LoRA's eval_accuracy is not its score)
-            for name in sorted({r["metric"] for r in records}):
-                plot_curves({k: v for (k, v), r in zip(rows.items(), records) if r["metric"] == name}, name, out,
-                            about=about)
+        labels = _labels([r.path for r in runs])
+        for prefix, members in groups.items():
+            chosen = [r for _, r in members]
+            about = ", ".join(v for v in (_common(chosen, "dataset"), _common(chosen, "model")) if v)
+            rows = {labels[i] + (f" ({runs[i].state.split(':')[0]})" if runs[i].state else ""): runs[i].rows
+                    for i, _ in members}
+            prefix = prefix if len(groups) > 1 else ""
+            if metric:
+                plot_curves(rows, metric, out, prefix=prefix, about=about)
+            else:  # each primary metric, for the runs judged by it (FedSA-LoRA's eval_accuracy is not its score)
+                for name in sorted({r["metric"] for r in chosen}):
+                    plot_curves({k: v for (k, v), r in zip(rows.items(), chosen) if r["metric"] == name}, name, out,
+                                prefix=prefix, about=about)
     return text
+
+
+def task_groups(runs: Sequence[Run], records: Sequence[dict[str, Any]]) -> dict[str, list[tuple[int, dict[str, Any]]]]:
+    """The runs by dataset and task type (a plot's file-name prefix -> (index, table record) of each member): runs
+    of different data are not drawn on one axis."""
+    groups: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for i, (run, record) in enumerate(zip(runs, records)):
+        task = _section_of(run.config, "task").get("type") or "classification"
+        dataset = str(record.get("dataset") or "unknown")
+        name = f"{Path(dataset).name or dataset}-{task}"  # (a local dataset by its folder's name)
+        groups.setdefault(re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") + "-", []).append((i, record))
+    return groups

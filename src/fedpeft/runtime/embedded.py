@@ -9,6 +9,7 @@ index list into the tokenised training set plus whatever state its algorithm kee
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -31,6 +32,7 @@ from fedpeft.config import RunConfig
 from fedpeft.durable import is_refused_write, publish_dir, refused_write, staging_dir
 from fedpeft.errors import UserError
 from fedpeft.metrics.accounting import better_or_equal, metric_key, summarize
+from fedpeft.metrics.scores import one_class, one_class_advice
 from fedpeft.models import bnb_gate
 from fedpeft.observer import RunObserver
 from fedpeft.rundir import (
@@ -48,6 +50,7 @@ from fedpeft.runtime.attacks import attacker_ids, flip_labels, poison
 from fedpeft.runtime.cohort import make_cohort, pass_row
 from fedpeft.runtime.payload_limits import upload_limit
 from fedpeft.runtime.personal import PERSONAL, check_personal, personal_due, personal_row, score
+from fedpeft.runtime.progress import RoundProgress
 from fedpeft.runtime.resume import resume_config, resume_point
 from fedpeft.runtime.setup import Experiment, build_experiment
 from fedpeft.training.evaluate import PREDICTIONS, evaluate
@@ -56,6 +59,7 @@ from fedpeft.training.local import NonFiniteLoss
 log = logging.getLogger("fedpeft")
 TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s")
 LAST_ADAPTER, BEST_ADAPTER = "adapter", "best_adapter"
+ONE_CLASS = "predicts_one_class"  # a row's note that the scored model predicts (nearly) one class (metrics.scores)
 TRAINER_COUNTERS = ("flops_measured", "flops_tokens", "flops_steps")
 # What one client returns for a round: (decoded update or None, bytes down, bytes up, failure reason or None)
 ClientResult = tuple[wire.Payload | None, int, int, str | None]
@@ -242,6 +246,7 @@ class EmbeddedRuntime:
         self.start_round = 1
         self.wall_offset = 0.0  # wall seconds already spent before a resume
         self.stopped_early: str | None = None  # why the run ended before federation.rounds (server.stop_reason)
+        self.one_class_warned = False  # whether a round's one-class model was warned of (later ones: events.log)
         if restored is not None:
             self._restore(*restored)
         if resume:  # only now that the checkpoint has loaded: a failure above leaves the directory as it was
@@ -265,6 +270,7 @@ class EmbeddedRuntime:
                          + (f", quantized {cfg.model.quantization.described()}" if cfg.model.quantization else "")
                          + ")")
         self.pass_info: dict[str, Any] = {}
+        self.progress = RoundProgress(cfg.federation.rounds, self.writer.note)  # run() adds the bar
         self.cohort = make_cohort(self.exp, self.client) if self.fuses_clients else None
         if self.cohort is not None and restored is not None and "clients_per_pass" in restored[1]:
             kept = restored[1]["clients_per_pass"]
@@ -367,6 +373,12 @@ class EmbeddedRuntime:
                 continue  # per-example predictions are not a round metric (fedpeft eval writes them)
             else:
                 out[k if k.startswith("eval_") else f"eval_{k}"] = v
+        if exp.data.task_type in ("classification", "image_classification"):
+            found = one_class(result[PREDICTIONS], exp.data.eval.labels)
+            if found is not None:
+                names = exp.data.label_names
+                label = names[found[0]] if names and found[0] < len(names) else str(found[0])
+                out[ONE_CLASS] = {"class": label, "share": found[1], "rows": len(result[PREDICTIONS])}
         return out
 
     def run_client(self, rnd: int, cid: int, payload: wire.Payload, *, tuned: Any = None,
@@ -402,7 +414,7 @@ class EmbeddedRuntime:
         """Every selected client's result for the round, in this process: one after another, or
         ``runtime.clients_per_pass`` at a time in one fused pass (fedpeft.runtime.cohort)."""
         if self.cohort is None:
-            return {cid: self.run_client(rnd, cid, payload) for cid, payload in payloads.items()}
+            return self.one_at_a_time(rnd, payloads)
         cids = list(payloads)
         k = self.cfg.runtime.clients_per_pass
         if k == "auto":  # measured once, on this round's clients
@@ -412,16 +424,26 @@ class EmbeddedRuntime:
         k = min(int(k), self.cohort.limit or int(k))
         if k == 1:  # (auto measured no gain, or memory ran out at 2): one after another, as without a cohort
             self.pass_info = {"clients_per_pass": 1}
-            return {cid: self.run_client(rnd, cid, payload) for cid, payload in payloads.items()}
+            return self.one_at_a_time(rnd, payloads)
         out: dict[int, ClientResult] = {}
         before = dataclasses.replace(self.cohort.stats)
         for i in range(0, len(cids), k):
             if len(cids[i:i + k]) == 1:  # (a last client alone trains as without a cohort)
-                out[cids[i]] = self.run_client(rnd, cids[i], payloads[cids[i]])
+                out.update(self.one_at_a_time(rnd, {cids[i]: payloads[cids[i]]}))
                 continue
+            self.progress.clients_training(cids[i:i + k])
             out.update(self.cohort.run(cids[i:i + k], lambda cid, tuned, train: self.run_client(
                 rnd, cid, payloads[cid], tuned=tuned, trainer=train), seed=(self.cfg.seed, rnd)))
+            self.progress.clients_done(cids[i:i + k])
         self.pass_info = {"clients_per_pass": min(k, len(cids)), **pass_row(before, self.cohort.stats)}
+        return out
+
+    def one_at_a_time(self, rnd: int, payloads: dict[int, wire.Payload]) -> dict[int, ClientResult]:
+        out = {}
+        for cid, payload in payloads.items():
+            self.progress.clients_training([cid])
+            out[cid] = self.run_client(rnd, cid, payload)
+            self.progress.clients_done([cid])
         return out
 
     def train_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:
@@ -457,6 +479,7 @@ class EmbeddedRuntime:
         t0 = time.perf_counter()
         selected = self.server.select(rnd)
         payloads = self.server.configure(rnd, selected)
+        self.progress.round_started(rnd, list(payloads))
         for observer in self.observers:
             observer.on_configure(rnd, payloads)
         out = self.train_round(rnd, selected, payloads)
@@ -549,8 +572,15 @@ class EmbeddedRuntime:
 
             bar = tqdm(total=cfg.federation.rounds, initial=self.start_round - 1, desc=cfg.name, unit="round",
                        dynamic_ncols=True)
+        self.progress = self.round_progress(bar)
+        self.exp.trainer.on_step = self.progress.step
         every = cfg.runtime.checkpoint_every
         summary: dict[str, Any] | None = None
+        quiet_console = contextlib.ExitStack()
+        if bar is not None:  # log lines printed above the bar, not through it
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            quiet_console.enter_context(logging_redirect_tqdm())
         try:
             if cfg.eval.at_start and self.start_round == 1:
                 te = time.perf_counter()
@@ -571,20 +601,39 @@ class EmbeddedRuntime:
                 last = rnd == cfg.federation.rounds or self.server.stop_reason() is not None
                 if every and (rnd % every == 0 or last):
                     checkpoint.save(self.run_dir, rnd, self.checkpoint_state())
-                if bar is not None:
-                    bar.update(1)
-                    post = {"loss": f"{row.get('train_loss', float('nan')):.3f}", "MB": f"{row['cum_bytes'] / 2**20:.1f}"}
-                    if key in row:
-                        post[self.metric] = f"{row[key]:.4f}"
-                    bar.set_postfix(post)
+                post = {"loss": f"{row.get('train_loss', float('nan')):.3f}", "MiB": f"{row['cum_bytes'] / 2**20:.1f}"}
+                if row.get(key) is not None:
+                    post[self.metric] = f"{row[key]:.4f}"
+                self.progress.round_ended(post)
             summary = self.finish()
         finally:
+            self.exp.trainer.on_step = None
+            quiet_console.close()
             if bar is not None:
                 bar.close()
             self.close()
         return summary
 
+    def round_progress(self, bar: Any) -> RoundProgress:
+        """Progress inside a round: on ``bar`` (None without runtime.progress) and in events.log."""
+        return RoundProgress(self.cfg.federation.rounds, self.writer.note, bar)
+
+    def _warn_one_class(self, row: dict[str, Any], key: str) -> None:
+        """A round whose model predicts (nearly) one class: the first one warned of, later ones in events.log."""
+        found = row.get(ONE_CLASS)
+        if found is None:
+            return
+        what = (f"round {row['round']}: the global model predicts {found['class']!r} for {found['share']:.0%} of "
+                f"the {found['rows']} eval rows, while the data has several classes")
+        if self.one_class_warned or row["round"] == 0:  # (an untrained head often does at round 0)
+            self.writer.note(what)
+            return
+        self.one_class_warned = True
+        score = f" ({self.metric} {row[key]:.4f})" if row.get(key) is not None else ""
+        log.warning("%s%s: %s", what, score, one_class_advice(self.metric))
+
     def _record(self, row: dict[str, Any], key: str, target: float | None) -> None:
+        self._warn_one_class(row, key)
         if key in row and target is not None:
             row["reached_target"] = better_or_equal(self.metric, row[key], target)
         if key in row and not math.isfinite(row[key]):
@@ -652,6 +701,13 @@ class EmbeddedRuntime:
     def finish(self) -> dict[str, Any]:
         exp = self.exp
         summary = summarize(self.rows, metric=self.metric, target=self.cfg.eval.target)
+        best = next((r for r in self.rows if r["round"] == summary.get("best_round")), {})
+        if self.keeps_best and best.get(ONE_CLASS) is not None:
+            found = best[ONE_CLASS]
+            summary["best_" + ONE_CLASS] = found
+            log.warning("%s (round %d, %s %s) predicts %r for %.0f%% of the eval rows: %s", BEST_ADAPTER,
+                        best["round"], self.metric, summary["best"], found["class"], 100 * found["share"],
+                        one_class_advice(self.metric))
         self._save_adapter(LAST_ADAPTER, {"round": summary.get("rounds", 0)})
         if self.cfg.eval.save_client_adapters:
             self._save_client_adapters(summary.get("rounds", 0))

@@ -204,7 +204,8 @@ class FusedTrainer:
         rows = Rows(slot_params=slot_params, names=self.names)
         self.model.train()
         start = time.perf_counter()
-        for s in range(max((len(c.steps) for c in clients), default=0)):
+        longest = max((len(c.steps) for c in clients), default=0)
+        for s in range(longest):
             active = [c for c in clients if not c.failed and s < len(c.steps)]
             if not active:
                 break
@@ -219,6 +220,8 @@ class FusedTrainer:
             for c in active:
                 if not c.failed:
                     self._optimizer_step(c)
+            if t.on_step is not None:
+                t.on_step(s + 1, longest)
         seconds = time.perf_counter() - start
         total_tokens = sum(c.tokens for c in clients) or 1
         rate = t.flops_per_token()

@@ -192,6 +192,8 @@ class LocalTrainer:
         self.flops_measured = 0.0  # run-level FLOP samples: totals over the measured steps
         self.flops_tokens = 0
         self.flops_steps = 0
+        # called with (steps done, steps in all) after each optimizer step: the runtime's progress inside a round
+        self.on_step: Callable[[int, int], None] | None = None
 
     def flops_per_token(self) -> float | None:
         return self.flops_measured / self.flops_tokens if self.flops_tokens else None
@@ -300,6 +302,8 @@ class LocalTrainer:
                 optimizer.zero_grad(set_to_none=True)
                 epoch_losses.append(step_loss)
                 steps += 1
+                if self.on_step is not None:
+                    self.on_step(steps, total)
             last_epoch_losses = epoch_losses if cfg.local_steps is None else last_epoch_losses + epoch_losses
         seconds = time.perf_counter() - start
         if optimizer_state is not None:

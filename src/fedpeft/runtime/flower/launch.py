@@ -17,6 +17,7 @@ and its dependencies must already be installed wherever a SuperLink or SuperNode
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -418,7 +419,8 @@ def _run_flower(cfg: RunConfig, run_dir: Path, resume: bool, deployment: LocalDe
         app_dir = write_app(work / "app", cfg, run_dir, resume=resume)
         flower_dir.mkdir(parents=True, exist_ok=True)
         log(f"run directory: {run_dir}")
-        with open(flower_dir / "flwr-run.log", "ab") as out:
+        stream = flower_dir / "flwr-run.log"
+        with open(stream, "ab") as out, progress_bar(cfg, stream):
             proc = subprocess.run([flower_executable("flwr"), "run", str(app_dir), CONNECTION, "--stream",
                                    *simulation_options(cfg)], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work,
                                   check=False)  # the exit code is judged below, with the logs
@@ -432,6 +434,27 @@ def _run_flower(cfg: RunConfig, run_dir: Path, resume: bool, deployment: LocalDe
         raise FlowerRunError(f"the Flower run ended (flwr exit code {proc.returncode}) without results"
                              f"{': ' + cause if cause else ''}; logs: {flower_dir}")
     return summary
+
+
+@contextlib.contextmanager
+def progress_bar(cfg: RunConfig, stream: Path) -> Iterator[None]:
+    """With runtime.progress, a bar of rounds (and clients done in the round) on the console, drawn from the
+    progress lines the ServerApp logs, as ``flwr run --stream`` appends them to ``stream``."""
+    if not cfg.runtime.progress:
+        yield
+        return
+    from tqdm.auto import tqdm
+
+    from fedpeft.runtime.progress import FileFollower
+
+    bar = tqdm(total=cfg.federation.rounds, desc=cfg.name, unit="round", dynamic_ncols=True)
+    follower = FileFollower(stream, bar)
+    follower.start()
+    try:
+        yield
+    finally:
+        follower.stop()
+        bar.close()
 
 
 class FlowerRunError(UserError, RuntimeError):

@@ -101,4 +101,20 @@ def stop_descendants(grace: float) -> list[psutil.Process]:
     me = psutil.Process()
     left = stop_processes(_wait(me.children(recursive=True), grace), grace)
     adopted = _running(me.children(recursive=True))  # re-parented here while the others stopped
-    return [*left, *stop_processes(adopted, grace)] if adopted else left
+    left = [*left, *stop_processes(adopted, grace)] if adopted else left
+    _reap_remaining(me, grace)
+    return left
+
+
+def _reap_remaining(me: psutil.Process, seconds: float) -> None:
+    """Wait until no descendant is left, not even a zombie: one whose parent ended without waiting for it is
+    re-parented here (the subreaper) and reaped; exiting before that would leave it to init."""
+    deadline = time.monotonic() + seconds
+    while True:
+        reap_exited_children()
+        try:
+            if not me.children(recursive=True) or time.monotonic() >= deadline:
+                return
+        except psutil.Error:
+            return
+        time.sleep(0.05)

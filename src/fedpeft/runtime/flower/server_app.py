@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from fedpeft.runtime.flower.bounded_pull import BoundedPull, ReplyTooLarge
 from fedpeft.runtime.flower.internals import RECORD_KEY_CONFIGS, ErrorCode, HttpGrid
 from fedpeft.runtime.flower.partitions import PartitionTable, node_key_fingerprint
 from fedpeft.runtime.flower.records import config_from_run_config, pack, unpack
+from fedpeft.runtime.progress import RoundProgress
 
 log = logging.getLogger("fedpeft")
 app = ServerApp()
@@ -73,9 +75,11 @@ class FlowerServerRuntime(EmbeddedRuntime):
             return SECURE_REPLY_FACTOR * self.max_payload, "twice runtime.max_payload_mb in SecAgg+"
         return self.max_payload, "runtime.max_payload_mb"
 
-    def _exchange(self, messages: list[Message], timeout: float) -> tuple[dict[str, Message], list[str]]:
+    def _exchange(self, messages: list[Message], timeout: float,
+                  on_reply: Callable[[Message], None] | None = None) -> tuple[dict[str, Message], list[str]]:
         """Push messages, poll for their replies; (replies by the id of the message they answer, ids pushed).
-        A reply refused before it was pulled (too large) is an error reply with code REPLY_REFUSED."""
+        A reply refused before it was pulled (too large) is an error reply with code REPLY_REFUSED. ``on_reply``
+        is told each message answered, as its reply arrives."""
         ids = [i for i in self.grid.push_messages(messages)]
         sent = {mid: msg for mid, msg in zip(ids, messages) if mid}
         pending = set(sent)
@@ -89,6 +93,8 @@ class FlowerServerRuntime(EmbeddedRuntime):
                     pending.discard(mid)
                     replies[mid] = rep
                     self.pulled_at[mid] = time.time()
+                    if on_reply is not None:
+                        on_reply(sent[mid])
             if pending:
                 time.sleep(poll)
         for mid, msg in sent.items():
@@ -188,6 +194,11 @@ class FlowerServerRuntime(EmbeddedRuntime):
             time.sleep(0.5)
 
     # -- a round ---------------------------------------------------------------------------------------
+    def round_progress(self, bar: Any) -> RoundProgress:
+        """Progress inside a round as log lines: events.log, and the launcher's console through
+        ``flwr run --stream`` (fedpeft.runtime.progress.follow)."""
+        return RoundProgress(self.cfg.federation.rounds, log.info)
+
     def runtime_round_info(self) -> dict[str, Any]:
         """Per client: seconds from its ClientApp process start to the reply, and to the start of training
         (interpreter, imports, model and data: what a warm client would not pay)."""
@@ -205,6 +216,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
             node = self.node_of_partition.get(cid % self.num_partitions)
             if node is None:
                 results[cid] = (None, 0, 0, f"no SuperNode online serves partition {cid % self.num_partitions}")
+                self.progress.clients_done([cid])
                 continue
             # expires with the round: a late client does not keep working on a round that is over
             msg = Message(pack(data, round=rnd, client=cid), dst_node_id=node, message_type=MessageType.TRAIN,
@@ -212,7 +224,9 @@ class FlowerServerRuntime(EmbeddedRuntime):
             sent.append((cid, len(data), msg))
         timeout = self.cfg.federation.round_timeout_s
         pushed_at = time.time()
-        replies, ids = self._exchange([m for _, _, m in sent], timeout)
+        client_of = {id(msg): cid for cid, _, msg in sent}
+        replies, ids = self._exchange([m for _, _, m in sent], timeout,
+                                      on_reply=lambda msg: self.progress.clients_done([client_of[id(msg)]]))
         if len(ids) != len(sent):  # e.g. HTTP 413: the SuperLink refused the whole push
             ids = [None] * len(sent)
         for (cid, n_down, msg), mid in zip(sent, ids):
