@@ -55,22 +55,37 @@ def test_follow_draws_the_flower_servers_progress_lines(tmp_path):
     log_file = tmp_path / "flwr-run.log"
     log_file.write_text("an older run's line: round 9/9 done\n")
     bar = tqdm(total=3, file=io.StringIO(), mininterval=0)
-    follower = progress.FileFollower(log_file, bar, poll_s=0.01)
+    printed: list[str] = []
+    follower = progress.FileFollower(log_file, bar, poll_s=0.01, write=printed.append)
     follower.start()
     with open(log_file, "a") as fh:
         fh.write("INFO fedpeft: round 1/3: 1 of 2 clients done (client 0)\n")
+        fh.write("WARNING fedpeft: round 1: update of client 1 rejected: no reply\n")
         fh.write("INFO fedpeft: round 1/3 done: loss 0.700, MiB 0.1\nINFO fedpeft: round 2/3: 1 of 2 cli")
         fh.flush()
         follower.stop()
     assert bar.n == 1 and "loss 0.700, MiB 0.1" in str(bar)
+    assert printed == ["WARNING fedpeft: round 1: update of client 1 rejected: no reply"]  # as embedded prints it
     with open(log_file, "a") as fh:
         fh.write("ents done (client 3)\n")
     follower.read()
-    assert "round 2: 1/2 clients" in str(bar)
+    assert "loss 0.700, MiB 0.1, round 2: 1/2 clients" in str(bar)  # the last round's figures stay
 
 
-def test_a_run_writes_its_progress_and_what_auto_measured(tmp_path, monkeypatch):
-    cfg = tiny_config("runtime.clients_per_pass=auto", "federation.clients_per_round=3")
+def test_a_resumed_flower_runs_bar_starts_at_its_round_and_no_client_is_counted_twice():
+    bar = tqdm(total=10, file=io.StringIO(), mininterval=0)
+    progress.Follower(bar, print)(["INFO fedpeft: round 5/10: 1 of 3 clients done (client 2)"])
+    assert bar.n == 4
+    notes: list[str] = []
+    p = progress.RoundProgress(10, notes.append)
+    p.round_started(5, [1, 2, 3])
+    p.clients_done([2])
+    p.clients_done([1, 2, 3])  # the round stops waiting: 1 and 3 timed out, 2 was counted when it replied
+    assert notes == ["round 5/10: 1 of 3 clients done (client 2)", "round 5/10: 3 of 3 clients done (clients 1, 3)"]
+
+
+def test_a_run_writes_its_progress_and_what_auto_measured(tmp_path, monkeypatch, capsys):
+    cfg = tiny_config("runtime.clients_per_pass=auto", "federation.clients_per_round=3", "runtime.progress=true")
     steps: list[tuple[int, int]] = []
     real = progress.RoundProgress.step
 
@@ -87,6 +102,8 @@ def test_a_run_writes_its_progress_and_what_auto_measured(tmp_path, monkeypatch)
         assert f"round {rnd}/2: 3 of 3 clients done" in events and f"round {rnd}/2 done: loss" in events
     assert steps and all(0 < done <= total for done, total in steps)
     assert rt.exp.trainer.on_step is None  # the hook does not outlive the run
+    bar = capsys.readouterr().err  # the bar, drawn on stderr
+    assert "round 2: 0/3 clients" in bar and "round 2: 3/3 clients" in bar and "2/2" in bar
 
 
 def test_one_class_is_found_only_when_the_labels_are_spread():
@@ -141,10 +158,8 @@ def test_warnings_during_a_run_go_to_events_log(tmp_path, capsys):
     before = warnings.showwarning
     writer = RunWriter(tmp_path / "run", cfg)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = writer._warning_to_log  # (pytest's own capture replaced it)
-            warnings.warn("A single label was found in 'y_true' and 'y_pred'", UserWarning, stacklevel=1)
+        assert warnings.showwarning == writer._warning_to_log
+        warnings.warn("A single label was found in 'y_true' and 'y_pred'", UserWarning, stacklevel=1)
     finally:
         writer.close()
     assert warnings.showwarning is before

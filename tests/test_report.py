@@ -121,6 +121,16 @@ def test_an_unfinished_run_is_reported_from_its_rows_and_marked(tmp_path, capsys
     assert (row["total MiB"], row["MiB up / client / round"]) == ("1,200.0", "100.0")
 
 
+def test_a_stale_owner_file_does_not_make_a_run_running(tmp_path, capsys):
+    """A SIGKILLed writer leaves its owner file; the lock went with the process (here: the owner names this very
+    process, alive, as a reused process id would)."""
+    run = make_run(tmp_path / "dead", summary=False, overrides=["federation.rounds=10"])
+    RunLock.acquire(run)._lock.release()  # the lock file exists, free; the owner file stays
+    assert (run / ".fedpeft.owner.json").is_file()
+    assert main(["report", str(run)]) == 0
+    assert "| dead (incomplete: 3 of 10 rounds, no summary) |" in capsys.readouterr().out
+
+
 def test_a_run_whose_writer_is_alive_is_marked_running(tmp_path, capsys):
     run = make_run(tmp_path / "live", summary=False, overrides=["federation.rounds=10"])
     lock = RunLock.acquire(run)  # this process writes it
@@ -315,7 +325,7 @@ def test_old_files_with_nan_tokens_are_read_and_summarized(tmp_path, capsys):
     assert summarize(back, metric="accuracy", target=None) == summarize(rows, metric="accuracy", target=None) | {
         "final": None, "final_eval": {"eval_loss": 0.45, "eval_accuracy": None, "eval_samples": 32}}
     assert main(["report", str(run), "--metric", "train_loss", "--out", str(tmp_path / "rep")]) == 0
-    row = table_row(capsys.readouterr().out, "old (incomplete: 3 of 3 rounds, no summary)")
+    row = table_row(capsys.readouterr().out, "old (incomplete: all 3 rounds, no summary)")
     assert row[row.index("train_loss") + 1:row.index("train_loss") + 4] == ["-", "-", "0.4100"]
 
 

@@ -46,8 +46,22 @@ def _describe(owner: dict[str, Any] | None) -> str:
 
 
 def writer_alive(run_dir: str | Path) -> bool:
-    """Whether a live process on this host holds ``run_dir`` (read from its owner file; takes no lock): a run
-    without summary.json is running when this holds, else it stopped before its end."""
+    """Whether a live process holds ``run_dir``'s lock: a run without summary.json is running when this holds, else
+    it stopped before its end. The lock is tried and at once given back (the operating system drops a dead writer's
+    lock, so a stale owner file or a reused process id does not count); where it cannot be tried (a read-only
+    directory), the owner file's process on this host is looked for."""
+    path = Path(run_dir) / LOCK_FILE
+    if path.is_file():
+        probe = FileLock(str(path), timeout=0)
+        try:
+            probe.acquire()
+        except Timeout:
+            return True
+        except OSError:
+            pass
+        else:
+            probe.release()
+            return False
     owner = _owner(Path(run_dir))
     if not owner or owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
         return False

@@ -94,7 +94,10 @@ def unfinished_state(run_dir: Path, rows: Sequence[dict[str, Any]], config: dict
     (killed, crashed or interrupted: ``fedpeft run --resume`` continues it)."""
     done = max((r.get("round", 0) for r in rows), default=0)
     planned = _section_of(config, "federation").get("rounds")
-    of = f"{done} of {planned} rounds" if isinstance(planned, int) else f"{done} rounds"
+    if isinstance(planned, int) and done >= planned:
+        of = f"all {done} rounds"  # (killed while it wrote its last files)
+    else:
+        of = f"{done} of {planned} rounds" if isinstance(planned, int) else f"{done} rounds"
     return f"running, {of}" if writer_alive(run_dir) else f"incomplete: {of}, no summary"
 
 
@@ -323,8 +326,7 @@ def report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None, me
         for prefix, members in groups.items():
             chosen = [r for _, r in members]
             about = ", ".join(v for v in (_common(chosen, "dataset"), _common(chosen, "model")) if v)
-            rows = {labels[i] + (f" ({runs[i].state.split(':')[0]})" if runs[i].state else ""): runs[i].rows
-                    for i, _ in members}
+            rows = {labels[i] + (f" ({runs[i].state})" if runs[i].state else ""): runs[i].rows for i, _ in members}
             prefix = prefix if len(groups) > 1 else ""
             if metric:
                 plot_curves(rows, metric, out, prefix=prefix, about=about)
@@ -341,7 +343,6 @@ def task_groups(runs: Sequence[Run], records: Sequence[dict[str, Any]]) -> dict[
     groups: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for i, (run, record) in enumerate(zip(runs, records)):
         task = _section_of(run.config, "task").get("type") or "classification"
-        dataset = str(record.get("dataset") or "unknown")
-        name = f"{Path(dataset).name or dataset}-{task}"  # (a local dataset by its folder's name)
-        groups.setdefault(re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") + "-", []).append((i, record))
+        name = f"{record.get('dataset') or 'unknown'}-{task}"  # (a local dataset by its whole path)
+        groups.setdefault(re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_") + "-", []).append((i, record))
     return groups

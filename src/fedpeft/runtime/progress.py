@@ -3,12 +3,13 @@ local step of the clients in training; on the run's progress bar and as lines of
 
 A round of a cross-silo run can take minutes; without this, a slow round and a stuck one look alike. The
 embedded runtime draws its bar itself; a Flower ServerApp logs the same lines, which ``flwr run --stream``
-carries back to the launcher, and :func:`follow` turns them into the bar of the ``fedpeft run`` console.
+carries back to the launcher, and :class:`Follower` turns them into the bar of the ``fedpeft run`` console.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -38,12 +39,14 @@ class RoundProgress:
         self.selected = 0
         self.done = 0
         self.training: list[int] = []
+        self.counted: set[int] = set()  # the round's clients counted done
         self.after: dict[str, str] = {}  # the last round's figures, kept on the bar during the next one
         self._step_noted = self._drawn = 0.0
         self._started = 0.0
 
     def round_started(self, rnd: int, selected: Sequence[int]) -> None:
         self.rnd, self.selected, self.done, self.training = rnd, len(selected), 0, []
+        self.counted: set[int] = set()
         self._draw(f"0/{self.selected} clients")
 
     def clients_training(self, cids: Sequence[int]) -> None:
@@ -63,10 +66,12 @@ class RoundProgress:
                       f"({now - self._started:.0f} s)")
 
     def clients_done(self, cids: Iterable[int]) -> None:
-        """``cids`` finished (an update, or a failure: either way the round no longer waits for them)."""
-        cids = list(cids)
+        """``cids`` finished (an update, or a failure: either way the round no longer waits for them); a client
+        already counted in this round is not counted again."""
+        cids = [c for c in cids if c not in self.counted]
         if not cids:
             return
+        self.counted.update(cids)
         self.done += len(cids)
         self.training = [c for c in self.training if c not in cids]
         self.note(CLIENTS_DONE.format(rnd=self.rnd, rounds=self.rounds, done=self.done, selected=self.selected)
@@ -93,33 +98,53 @@ def _figures(figures: dict[str, str]) -> str:
 
 
 def _clients(cids: Sequence[int]) -> str:
+    if not cids:
+        return "local training"
     if len(cids) == 1:
         return f"client {cids[0]}"
     return f"clients {', '.join(map(str, cids))}" if len(cids) <= 4 else f"{len(cids)} clients in one pass"
 
 
-def follow(lines: Iterable[str], bar: Any) -> None:
-    """Drive ``bar`` (a tqdm over rounds) from the progress lines among ``lines`` (a ServerApp's log as
-    ``flwr run --stream`` prints it); other lines are passed over."""
-    for line in lines:
-        if m := _CLIENTS_DONE.search(line):
-            rnd, _, done, selected = (int(g) for g in m.groups())
-            bar.set_postfix_str(f"round {rnd}: {done}/{selected} clients")
-        elif m := _ROUND_DONE.search(line):
-            rnd = int(m[1])
-            if rnd > bar.n:
-                bar.update(rnd - bar.n)
-            tail = line[m.end():].lstrip(": ").strip()
-            bar.set_postfix_str(tail)
+_WARNING = re.compile(r"\b(WARNING|ERROR) fedpeft: ")
+
+
+class Follower:
+    """Drives ``bar`` (a tqdm over rounds, or None) from the lines of a ServerApp's log as ``flwr run --stream``
+    prints it: the progress lines move the bar; fedpeft's warnings and errors are printed (above the bar), as the
+    embedded runtime prints them; other lines are passed over."""
+
+    def __init__(self, bar: Any, write: Callable[[str], None]):
+        self.bar, self.write = bar, write
+        self.after = ""  # the last round's figures, kept on the bar during the next one
+
+    def __call__(self, lines: Iterable[str]) -> None:
+        bar = self.bar
+        for line in lines:
+            if m := _WARNING.search(line):
+                self.write(f"{m[1]} fedpeft: {line[m.end():].strip()}")
+            elif bar is None:
+                continue
+            elif m := _CLIENTS_DONE.search(line):
+                rnd, _, done, selected = (int(g) for g in m.groups())
+                if bar.n < rnd - 1:  # (a resumed run's first round)
+                    bar.update(rnd - 1 - bar.n)
+                bar.set_postfix_str(", ".join(x for x in (self.after, f"round {rnd}: {done}/{selected} clients") if x))
+            elif m := _ROUND_DONE.search(line):
+                rnd = int(m[1])
+                if rnd > bar.n:
+                    bar.update(rnd - bar.n)
+                self.after = line[m.end():].lstrip(": ").strip()
+                bar.set_postfix_str(self.after)
 
 
 class FileFollower(threading.Thread):
     """Reads the lines appended to ``path`` (from its size when started) every ``poll_s`` seconds and hands them to
-    :func:`follow` until :meth:`stop`."""
+    a :class:`Follower` of ``bar`` until :meth:`stop`."""
 
-    def __init__(self, path: Path, bar: Any, poll_s: float = 0.5):
+    def __init__(self, path: Path, bar: Any, poll_s: float = 0.5, write: Callable[[str], None] | None = None):
         super().__init__(name="fedpeft-progress", daemon=True)
-        self.path, self.bar, self.poll_s = path, bar, poll_s
+        self.path, self.poll_s = path, poll_s
+        self.follow = Follower(bar, write or _write)
         self.offset = path.stat().st_size if path.is_file() else 0
         self.partial = b""
         self.stopped = threading.Event()
@@ -138,8 +163,15 @@ class FileFollower(threading.Thread):
             return
         self.offset += len(data)
         *lines, self.partial = (self.partial + data).split(b"\n")
-        follow((line.decode("utf-8", "replace") for line in lines), self.bar)
+        self.follow(line.decode("utf-8", "replace") for line in lines)
 
     def stop(self) -> None:
         self.stopped.set()
         self.join()
+
+
+def _write(text: str) -> None:
+    """A line on stderr, above a tqdm bar if one is drawn."""
+    from tqdm import tqdm
+
+    tqdm.write(text, file=sys.stderr)

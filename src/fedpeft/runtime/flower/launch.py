@@ -438,23 +438,24 @@ def _run_flower(cfg: RunConfig, run_dir: Path, resume: bool, deployment: LocalDe
 
 @contextlib.contextmanager
 def progress_bar(cfg: RunConfig, stream: Path) -> Iterator[None]:
-    """With runtime.progress, a bar of rounds (and clients done in the round) on the console, drawn from the
-    progress lines the ServerApp logs, as ``flwr run --stream`` appends them to ``stream``."""
-    if not cfg.runtime.progress:
-        yield
-        return
-    from tqdm.auto import tqdm
-
+    """The ServerApp's log, as ``flwr run --stream`` appends it to ``stream``, followed on the console: its
+    warnings printed, and with runtime.progress a bar of rounds (and clients done in the round) drawn from its
+    progress lines."""
     from fedpeft.runtime.progress import FileFollower
 
-    bar = tqdm(total=cfg.federation.rounds, desc=cfg.name, unit="round", dynamic_ncols=True)
+    bar = None
+    if cfg.runtime.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.federation.rounds, desc=cfg.name, unit="round", dynamic_ncols=True)
     follower = FileFollower(stream, bar)
     follower.start()
     try:
         yield
     finally:
         follower.stop()
-        bar.close()
+        if bar is not None:
+            bar.close()
 
 
 class FlowerRunError(UserError, RuntimeError):

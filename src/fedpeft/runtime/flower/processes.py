@@ -102,7 +102,8 @@ def stop_descendants(grace: float) -> list[psutil.Process]:
     left = stop_processes(_wait(me.children(recursive=True), grace), grace)
     adopted = _running(me.children(recursive=True))  # re-parented here while the others stopped
     left = [*left, *stop_processes(adopted, grace)] if adopted else left
-    _reap_remaining(me, grace)
+    if not left:  # (a process still running would keep its zombies: nothing to wait for)
+        _reap_remaining(me, grace)
     return left
 
 

@@ -257,6 +257,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
                     # Flower's latency around the ClientApp process (same clock only on one machine)
                     self.client_times["start_delay"][str(cid)] = started - pushed_at
                     self.client_times["return_delay"][str(cid)] = self.pulled_at.get(mid, 0.0) - replied
+        self.progress.clients_done(results)  # those that timed out or were refused: the round waits no more
         return results
 
     def train_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:
@@ -291,6 +292,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
         else:
             out.rejected.update({c: "fewer than 2 clients reachable: SecAgg+ needs at least 2" for c in reachable})
         out.time_client_s = time.perf_counter() - tc
+        self.progress.clients_done(selected)  # (the SecAgg+ protocol's replies come together)
         for cid in selected:
             out.bytes_down.setdefault(cid, 0)
             out.bytes_up.setdefault(cid, 0)
