@@ -199,13 +199,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
               f"({len(data.rows)} rows): {shown}")
         print(f"predictions: {out}")
     if data.task_type in ("classification", "image_classification"):
-        from fedpeft.metrics.scores import one_class, one_class_advice
+        from fedpeft.metrics.scores import one_class_advice, one_class_label
 
-        found = one_class(result[PREDICTIONS], data.eval.labels)
+        found = one_class_label(result[PREDICTIONS], data.eval.labels, data.label_names)
         if found is not None:
-            names = data.label_names
-            label = names[found[0]] if names and found[0] < len(names) else str(found[0])
-            print(f"warning: the model predicts {label!r} for {found[1]:.0%} of the rows, while the data has several "
+            print(f"warning: the model predicts {found[0]!r} for {found[1]:.0%} of the rows, while the data has several "
                   f"classes: {one_class_advice(cfg.task_metric())}", file=sys.stderr)
     return 0
 

@@ -203,3 +203,15 @@ def publish_dir(staged: Path, final: Path) -> None:
         raise
     fsync_dir(final.parent)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id runs (the writer of a temporary file, the owner of a run's lock); another
+    user's process counts, a huge number is no process id."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid < 2**22
+    return True

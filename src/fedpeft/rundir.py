@@ -50,6 +50,7 @@ from fedpeft.durable import (
     fsync_dir,
     is_refused_write,
     open_log,
+    pid_alive,
     refused_write,
 )
 from fedpeft.errors import unprintable
@@ -127,15 +128,7 @@ def resume_hint(run_dir: Path) -> str:
 
 def _alive_elsewhere(pid: int) -> bool:
     """Whether another process with this id is running (its temporary file may be a write in progress)."""
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return pid < 2**22  # someone else's process (a huge number is no process id)
-    return True
+    return pid != os.getpid() and pid_alive(pid)
 
 
 def remove_leftovers(run_dir: Path) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from fedpeft.durable import atomic_write, is_refused_write, refused_write
+from fedpeft.durable import atomic_write, is_refused_write, pid_alive, refused_write
 
 LOCK_FILE = ".fedpeft.lock"
 OWNER_FILE = ".fedpeft.owner.json"
@@ -65,13 +65,7 @@ def writer_alive(run_dir: str | Path) -> bool:
     owner = _owner(Path(run_dir))
     if not owner or owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
         return False
-    try:
-        os.kill(owner["pid"], 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError):
-        return owner["pid"] < 2**22  # someone else's live process (a huge number is no process id)
-    return True
+    return pid_alive(owner["pid"])
 
 
 class RunLock:

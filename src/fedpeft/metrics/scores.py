@@ -69,6 +69,16 @@ def one_class(pred: Sequence[int], gold: Sequence[int]) -> tuple[int, float] | N
     return int(classes[counts.argmax()]), float(share)
 
 
+def one_class_label(pred: Sequence[int], gold: Sequence[int],
+                    label_names: Sequence[str] | None) -> tuple[str, float] | None:
+    """:func:`one_class` with the class by its name (by its id where the data names none)."""
+    found = one_class(pred, gold)
+    if found is None:
+        return None
+    cls, share = found
+    return (label_names[cls] if label_names and cls < len(label_names) else str(cls)), share
+
+
 def one_class_advice(metric: str) -> str:
     """What to do about a one-class model, for a run judged by ``metric``."""
     if metric.removeprefix("personal_") in ("mcc", "macro_f1"):

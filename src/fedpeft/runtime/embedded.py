@@ -32,7 +32,7 @@ from fedpeft.config import RunConfig
 from fedpeft.durable import is_refused_write, publish_dir, refused_write, staging_dir
 from fedpeft.errors import UserError
 from fedpeft.metrics.accounting import better_or_equal, metric_key, summarize
-from fedpeft.metrics.scores import one_class, one_class_advice
+from fedpeft.metrics.scores import one_class_advice, one_class_label
 from fedpeft.models import bnb_gate
 from fedpeft.observer import RunObserver
 from fedpeft.rundir import (
@@ -374,11 +374,9 @@ class EmbeddedRuntime:
             else:
                 out[k if k.startswith("eval_") else f"eval_{k}"] = v
         if exp.data.task_type in ("classification", "image_classification"):
-            found = one_class(result[PREDICTIONS], exp.data.eval.labels)
+            found = one_class_label(result[PREDICTIONS], exp.data.eval.labels, exp.data.label_names)
             if found is not None:
-                names = exp.data.label_names
-                label = names[found[0]] if names and found[0] < len(names) else str(found[0])
-                out[ONE_CLASS] = {"class": label, "share": found[1], "rows": len(result[PREDICTIONS])}
+                out[ONE_CLASS] = {"class": found[0], "share": found[1], "rows": len(result[PREDICTIONS])}
         return out
 
     def run_client(self, rnd: int, cid: int, payload: wire.Payload, *, tuned: Any = None,

@@ -37,16 +37,20 @@ class RoundProgress:
         self.clock = clock
         self.rnd = 0
         self.selected = 0
-        self.done = 0
         self.training: list[int] = []
         self.counted: set[int] = set()  # the round's clients counted done
         self.after: dict[str, str] = {}  # the last round's figures, kept on the bar during the next one
         self._step_noted = self._drawn = 0.0
         self._started = 0.0
 
+    @property
+    def done(self) -> int:
+        """The round's clients done so far."""
+        return len(self.counted)
+
     def round_started(self, rnd: int, selected: Sequence[int]) -> None:
-        self.rnd, self.selected, self.done, self.training = rnd, len(selected), 0, []
-        self.counted: set[int] = set()
+        self.rnd, self.selected, self.training = rnd, len(selected), []
+        self.counted = set()
         self._draw(f"0/{self.selected} clients")
 
     def clients_training(self, cids: Sequence[int]) -> None:
@@ -57,12 +61,11 @@ class RoundProgress:
     def step(self, done: int, total: int) -> None:
         """The clients in training finished local step ``done`` of ``total`` (LocalTrainer.on_step)."""
         now = self.clock()
-        who = _clients(self.training)
         if now - self._drawn >= BAR_REFRESH_S or done == total:
-            self._draw(f"{self.done}/{self.selected} clients, {who} step {done}/{total}")
+            self._draw(f"{self.done}/{self.selected} clients, {_clients(self.training)} step {done}/{total}")
         if now - self._step_noted >= STEP_NOTE_S and done < total:
             self._step_noted = now
-            self.note(f"round {self.rnd}/{self.rounds}: {who} at local step {done} of {total} "
+            self.note(f"round {self.rnd}/{self.rounds}: {_clients(self.training)} at local step {done} of {total} "
                       f"({now - self._started:.0f} s)")
 
     def clients_done(self, cids: Iterable[int]) -> None:
@@ -72,7 +75,6 @@ class RoundProgress:
         if not cids:
             return
         self.counted.update(cids)
-        self.done += len(cids)
         self.training = [c for c in self.training if c not in cids]
         self.note(CLIENTS_DONE.format(rnd=self.rnd, rounds=self.rounds, done=self.done, selected=self.selected)
                   + f" ({_clients(cids)})")

@@ -196,7 +196,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
     # -- a round ---------------------------------------------------------------------------------------
     def round_progress(self, bar: Any) -> RoundProgress:
         """Progress inside a round as log lines: events.log, and the launcher's console through
-        ``flwr run --stream`` (fedpeft.runtime.progress.follow)."""
+        ``flwr run --stream`` (fedpeft.runtime.progress.Follower)."""
         return RoundProgress(self.cfg.federation.rounds, log.info)
 
     def runtime_round_info(self) -> dict[str, Any]:
