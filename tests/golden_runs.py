@@ -58,8 +58,9 @@ def golden_rows(name: str, run_dir: Path) -> list[dict[str, Any]]:
 
 
 def is_timing(key: str) -> bool:
-    """Seconds measured on the clock (e.g. FedSP's distill_seconds), which no two runs share."""
-    return key.endswith(("_s", "_seconds"))
+    """Seconds measured on the clock (e.g. FedSP's distill_seconds), which no two runs share; simulated seconds
+    (sim_*) are the system's clock, the same in every run, and recorded."""
+    return key.endswith(("_s", "_seconds")) and "sim_" not in key
 
 
 def golden_path(name: str) -> Path:

@@ -341,7 +341,7 @@ def test_settings_read_older_or_partial_configs_and_show_null_as_a_dash():
     from fedpeft.report.table import differing_options, settings
 
     assert settings({}) == {"robust": "-", "attack": "-", "quantization": "-", "personalized": "no",
-                            "partition": "iid", "lr": "-", "seed": "-"}
+                            "partition": "iid", "lr": "-", "seed": "-", "system": "ideal"}
     assert settings({"federation": {"partition": None}, "train": {"lr": None}, "seed": None})["lr"] == "-"
     configs = [{"peft": {"method": "lora", "r": 8, "alpha": 16}}, {"peft": {"method": "lora", "r": 4, "alpha": 32}},
                {"peft": {"method": "ia3"}}, {"algorithm": {"name": "fedavg", "dp": {"clip": 1.0, "target": None}}},
@@ -383,3 +383,30 @@ def test_the_default_plots_draw_each_run_under_its_own_primary_metric(tmp_path, 
     assert titles == ["global"] * 3 + ["personal"] * 3  # accuracy: the global run only; personal_accuracy: its own
     out = capsys.readouterr().out
     assert table_row(out, "personal")[header(out).index("metric")] == "personal_accuracy"
+
+
+def test_simulated_time_gets_a_column_a_plot_and_the_system_a_setting(tmp_path, capsys):
+    def timed(rows, per_round):
+        clock = 0.0
+        for row in rows:
+            if row["round"]:
+                clock += per_round
+            row["sim_time_s"] = clock
+        return rows
+
+    make_run(tmp_path / "ideal", rows=timed(make_rows(), 0.5))
+    make_run(tmp_path / "phones", rows=timed(make_rows(acc=(0.5, 0.55, 0.6, 0.65)), 4000.0),
+             overrides=["system.profile=mobile", "system.deadline_s=600", "system.over_selection=0.3"])
+    make_run(tmp_path / "older")  # from before the clock: no sim_time_s, no system section
+    assert main(["report", *(str(tmp_path / n) for n in ("ideal", "phones", "older")), "--out",
+                 str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert dict(zip(header(out), table_row(out, "phones")))["system"] == "mobile, deadline 600.0 s, over-selection 30%"
+    assert dict(zip(header(out), table_row(out, "phones")))["simulated s"] == "12,000.0"
+    assert dict(zip(header(out), table_row(out, "ideal")))["simulated s"] == "1.5000"
+    assert dict(zip(header(out), table_row(out, "older")))["simulated s"] == "-"
+    assert dict(zip(header(out), table_row(out, "older")))["system"] == "ideal"
+    with Image.open(tmp_path / "out" / "accuracy_vs_sim_time.png") as image:
+        assert image.info["Title"].startswith("accuracy vs simulated time")
+    older = plots.plot_run(tmp_path / "older", read_metrics(tmp_path / "older"), "accuracy")
+    assert not any("sim_time" in p.path.name for p in older)  # nothing to draw against

@@ -34,7 +34,7 @@ def test_every_algorithm_runs(algorithm, tmp_path):
     from fedpeft.report.plots import write_run_plots
 
     write_run_plots(tmp_path / "run")  # ... fedpeft run and fedpeft.run do, after the run
-    assert len(list((tmp_path / "run" / "plots").glob("*.png"))) == 6
+    assert len(list((tmp_path / "run" / "plots").glob("*.png"))) == 8  # accuracy and train_loss vs 4 axes
 
 
 @pytest.mark.needs_data

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
@@ -39,10 +39,15 @@ log = logging.getLogger("fedpeft")
 OptionsT = TypeVar("OptionsT", bound="AlgorithmOptions")
 
 
-def random_selection(num_clients: int, k: int, seed: int, rnd: int) -> list[int]:
-    """K distinct clients, uniformly at random; a pure function of (seed, round)."""
+def random_selection(num_clients: int, k: int, seed: int, rnd: int, population: Sequence[int] | None = None
+                     ) -> list[int]:
+    """K distinct clients, uniformly at random; a pure function of (seed, round). ``population``: the clients to
+    choose from (default: all ``num_clients``; fewer than K: all of them)."""
     rng = np.random.default_rng([seed, rnd, 0x5E1EC7])
-    return sorted(int(c) for c in rng.choice(num_clients, size=k, replace=False))
+    if population is None:
+        return sorted(int(c) for c in rng.choice(num_clients, size=k, replace=False))
+    pool = np.asarray(sorted(population), dtype=np.int64)
+    return sorted(int(c) for c in rng.choice(pool, size=min(k, len(pool)), replace=False))
 
 
 class UpdateRejected(ValueError):
@@ -273,8 +278,14 @@ class ServerAlgorithm(ABC, Generic[OptionsT]):
         self.seed = seed
         self.expected = {k: (tuple(v.shape), "float32") for k, v in self.global_state.items()}
 
+    # The clients online at this round's start (system: simulated availability), set by the runtime before
+    # select(); None: every client. A select() that picks an offline client gets that client's failure.
+    online: Sequence[int] | None = None
+
     def select(self, rnd: int) -> list[int]:
-        return random_selection(self.num_clients, self.clients_per_round, self.seed, rnd)
+        """The round's clients: ``clients_per_round`` of them (with system.over_selection more than the round
+        aggregates), among :attr:`online`."""
+        return random_selection(self.num_clients, self.clients_per_round, self.seed, rnd, self.online)
 
     def configure(self, rnd: int, clients: list[int]) -> dict[int, Payload]:
         """One payload per selected client; by default everyone gets the global state."""

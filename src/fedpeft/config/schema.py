@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from fedpeft.config.adversarial import AttackersConfig
 from fedpeft.config.section import OptionValueError, Section
+from fedpeft.config.system import SystemConfig
 from fedpeft.errors import unprintable
 from fedpeft.registry import ALGORITHMS, DATASETS, PEFT_METHODS, RUNTIMES, TRACKERS, Registry
 
@@ -584,6 +585,7 @@ class RunConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    system: SystemConfig = Field(default_factory=SystemConfig)
 
     @model_validator(mode="after")
     def _printable_output_dir(self) -> RunConfig:
@@ -631,9 +633,29 @@ class RunConfig(Section):
             able = ", ".join(n for n, m in _all_peft_methods().items() if m.no_images is None)
             raise ValueError(f"peft.method {self.peft.method} cannot adapt a vision transformer: {why}; methods that "
                              f"can: {able}")
+        self._check_system()
         self.peft.check(self)
         self.algorithm.check(self)
         return self
+
+    def _check_system(self) -> None:
+        system, fed = self.system, self.federation
+        if (system.trace is not None or system.profile != "ideal") and self.runtime.flops_sample_steps == 0:
+            raise ValueError("system: simulated devices compute the FLOPs the run counts, and "
+                             "runtime.flops_sample_steps is 0 (off): set it to 1 or more, or system.profile: ideal")
+        selected = system.selected(fed.clients_per_round)
+        if selected > fed.num_clients:
+            raise ValueError(f"system.over_selection {system.over_selection:g} selects {selected} clients a round, more "
+                             f"than federation.num_clients ({fed.num_clients}): lower it")
+        private = getattr(self.algorithm, "dp", None) is not None
+        if private and (system.over_selection or system.has_availability()):
+            raise ValueError("algorithm.dp with system.over_selection or clients that come and go (system.profile "
+                             "mobile, system.trace) is not supported: the privacy accounting assumes every client can "
+                             "be sampled and each sampled one counts; choose one")
+        if self.runtime.name != "embedded" and not system.simulates_time_only():
+            raise ValueError(f"system: simulated devices, deadlines and over-selection run in the embedded runtime; "
+                             f"runtime {self.runtime.name} reports the ideal clock only (set system.profile: ideal "
+                             "and remove system.trace, system.deadline_s, system.over_selection)")
 
     def _check_secure_aggregation(self) -> None:
         where = "runtime.flower.secure_aggregation"

@@ -69,6 +69,7 @@ def summarize(rows: Sequence[dict[str, Any]], *, metric: str, target: float | No
     hit = first_reaching(evals, key, target) if target is not None else None
     out["rounds_to_target"] = hit["round"] if hit else None
     out["time_to_target_s"] = hit["wall_s"] if hit else None
+    out["sim_time_to_target_s"] = hit.get("sim_time_s") if hit else None
     if train_rows:
         ups = [b for r in train_rows for b in r["bytes_up"].values()]
         downs = [b for r in train_rows for b in r["bytes_down"].values()]
@@ -89,5 +90,7 @@ def summarize(rows: Sequence[dict[str, Any]], *, metric: str, target: float | No
             "wall_s": rows[-1]["wall_s"],
             "rejected_updates": sum(len(r.get("rejected", {})) for r in train_rows),
             "failed_rounds": sum(1 for r in train_rows if "round_failed" in r),
+            "sim_time_s": train_rows[-1].get("sim_time_s"),
+            "sim_dropped_updates": sum(r.get("sim_dropped", 0) for r in train_rows),
         })
     return out

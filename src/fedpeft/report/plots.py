@@ -1,4 +1,5 @@
-"""Plots of one run or several: a metric against rounds, cumulative MiB (up + down) and cumulative upload MiB."""
+"""Plots of one run or several: a metric against rounds, cumulative MiB (up + down), cumulative upload MiB and
+simulated time (the system's virtual clock, for runs that have one)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ X_AXES = (
     ("round", "round", "round", "round", 1.0),
     ("mb", "cumulative communication (MiB, up + down)", "communication", "cum_bytes", 2.0**-20),
     ("upload_mb", "cumulative upload (MiB)", "upload", "cum_bytes_up", 2.0**-20),
+    ("sim_time", "simulated time (s, system clock)", "simulated time", "sim_time_s", 1.0),
 )
 
 
@@ -71,8 +73,8 @@ def overlapping(curves: dict[str, tuple[list[float], list[float]]], tolerance: f
 
 def plot_curves(runs: dict[str, Sequence[dict[str, Any]]], metric: str, out_dir: Path, prefix: str = "",
                 about: str = "") -> list[Plot]:
-    """``metric`` of each run that has it against rounds, cumulative MiB and cumulative upload MiB, one PNG per x
-    axis, titled "<metric> vs <x>" (+ ``about``, e.g. the dataset and model); returns the files and their titles
+    """``metric`` of each run that has it against rounds, cumulative MiB, cumulative upload MiB and simulated time
+    (when a run has it), one PNG per x axis, titled "<metric> vs <x>" (+ ``about``, e.g. the dataset and model); returns the files and their titles
     (none when no run has a finite value of ``metric``). Runs without one are not drawn; every drawn run has a style of its own, and beyond a
     few runs the legend sits to the right of the axes."""
     having = {label: rows for label, rows in runs.items() if series(rows, metric)[0]}
@@ -83,6 +85,8 @@ def plot_curves(runs: dict[str, Sequence[dict[str, Any]]], metric: str, out_dir:
     outside = len(having) > 6
     written = []
     for x_name, x_label, x_word, x_key, scale in X_AXES:
+        if not any(series(rows, metric, x_key)[0] for rows in having.values()):
+            continue  # (runs from before the simulated clock have no sim_time_s)
         title = f"{metric} vs {x_word}" + (f" ({about})" if about else "")
         columns = 1 + len(having) // 25
         width = 6 + (2.6 * columns if outside else 0)

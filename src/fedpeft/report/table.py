@@ -33,6 +33,7 @@ COLUMNS = (
     ("total_mib", "total MiB"),
     ("trainable", "trainable params"),
     ("wall_s", "wall s"),
+    ("sim_s", "simulated s"),
 )
 # the settings that tell runs apart, read from each run's config.yaml; a column appears only where the runs differ,
 # after the algorithm column
@@ -45,6 +46,7 @@ SETTINGS = (
     ("quantization", "quantization"),
     ("personalized", "personalized eval"),
     ("partition", "partition"),
+    ("system", "system"),
     ("lr", "lr"),
     ("seed", "seed"),
 )
@@ -190,7 +192,19 @@ def settings(cfg: dict[str, Any]) -> dict[str, str]:
         "partition": _value(scheme) + (f" ({_params(part_args, ())})" if part_args else ""),
         "lr": _value(_section_of(cfg, "train").get("lr")),
         "seed": _value(cfg.get("seed")),
+        "system": system_label(_section_of(cfg, "system")),
     }
+
+
+def system_label(system: dict[str, Any]) -> str:
+    """The simulated devices in words: "mobile, deadline 600 s, over-selection 30%" ("ideal" for an older run)."""
+    trace = system.get("trace")
+    label = f"trace {Path(str(trace)).name}" if trace else _value(system.get("profile") or "ideal")
+    if system.get("deadline_s") is not None:
+        label += f", deadline {_value(system['deadline_s'])} s"
+    if system.get("over_selection"):
+        label += f", over-selection {float(system['over_selection']):.0%}"
+    return label
 
 
 def differing_options(configs: Sequence[dict[str, Any]], section: str, tag: str | None,
@@ -235,6 +249,7 @@ def run_record(run: Run, metric: str | None = None) -> dict[str, Any]:
         "total_mib": total / 2**20 if finite(total) else None,
         "trainable": summary.get("trainable_parameters"),
         "wall_s": summary.get("wall_s"),
+        "sim_s": summary.get("sim_time_s"),
     }
 
 

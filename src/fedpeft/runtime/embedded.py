@@ -53,6 +53,7 @@ from fedpeft.runtime.personal import PERSONAL, check_personal, personal_due, per
 from fedpeft.runtime.progress import RoundProgress
 from fedpeft.runtime.resume import resume_config, resume_point
 from fedpeft.runtime.setup import Experiment, build_experiment
+from fedpeft.runtime.simclock import RoundClock, RoundStart, SimulatedSystem
 from fedpeft.training.evaluate import PREDICTIONS, evaluate
 from fedpeft.training.local import NonFiniteLoss
 
@@ -77,6 +78,7 @@ class RoundOutcome:
     time_client_s: float = 0.0
     time_aggregation_s: float = 0.0
     failed: str | None = None  # why the round aggregated nothing (too few updates), or None
+    clock: RoundClock | None = None  # the round's simulated time (system), once the updates have been checked
 
 
 def client_seed(seed: int, rnd: int, cid: int) -> int:
@@ -231,7 +233,7 @@ class EmbeddedRuntime:
         self.config_digest = config_digest_of(cfg)  # recorded in every checkpoint: a resume checks config.yaml
         self.server = algorithms.make_server(
             cfg.algorithm, self.exp.tuned.state(), num_clients=cfg.federation.num_clients,
-            clients_per_round=cfg.federation.clients_per_round, seed=cfg.seed, layout=self.exp.algorithm_layout, client_lr=cfg.train.lr,
+            clients_per_round=cfg.system.selected(cfg.federation.clients_per_round), seed=cfg.seed, layout=self.exp.algorithm_layout, client_lr=cfg.train.lr,
             server_model=self.exp.server_model,
         )
         self.client = algorithms.make_client(cfg.algorithm)
@@ -247,6 +249,8 @@ class EmbeddedRuntime:
         self.wall_offset = 0.0  # wall seconds already spent before a resume
         self.stopped_early: str | None = None  # why the run ended before federation.rounds (server.stop_reason)
         self.one_class_warned = False  # whether a round's one-class model was warned of (later ones: events.log)
+        self.system = SimulatedSystem(cfg)  # the virtual clock and the clients' devices (system)
+        self.round_start = RoundStart(None, 0.0)
         if restored is not None:
             self._restore(*restored)
         if resume:  # only now that the checkpoint has loaded: a failure above leaves the directory as it was
@@ -259,6 +263,7 @@ class EmbeddedRuntime:
         self.trackers = tracking.open_trackers(cfg, self.run_dir, resume=resume, start_round=self.start_round)
         self.observers += self.trackers
         self.writer.partition(self.exp.partition_stats)
+        self.writer.note(self.system.describe())
         if cfg.federation.attackers is not None:
             self.writer.note(f"simulated attackers ({cfg.federation.attackers.attack}): clients {sorted(self.attackers)}")
         t = cfg.train
@@ -333,6 +338,7 @@ class EmbeddedRuntime:
             "cum_bytes_down": self.cum_down,
             "wall_s": self.rows[-1].get("wall_s", 0.0) if self.rows else 0.0,
             "trainer": {k: getattr(trainer, k) for k in TRAINER_COUNTERS},
+            "system": self.system.state(),
             "config_sha256": self.config_digest,  # fedpeft.runtime.resume.check_config_unchanged
             # auto's measured number and an out-of-memory halving: a resumed run groups its clients as before
             **({"clients_per_pass": {"chosen": self.cohort.chosen, "limit": self.cohort.limit}}
@@ -346,6 +352,8 @@ class EmbeddedRuntime:
         self.wall_offset = float(state["wall_s"])
         for k, v in state["trainer"].items():
             setattr(self.exp.trainer, k, v)
+        if "system" in state:  # (a checkpoint from before the clock: the clock restarts at 0)
+            self.system.load_state(state["system"])
         self.start_round = rnd + 1
 
     @classmethod
@@ -463,6 +471,13 @@ class EmbeddedRuntime:
         ta = time.perf_counter()
         accepted, refused = accept_updates(self.server, rnd, updates)
         out.rejected.update(refused)
+        out.clock = self.system.close(rnd, {c: (out.bytes_down[c], u.meta, out.bytes_up[c]) for c, u in updates.items()},
+                                      set(accepted), self.round_start.waited_s)
+        for cid, why in sorted(out.clock.timeline.dropped.items()):
+            if cid in accepted:  # (a refused update keeps its reason)
+                del accepted[cid]
+                out.rejected[cid] = why
+                log.warning("round %d: update of client %d dropped: %s", rnd, cid, why)
         self.server.observe_failures(rnd, out.rejected)
         out.metas = {c: p.meta for c, p in accepted.items()}
         if len(accepted) >= self.cfg.federation.min_replies:
@@ -475,12 +490,27 @@ class EmbeddedRuntime:
 
     def run_round(self, rnd: int, wall_start: float) -> dict[str, Any]:
         t0 = time.perf_counter()
+        self.round_start = start = self.system.round_start(rnd)
+        self.server.online = start.online
         selected = self.server.select(rnd)
-        payloads = self.server.configure(rnd, selected)
+        offline = {} if start.online is None else {
+            c: "offline when selected (system: the algorithm's select() chose a client outside ServerAlgorithm.online)"
+            for c in selected if c not in set(start.online)}
+        reachable = [c for c in selected if c not in offline]
+        payloads = self.server.configure(rnd, reachable)
         self.progress.round_started(rnd, list(payloads))
         for observer in self.observers:
             observer.on_configure(rnd, payloads)
-        out = self.train_round(rnd, selected, payloads)
+        out = self.train_round(rnd, reachable, payloads)
+        if offline:
+            for cid, why in offline.items():
+                log.warning("round %d: client %d failed: %s", rnd, cid, why)
+                out.rejected[cid] = why
+                out.bytes_down[cid] = out.bytes_up[cid] = 0
+            self.server.observe_failures(rnd, offline)
+        if out.clock is None:  # a runtime whose round aggregates without seeing the updates (SecAgg+)
+            out.clock = self.system.close(rnd, {c: (out.bytes_down[c], m, out.bytes_up[c]) for c, m in out.metas.items()},
+                                          set(out.metas), start.waited_s)
         row: dict[str, Any] = {"round": rnd, "clients": selected}
         if self.cfg.federation.attackers is not None:
             row["adversarial_clients"] = [c for c in selected if c in self.attackers]
@@ -515,6 +545,7 @@ class EmbeddedRuntime:
             "client_train_seconds": {str(c): wire.clock_seconds(m, "train_seconds") for c, m in metas.items()},
             "rejected": {str(c): r for c, r in out.rejected.items()},
         })
+        row.update(self.system.row(out.clock))
         t_eval = 0.0
         if self._eval_due(rnd):
             te = time.perf_counter()
@@ -586,7 +617,8 @@ class EmbeddedRuntime:
                 self.server.observe_evaluation(0, row)
                 t_eval = time.perf_counter() - te
                 row.update({"time_evaluation_s": t_eval, "wall_s": time.perf_counter() - wall_start,
-                            "cum_bytes": 0, "cum_bytes_up": 0, "cum_bytes_down": 0, **self.memory_info()})
+                            "cum_bytes": 0, "cum_bytes_up": 0, "cum_bytes_down": 0, "sim_time_s": 0.0,
+                            **self.memory_info()})
                 self._record(row, key, target)
             for rnd in range(self.start_round, cfg.federation.rounds + 1):
                 stop = self.server.stop_reason()

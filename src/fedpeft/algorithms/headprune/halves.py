@@ -38,6 +38,7 @@ and clears no count. Random selection ignores the counts.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -74,10 +75,11 @@ MAX_BACKOFF_ROUNDS = 64
 
 
 def loss_difference_selection(last_loss: dict[int, float], global_loss: float | None, num_clients: int, k: int,
-                              seed: int, rnd: int, backing_off: set[int] | frozenset[int] = frozenset()
-                              ) -> tuple[list[int], dict[int, float]]:
+                              seed: int, rnd: int, backing_off: set[int] | frozenset[int] = frozenset(),
+                              population: Sequence[int] | None = None) -> tuple[list[int], dict[int, float]]:
     """Eq. 9: the K clients with the largest (last local loss - global loss); never seen = +inf; clients
-    in ``backing_off`` (recent failures) = -inf, chosen only when fewer than K others remain."""
+    in ``backing_off`` (recent failures) = -inf, chosen only when fewer than K others remain. ``population``: the
+    clients to choose from (default: all)."""
     lg = 0.0 if global_loss is None else float(global_loss)
     scores = np.full(num_clients, np.inf)
     for c, loss in last_loss.items():
@@ -86,6 +88,8 @@ def loss_difference_selection(last_loss: dict[int, float], global_loss: float | 
         scores[c] = -np.inf
     tiebreak = np.random.default_rng([seed, rnd, 0x10555]).permutation(num_clients)
     order = np.lexsort((tiebreak, -scores))
+    if population is not None:
+        order = order[np.isin(order, np.asarray(list(population), dtype=np.int64))]
     chosen = sorted(int(c) for c in order[:k])
     return chosen, {c: float(scores[c]) for c in chosen}
 
@@ -123,7 +127,8 @@ class HeadPruneServer(ServerAlgorithm[HeadPruneOptions]):
             return super().select(rnd)
         backing_off = {c for c, last in self.backoff_until.items() if rnd <= last}
         chosen, scores = loss_difference_selection(self.last_loss, self.global_loss, self.num_clients,
-                                                   self.clients_per_round, self.seed, rnd, backing_off)
+                                                   self.clients_per_round, self.seed, rnd, backing_off,
+                                                   self.online)
         # metrics.jsonl holds JSON numbers only: never-seen clients (+inf) are listed apart, as are backing-off ones
         self._round_info = {"selection_scores": {str(c): s for c, s in scores.items() if math.isfinite(s)},
                             "selection_global_loss": self.global_loss}

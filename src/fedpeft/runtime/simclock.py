@@ -1,0 +1,145 @@
+"""The run's virtual clock (``system``): which clients are online when a round starts, each selected client's
+simulated download, computation and upload, who of them is aggregated (deadline, over-selection, clients that
+go offline) and the metrics row's simulated time. fedpeft.system holds the devices and the pure maths; this
+module applies them to a round of the runtime.
+
+A round starts when at least ``federation.min_replies`` clients are online (the clock waits for that), selects
+among the online clients (``ServerAlgorithm.online``), and ends as fedpeft.system.clock.close_round says. The
+server's own work (aggregation, evaluation) takes no simulated time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedpeft.config import RunConfig
+from fedpeft.system.clock import ClientTime, RoundTimeline, client_time, close_round
+from fedpeft.system.devices import Devices, draw_profile
+from fedpeft.system.traces import load_trace
+
+log = logging.getLogger("fedpeft")
+
+
+@dataclass
+class RoundStart:
+    """The clock at a round's start: who is online (None: everyone) and how long the round waited for them."""
+
+    online: list[int] | None
+    waited_s: float
+
+
+@dataclass
+class RoundClock:
+    """A round's simulated time, as the metrics row gets it."""
+
+    times: dict[int, ClientTime | None] = field(default_factory=dict)  # None: the client's work was not counted
+    timeline: RoundTimeline = field(default_factory=RoundTimeline)
+    waited_s: float = 0.0
+
+
+def work_of(meta: Any) -> float | None:
+    """The FLOPs a client's update says its training took: measured (train_flops), else the analytic OPs; None
+    when it says neither (a refused update's metadata may hold anything: what is not a finite number >= 0 is
+    not read)."""
+    if not isinstance(meta, dict):
+        return None
+    for key in ("train_flops", "train_ops_analytic"):
+        value = meta.get(key)
+        if isinstance(value, bool) or value is None:
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number) and number >= 0:
+            return number
+    return None
+
+
+class SimulatedSystem:
+    """The devices of the run's clients and the clock; ``now_s`` is checkpointed (``state``)."""
+
+    def __init__(self, cfg: RunConfig):
+        system = cfg.system
+        n = cfg.federation.num_clients
+        seed = cfg.seed if system.seed is None else system.seed
+        self.devices: Devices = load_trace(system.trace, n) if system.trace is not None else draw_profile(
+            system.profile, n, seed)
+        self.deadline_s = system.deadline_s
+        self.needed = cfg.federation.clients_per_round if system.over_selection else None
+        self.min_online = cfg.federation.min_replies
+        self.now_s = 0.0
+        self.uncounted_warned = False
+
+    def describe(self) -> str:
+        return self.devices.describe()
+
+    def state(self) -> dict[str, Any]:
+        return {"now_s": self.now_s}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.now_s = float(state["now_s"])
+
+    def round_start(self, rnd: int) -> RoundStart:
+        """Wait (on the simulated clock) until enough clients are online; who they are."""
+        availability = self.devices.availability
+        if availability is None:
+            return RoundStart(None, 0.0)
+        start = availability.first_time_with(self.min_online, self.now_s)
+        if start is None:
+            raise RuntimeError(f"round {rnd}: the devices of {self.devices.source} never have "
+                               f"federation.min_replies={self.min_online} clients online at once after simulated "
+                               f"{self.now_s:.0f} s; lower federation.min_replies or give the trace longer online "
+                               "windows")
+        waited = start - self.now_s
+        self.now_s = start
+        online = [int(c) for c in availability.online(start).nonzero()[0]]
+        return RoundStart(online, waited)
+
+    def online_for(self, client: int) -> float:
+        availability = self.devices.availability
+        return math.inf if availability is None else availability.online_for(client, self.now_s)
+
+    def close(self, rnd: int, sent: dict[int, tuple[int, Any, int]], accepted: set[int],
+              waited_s: float) -> RoundClock:
+        """The round's clock from what each client moved and counted: ``sent`` maps a client that delivered an
+        update to (bytes down, its update's meta, bytes up); ``accepted``: those passing the server's checks.
+        Advances ``now_s`` to the round's end."""
+        out = RoundClock(waited_s=waited_s)
+        arrival: dict[int, float] = {}
+        for client, (down, meta, up) in sent.items():
+            work = work_of(meta)
+            if work is None and not self.uncounted_warned:
+                self.uncounted_warned = True
+                log.warning("round %d: client %d's update counts no FLOPs (train_flops), so its computation takes no "
+                            "simulated time and the round's simulated time is not reported", rnd, client)
+            t = client_time(self.devices, client, down, work or 0.0, up)
+            out.times[client] = t if work is not None else None
+            arrival[client] = t.total_s
+        online = {c: self.online_for(c) for c in arrival}
+        out.timeline = close_round(arrival, online, accepted, needed=self.needed, deadline_s=self.deadline_s)
+        self.now_s += out.timeline.duration_s
+        return out
+
+    def row(self, clock: RoundClock) -> dict[str, Any]:
+        """The metrics row's simulated time: the round's seconds and the clock after it, and their split over the
+        aggregated clients (mean download, computation, upload; waiting = for clients to come online and for the
+        slower clients), which adds up to the round's seconds; per client its seconds to deliver."""
+        span = clock.timeline.duration_s
+        counted = [clock.times.get(c) for c in clock.timeline.counted]
+        known = all(t is not None for t in clock.times.values())
+        row: dict[str, Any] = {"sim_round_s": clock.waited_s + span if known else None,
+                               "sim_time_s": self.now_s if known else None}
+        means = {"download": 0.0, "compute": 0.0, "upload": 0.0}
+        if counted and known:
+            for part in means:
+                means[part] = sum(getattr(t, f"{part}_s") for t in counted) / len(counted)
+        row.update({f"sim_{part}_s": value if known else None for part, value in means.items()})
+        row["sim_wait_s"] = clock.waited_s + span - sum(means.values()) if known else None
+        row["sim_online_wait_s"] = clock.waited_s  # (of sim_wait_s: before the round could start)
+        row["client_sim_s"] = {str(c): (t.total_s if t is not None else None) for c, t in clock.times.items()}
+        row["sim_dropped"] = len(clock.timeline.dropped)
+        return row
