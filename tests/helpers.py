@@ -12,6 +12,7 @@ from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics, read_summary
 
 TIMING_KEYS = {"time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s",
+               "time_schedule_s",
                "client_train_seconds", "agg_importance_s_mean",
                "client_process_s", "client_setup_s", "client_start_delay_s", "client_return_delay_s",
                "peak_rss_mb", "peak_accelerator_mb", "backbone_bytes"}  # and the memory figures
@@ -31,6 +32,23 @@ def without_timings(rows):
     for r in rows:
         out.append({k: v for k, v in r.items() if k not in TIMING_KEYS})
     return out
+
+
+def slow_host(monkeypatch) -> None:
+    """Make every local training take three times as long (and 0.2 s more), as on a slower or busy host."""
+    import time
+
+    from fedpeft.training.local import LocalTrainer
+
+    real_train = LocalTrainer.train
+
+    def slow_train(self, *args, **kwargs):
+        started = time.perf_counter()
+        result = real_train(self, *args, **kwargs)
+        time.sleep(2 * (time.perf_counter() - started) + 0.2)
+        return result
+
+    monkeypatch.setattr(LocalTrainer, "train", slow_train)
 
 
 def crash_at_round(rt, monkeypatch, rnd: int) -> None:

@@ -17,8 +17,8 @@ from hypothesis.extra import numpy as hnp
 from fedpeft import wire
 from fedpeft.algorithms import make_server
 from fedpeft.algorithms.fedavg.options import FedAvgOptions
-from fedpeft.runtime.embedded import accept_updates
 from fedpeft.runtime.flower.records import pack
+from fedpeft.runtime.updates import accept_updates
 
 SHAPES = {"w": (3, 4), "b": (4,)}
 RND = 5

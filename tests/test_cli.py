@@ -38,7 +38,7 @@ def test_run_report_and_partition_from_the_cli(tmp_path, capsys):
     assert main(["report", str(tmp_path / "r1"), str(tmp_path / "r2"), "--out", str(tmp_path / "rep")]) == 0
     table = capsys.readouterr().out
     assert "| r1 | tiny-bert | lora r16 | fedavg |" in table and "| r2 | tiny-bert | ia3 | fedavg |" in table
-    assert (tmp_path / "rep" / "report.md").is_file() and len(list((tmp_path / "rep").glob("*.png"))) == 3
+    assert (tmp_path / "rep" / "report.md").is_file() and len(list((tmp_path / "rep").glob("*.png"))) == 4  # rounds, MiB, upload, simulated time
     assert main(["partition", str(tmp_path / "r1")]) == 0
     assert "clients: 4  examples: 40" in capsys.readouterr().out
 

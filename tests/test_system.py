@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import numpy as np
 import pytest
-from helpers import tiny_config
+from helpers import slow_host, tiny_config
 
 from fedpeft.algorithms.base import random_selection
 from fedpeft.algorithms.headprune.halves import loss_difference_selection
@@ -65,6 +64,25 @@ def test_daily_windows_wrap_past_midnight():
     assert a.first_time_with(3, 0.0) is None
 
 
+def test_first_time_with_finds_the_earliest_instant_on_random_windows_far_from_zero():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        n = int(rng.integers(1, 8))
+        a = daily_windows(rng.uniform(0, DAY_S, n), rng.lognormal(np.log(3600), 1.0, n))
+        t, count = float(rng.uniform(0, 30 * DAY_S)), int(rng.integers(1, n + 1))
+        found = a.first_time_with(count, t)
+        if found is None:  # then no instant of the next day has that many online
+            assert not any(a.online(x).sum() >= count for x in np.arange(t, t + DAY_S, 30.0))
+            continue
+        assert a.online(found).sum() >= count and found >= t
+        assert found == t or a.online(found - 1.0).sum() < count  # and not a second later than needed
+
+
+def test_a_client_online_all_day_never_leaves():
+    a = daily_windows(np.array([5000.0]), np.array([2 * DAY_S]))
+    assert a.online_for(0, 123.0) == math.inf and a.online(DAY_S - 1).tolist() == [True]
+
+
 # -- the clock of a round, by hand ---------------------------------------------------------------------------------
 def test_a_client_time_is_download_compute_upload():
     d = draw_profile("datacenter", 3, 0)
@@ -101,6 +119,14 @@ def test_over_selection_aggregates_the_first_accepted_arrivals():
 def test_a_client_going_offline_before_its_update_arrives_fails_then():
     tl = close_round({0: 5.0, 1: 9.0}, {1: 4.0}, {0, 1}, needed=None, deadline_s=None)
     assert tl.counted == [0] and "went offline 4 s" in tl.dropped[1] and tl.duration_s == 5.0
+    # offline after the deadline: the round does not wait past it
+    late = close_round({0: 100.0, 1: 5.0}, {0: 50.0}, {0, 1}, needed=None, deadline_s=10.0)
+    assert late.counted == [1] and late.duration_s == 10.0
+
+
+def test_over_selected_surplus_is_not_a_failure():
+    tl = close_round({0: 1.0, 1: 2.0, 2: 3.0}, {}, {0, 1, 2}, needed=2, deadline_s=None)
+    assert tl.surplus == {2} and set(tl.dropped) == {2}
 
 
 # -- traces -------------------------------------------------------------------------------------------------------
@@ -149,12 +175,20 @@ def test_a_parquet_trace_reads_as_the_json_one(tmp_path):
     ([{"flops_per_s": 1e9, "download_mbps": 1, "upload_mbps": 1, "active": [1], "inactive": []}], "same length"),
     ([{"flops_per_s": True, "download_mbps": 1, "upload_mbps": 1}], "flops_per_s is True"),
     ([], "holds no devices"),
+    ([{"flops_per_s": 1e9, "download_mbps": 1, "upload_mbps": 1, "period_s": 5}], "unknown key 'period_s'"),
+    ([{"flops_per_s": 10**400, "download_mbps": 1, "upload_mbps": 1}], "flops_per_s is 1000000"),
+    ([{"flops_per_s": 1e9, "download_mbps": 1, "upload_mbps": 1, "online": []}], "a non-empty list"),
 ])
 def test_a_bad_trace_is_one_line_naming_the_file_device_and_key(tmp_path, devices, needle):
     path = write_trace(tmp_path, devices)
     with pytest.raises(TraceError) as err:
         load_trace(path, 2)
     assert needle in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_null_latency_is_the_default(tmp_path):
+    path = write_trace(tmp_path, [{"flops_per_s": 1e9, "download_mbps": 1, "upload_mbps": 1, "latency_s": None}])
+    assert load_trace(path, 1).latency_s.tolist() == [0.0]
 
 
 def test_a_pickle_trace_is_never_read(tmp_path):
@@ -180,6 +214,7 @@ def test_a_window_past_the_period_is_refused(tmp_path):
     (["system.over_selection=3", "federation.num_clients=4", "federation.clients_per_round=2"],
      "selects 8 clients a round, more than federation.num_clients (4)"),
     (["system.profile=mobile", "runtime.flops_sample_steps=0"], "runtime.flops_sample_steps is 0"),
+    (["system.deadline_s=10", "runtime.flops_sample_steps=0"], "runtime.flops_sample_steps is 0"),
     (["system.over_selection=0.5", "algorithm.dp={noise_multiplier: 1.0}"], "algorithm.dp with system.over_selection"),
     (["system.profile=mobile", "system.trace=x.json"], "both name the devices"),
     (["system.deadline_s=5", "runtime.name=flower"], "run in the embedded runtime"),
@@ -222,7 +257,6 @@ def sim_columns(rows):
 @pytest.mark.needs_data
 def test_every_run_has_the_ideal_clock_and_it_does_not_depend_on_the_host(tmp_path, monkeypatch):
     from fedpeft.runtime.embedded import EmbeddedRuntime
-    from fedpeft.training.local import LocalTrainer
 
     cfg = tiny_config("federation.rounds=2")
     summary = EmbeddedRuntime(cfg, tmp_path / "fast").run()
@@ -238,15 +272,7 @@ def test_every_run_has_the_ideal_clock_and_it_does_not_depend_on_the_host(tmp_pa
     assert fast[2]["sim_time_s"] == pytest.approx(fast[1]["sim_round_s"] + fast[2]["sim_round_s"])
     assert summary["sim_time_s"] == fast[2]["sim_time_s"]
 
-    real_train = LocalTrainer.train
-
-    def slow_train(self, *args, **kwargs):  # a host three times slower, or busy
-        started = time.perf_counter()
-        result = real_train(self, *args, **kwargs)
-        time.sleep(2 * (time.perf_counter() - started) + 0.2)
-        return result
-
-    monkeypatch.setattr(LocalTrainer, "train", slow_train)
+    slow_host(monkeypatch)
     EmbeddedRuntime(cfg, tmp_path / "slow").run()
     slow = read_metrics(tmp_path / "slow")
     assert sum(r["time_client_s"] for r in slow[1:]) > 1.5 * sum(r["time_client_s"] for r in fast[1:])
@@ -303,6 +329,28 @@ def test_mobile_clients_are_selected_only_when_online_and_a_resumed_run_keeps_th
     monkeypatch.undo()
     EmbeddedRuntime.resume(tmp_path / "cut").run()
     assert sim_columns(read_metrics(tmp_path / "cut")) == sim_columns(full)
+
+
+@pytest.mark.needs_data
+def test_a_select_that_ignores_the_online_clients_gets_their_failure(tmp_path, monkeypatch):
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+
+    cfg = tiny_config("system.profile=mobile", "federation.num_clients=20", "federation.clients_per_round=3",
+                      "federation.rounds=2", "task.max_train_examples=120")
+    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    picks = {}
+
+    def one_offline(rnd):  # a plugin's select() that does not look at ServerAlgorithm.online
+        online = list(rt.server.online or [])
+        picks[rnd] = sorted([next(c for c in range(20) if c not in online), *online[:2]])
+        return picks[rnd]
+
+    monkeypatch.setattr(rt.server, "select", one_offline)
+    rt.run()
+    for row in read_metrics(tmp_path / "run")[1:]:
+        assert row["clients"] == picks[row["round"]]
+        (offline,) = [c for c in row["clients"] if "offline when selected" in row["rejected"].get(str(c), "")]
+        assert str(offline) not in row["client_num_examples"] and row["bytes_down"][str(offline)] == 0
 
 
 

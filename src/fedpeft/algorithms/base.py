@@ -287,6 +287,11 @@ class ServerAlgorithm(ABC, Generic[OptionsT]):
         aggregates), among :attr:`online`."""
         return random_selection(self.num_clients, self.clients_per_round, self.seed, rnd, self.online)
 
+    def select_among(self, rnd: int, candidates: Sequence[int], k: int) -> list[int]:
+        """``k`` clients among ``candidates`` (fewer when there are fewer): an asynchronous run's refill of ``k`` free
+        slots with the clients online and idle (federation.asynchronous); ``rnd`` numbers the refills."""
+        return random_selection(self.num_clients, k, self.seed, rnd, candidates)
+
     def configure(self, rnd: int, clients: list[int]) -> dict[int, Payload]:
         """One payload per selected client; by default everyone gets the global state."""
         return {c: Payload(self.global_state, {"round": rnd, "client": c}) for c in clients}

@@ -16,6 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from fedpeft.config.adversarial import AttackersConfig
+from fedpeft.config.asynchronous import AsynchronousConfig
 from fedpeft.config.section import OptionValueError, Section
 from fedpeft.config.system import SystemConfig
 from fedpeft.errors import unprintable
@@ -61,6 +62,12 @@ class AlgorithmOptions(Section):
     # why a simulated attacker cannot poison this algorithm's updates (federation.attackers sign_flip, scale, noise
     # change what a client sends relative to what it received), or None
     update_poisoning_unavailable: ClassVar[str | None] = None
+    # why this algorithm cannot aggregate asynchronously (federation.asynchronous), or None when it can: its
+    # aggregate() then takes updates whose change was made from an older global model, rebased onto the current one
+    # (x_current + weight x (x_client - x_start)), as a weighted mean of per-client changes does
+    asynchronous_unavailable: ClassVar[str | None] = (
+        "its aggregation is not declared to accept updates trained from an older global model (a plugin whose "
+        "aggregate() combines per-client changes sets asynchronous_unavailable = None)")
 
     def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this algorithm cannot
@@ -270,6 +277,10 @@ class FederationConfig(Section):
     attackers: AttackersConfig | None = Field(
         None, description="Simulated Byzantine clients that send harmful updates (off by default): "
         "{fraction: F, attack: sign_flip | scale | noise | label_flip, factor, noise_std}.")
+    asynchronous: AsynchronousConfig | None = Field(
+        None, description="Buffered asynchronous aggregation (FedBuff, FedAsync) on the simulated clock instead of "
+        "synchronous rounds (None): clients_per_round clients train at once, each from the global model current when "
+        "it started, and every buffer_size arriving updates are aggregated; rounds counts the aggregations.")
     round_timeout_s: float = Field(
         600.0, gt=0, description="Distributed runtimes: how long the server waits for the selected clients' "
         "replies; a client that has not replied by then (killed, disconnected) counts as failed for the round.",
@@ -640,9 +651,9 @@ class RunConfig(Section):
 
     def _check_system(self) -> None:
         system, fed = self.system, self.federation
-        if (system.trace is not None or system.profile != "ideal") and self.runtime.flops_sample_steps == 0:
-            raise ValueError("system: simulated devices compute the FLOPs the run counts, and "
-                             "runtime.flops_sample_steps is 0 (off): set it to 1 or more, or system.profile: ideal")
+        if not system.simulates_time_only() and self.runtime.flops_sample_steps == 0:
+            raise ValueError("system: simulated devices, deadlines and over-selection time the FLOPs the run counts, "
+                             "and runtime.flops_sample_steps is 0 (off): set it to 1 or more")
         selected = system.selected(fed.clients_per_round)
         if selected > fed.num_clients:
             raise ValueError(f"system.over_selection {system.over_selection:g} selects {selected} clients a round, more "
@@ -652,10 +663,42 @@ class RunConfig(Section):
             raise ValueError("algorithm.dp with system.over_selection or clients that come and go (system.profile "
                              "mobile, system.trace) is not supported: the privacy accounting assumes every client can "
                              "be sampled and each sampled one counts; choose one")
+        if fed.asynchronous is not None:
+            self._check_asynchronous()
         if self.runtime.name != "embedded" and not system.simulates_time_only():
             raise ValueError(f"system: simulated devices, deadlines and over-selection run in the embedded runtime; "
                              f"runtime {self.runtime.name} reports the ideal clock only (set system.profile: ideal "
                              "and remove system.trace, system.deadline_s, system.over_selection)")
+
+    def _check_asynchronous(self) -> None:
+        where, fed, asynchronous = "federation.asynchronous", self.federation, self.federation.asynchronous
+        assert asynchronous is not None
+        why = type(self.algorithm).asynchronous_unavailable
+        if why is not None:
+            able = ", ".join(n for n, m in _all_algorithms().items() if m.asynchronous_unavailable is None)
+            raise ValueError(f"{where}: algorithm {self.algorithm.name} cannot aggregate asynchronously: {why}; "
+                             f"algorithms that can: {able}")
+        if getattr(self.algorithm, "dp", None) is not None:
+            raise ValueError(f"{where} and algorithm.dp together are not supported (the privacy accounting counts "
+                             "rounds of clients sampled together): choose one")
+        if self.system.deadline_s is not None or self.system.over_selection:
+            raise ValueError(f"{where}: system.deadline_s and system.over_selection shape synchronous rounds; remove "
+                             "them (an asynchronous run has no rounds to end)")
+        if self.runtime.flops_sample_steps == 0:
+            raise ValueError(f"{where}: a client's update arrives when its simulated computation of the FLOPs the run "
+                             "counts is done, and runtime.flops_sample_steps is 0 (off): set it to 1 or more")
+        if self.runtime.name != "embedded":
+            raise ValueError(f"{where} runs in the embedded runtime (runtime {self.runtime.name} runs synchronous "
+                             "rounds); set runtime.name: embedded")
+        k = asynchronous.buffer(fed.clients_per_round)
+        if fed.num_clients < fed.clients_per_round + k:
+            raise ValueError(f"{where}: {fed.clients_per_round} clients training at once (clients_per_round) and "
+                             f"{k} updates in the buffer need federation.num_clients >= {fed.clients_per_round + k} "
+                             f"(it is {fed.num_clients}): a client is not chosen again while its update waits")
+        robust = getattr(self.algorithm, "robust", None)
+        if robust is not None and k < robust.min_updates():
+            raise ValueError(f"{where}: algorithm.robust rule {robust.rule} needs at least {robust.min_updates()} "
+                             f"updates per aggregation, and buffer_size is {k}: raise buffer_size")
 
     def _check_secure_aggregation(self) -> None:
         where = "runtime.flower.secure_aggregation"

@@ -36,8 +36,8 @@ class SystemConfig(Section):
         None, ge=0, lt=2**63, description="Seed of the per-client draws from the profile (None: the run's seed).")
     deadline_s: float | None = Field(
         None, gt=0, description="A round's deadline in simulated seconds from its start: updates that arrive later are "
-        "dropped (listed in the row's rejected, counted in late_updates) and the round ends at the deadline if any "
-        "is missing. None: a round waits for every selected client.")
+        "dropped (listed in the row's rejected, counted in sim_dropped), and the round ends at the deadline at the "
+        "latest. None: a round waits for every selected client.")
     over_selection: float = Field(
         0.0, ge=0, le=10, description="Select ceil(clients_per_round x (1 + this)) clients and aggregate the first "
         "clients_per_round accepted updates to arrive (Bonawitz et al., 2019); the rest are dropped and counted.")

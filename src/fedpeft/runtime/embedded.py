@@ -46,19 +46,22 @@ from fedpeft.rundir import (
     rewrite_metrics,
 )
 from fedpeft.runlock import RunLock
+from fedpeft.runtime.asynchronous import BufferedAsync
 from fedpeft.runtime.attacks import attacker_ids, flip_labels, poison
 from fedpeft.runtime.cohort import make_cohort, pass_row
 from fedpeft.runtime.payload_limits import upload_limit
-from fedpeft.runtime.personal import PERSONAL, check_personal, personal_due, personal_row, score
+from fedpeft.runtime.personal import PERSONAL, personal_due, personal_row, score
 from fedpeft.runtime.progress import RoundProgress
 from fedpeft.runtime.resume import resume_config, resume_point
 from fedpeft.runtime.setup import Experiment, build_experiment
 from fedpeft.runtime.simclock import RoundClock, RoundStart, SimulatedSystem
+from fedpeft.runtime.updates import accept_updates
 from fedpeft.training.evaluate import PREDICTIONS, evaluate
 from fedpeft.training.local import NonFiniteLoss
 
 log = logging.getLogger("fedpeft")
-TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s")
+TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s",
+               "time_schedule_s")
 LAST_ADAPTER, BEST_ADAPTER = "adapter", "best_adapter"
 ONE_CLASS = "predicts_one_class"  # a row's note that the scored model predicts (nearly) one class (metrics.scores)
 TRAINER_COUNTERS = ("flops_measured", "flops_tokens", "flops_steps")
@@ -154,24 +157,6 @@ def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, 
     return update
 
 
-def accept_updates(server: algorithms.ServerAlgorithm, rnd: int,
-                   updates: dict[int, wire.Payload]) -> tuple[dict[int, wire.Payload], dict[int, str]]:
-    """The decoded updates of a round split into accepted and rejected (client -> reason, logged): first the
-    runtime's own part of an update (the personalized scores), then the server's checks (metadata, arrays)."""
-    rejected: dict[int, str] = {}
-    checked = {}
-    for cid in sorted(updates):
-        meta = updates[cid].meta
-        problem = check_personal(meta[PERSONAL]) if isinstance(meta, dict) and PERSONAL in meta else None
-        if problem is None:
-            checked[cid] = updates[cid]
-        else:
-            rejected[cid] = problem
-            log.warning("round %d: update of client %d rejected: %s", rnd, cid, problem)
-    accepted, refused = server.accept(rnd, checked)
-    return accepted, {**rejected, **refused}
-
-
 def _total_or_unknown(values) -> float | None:
     """The sum, or None (unknown) when any client could not count its part."""
     values = list(values)
@@ -250,6 +235,8 @@ class EmbeddedRuntime:
         self.stopped_early: str | None = None  # why the run ended before federation.rounds (server.stop_reason)
         self.one_class_warned = False  # whether a round's one-class model was warned of (later ones: events.log)
         self.system = SimulatedSystem(cfg)  # the virtual clock and the clients' devices (system)
+        # the asynchronous schedule (federation.asynchronous), or None: synchronous rounds
+        self.schedule = BufferedAsync(self) if cfg.federation.asynchronous is not None else None
         self.round_start = RoundStart(None, 0.0)
         if restored is not None:
             self._restore(*restored)
@@ -339,6 +326,7 @@ class EmbeddedRuntime:
             "wall_s": self.rows[-1].get("wall_s", 0.0) if self.rows else 0.0,
             "trainer": {k: getattr(trainer, k) for k in TRAINER_COUNTERS},
             "system": self.system.state(),
+            **({"asynchronous": self.schedule.state()} if self.schedule is not None else {}),
             "config_sha256": self.config_digest,  # fedpeft.runtime.resume.check_config_unchanged
             # auto's measured number and an out-of-memory halving: a resumed run groups its clients as before
             **({"clients_per_pass": {"chosen": self.cohort.chosen, "limit": self.cohort.limit}}
@@ -352,8 +340,13 @@ class EmbeddedRuntime:
         self.wall_offset = float(state["wall_s"])
         for k, v in state["trainer"].items():
             setattr(self.exp.trainer, k, v)
-        if "system" in state:  # (a checkpoint from before the clock: the clock restarts at 0)
+        if "system" in state:
             self.system.load_state(state["system"])
+        else:
+            log.warning("the checkpoint of round %d is from a fedpeft without the simulated clock: the clock restarts "
+                        "at 0 s, so sim_time_s counts the resumed rounds only", rnd)
+        if self.schedule is not None:
+            self.schedule.load_state(state["asynchronous"])
         self.start_round = rnd + 1
 
     @classmethod
@@ -478,7 +471,8 @@ class EmbeddedRuntime:
                 del accepted[cid]
                 out.rejected[cid] = why
                 log.warning("round %d: update of client %d dropped: %s", rnd, cid, why)
-        self.server.observe_failures(rnd, out.rejected)
+        # (an over-selected client whose update came after the first K did not fail: it was not needed)
+        self.server.observe_failures(rnd, {c: r for c, r in out.rejected.items() if c not in out.clock.timeline.surplus})
         out.metas = {c: p.meta for c, p in accepted.items()}
         if len(accepted) >= self.cfg.federation.min_replies:
             out.agg = self.server.aggregate(rnd, accepted)
@@ -490,6 +484,11 @@ class EmbeddedRuntime:
 
     def run_round(self, rnd: int, wall_start: float) -> dict[str, Any]:
         t0 = time.perf_counter()
+        if self.schedule is not None:  # asynchronous: one aggregation of the buffered updates
+            out = RoundOutcome()
+            own = self.schedule.step(rnd, out)
+            row: dict[str, Any] = {"round": rnd, "clients": own.pop("clients")}
+            return self.round_row(rnd, row, out, own, t0, wall_start)
         self.round_start = start = self.system.round_start(rnd)
         self.server.online = start.online
         selected = self.server.select(rnd)
@@ -511,7 +510,14 @@ class EmbeddedRuntime:
         if out.clock is None:  # a runtime whose round aggregates without seeing the updates (SecAgg+)
             out.clock = self.system.close(rnd, {c: (out.bytes_down[c], m, out.bytes_up[c]) for c, m in out.metas.items()},
                                           set(out.metas), start.waited_s)
-        row: dict[str, Any] = {"round": rnd, "clients": selected}
+        row = {"round": rnd, "clients": selected}
+        return self.round_row(rnd, row, out, self.system.row(out.clock), t0, wall_start)
+
+    def round_row(self, rnd: int, row: dict[str, Any], out: RoundOutcome, timing: dict[str, Any], t0: float,
+                  wall_start: float) -> dict[str, Any]:
+        """The metrics row of round (or aggregation) ``rnd`` from what its clients' work amounted to; ``timing``: its
+        simulated time (and the schedule's own entries)."""
+        selected = row["clients"]
         if self.cfg.federation.attackers is not None:
             row["adversarial_clients"] = [c for c in selected if c in self.attackers]
         if out.failed is not None:
@@ -545,7 +551,7 @@ class EmbeddedRuntime:
             "client_train_seconds": {str(c): wire.clock_seconds(m, "train_seconds") for c, m in metas.items()},
             "rejected": {str(c): r for c, r in out.rejected.items()},
         })
-        row.update(self.system.row(out.clock))
+        row.update(timing)
         t_eval = 0.0
         if self._eval_due(rnd):
             te = time.perf_counter()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedpeft.config import RunConfig
+from fedpeft.errors import UserError
 from fedpeft.system.clock import ClientTime, RoundTimeline, client_time, close_round
 from fedpeft.system.devices import Devices, draw_profile
 from fedpeft.system.traces import load_trace
@@ -41,22 +42,16 @@ class RoundClock:
 
 
 def work_of(meta: Any) -> float | None:
-    """The FLOPs a client's update says its training took: measured (train_flops), else the analytic OPs; None
-    when it says neither (a refused update's metadata may hold anything: what is not a finite number >= 0 is
-    not read)."""
-    if not isinstance(meta, dict):
+    """The FLOPs a client's update says its training took (train_flops); None when it says none (FLOP counting
+    off) or what it says is not a finite number >= 0 (a refused update's metadata may hold anything)."""
+    value = meta.get("train_flops") if isinstance(meta, dict) else None
+    if isinstance(value, bool) or value is None:
         return None
-    for key in ("train_flops", "train_ops_analytic"):
-        value = meta.get(key)
-        if isinstance(value, bool) or value is None:
-            continue
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            continue
-        if math.isfinite(number) and number >= 0:
-            return number
-    return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
 
 
 class SimulatedSystem:
@@ -72,15 +67,21 @@ class SimulatedSystem:
         self.needed = cfg.federation.clients_per_round if system.over_selection else None
         self.min_online = cfg.federation.min_replies
         self.now_s = 0.0
-        self.uncounted_warned = False
+        self.uncounted_warned = system.simulates_time_only()  # (then nothing depends on it: no warning)
+        self.trace_digest = self.devices.digest
 
     def describe(self) -> str:
         return self.devices.describe()
 
     def state(self) -> dict[str, Any]:
-        return {"now_s": self.now_s}
+        return {"now_s": self.now_s, "trace_sha256": self.trace_digest}
 
     def load_state(self, state: dict[str, Any]) -> None:
+        saved = state.get("trace_sha256", self.trace_digest)  # (a checkpoint from before the digest was kept)
+        if saved != self.trace_digest:
+            raise UserError(f"system.trace {self.devices.source}: the run started with a trace whose SHA-256 is "
+                            f"{saved}, and the file now differs, so the devices would change mid-run; put the run's "
+                            "trace back, or start a new run")
         self.now_s = float(state["now_s"])
 
     def round_start(self, rnd: int) -> RoundStart:
@@ -99,9 +100,19 @@ class SimulatedSystem:
         online = [int(c) for c in availability.online(start).nonzero()[0]]
         return RoundStart(online, waited)
 
+    def online_now(self) -> list[int] | None:
+        """The clients online now (None: everyone, always)."""
+        availability = self.devices.availability
+        return None if availability is None else [int(c) for c in availability.online(self.now_s).nonzero()[0]]
+
     def online_for(self, client: int) -> float:
         availability = self.devices.availability
         return math.inf if availability is None else availability.online_for(client, self.now_s)
+
+    def leaves_at(self, client: int) -> float:
+        """When ``client``, online now, goes offline (inf: never), as an instant the availability agrees with."""
+        availability = self.devices.availability
+        return math.inf if availability is None else availability.leaves_at(client, self.now_s)
 
     def close(self, rnd: int, sent: dict[int, tuple[int, Any, int]], accepted: set[int],
               waited_s: float) -> RoundClock:

@@ -47,6 +47,7 @@ class RoundTimeline:
 
     counted: list[int] = field(default_factory=list)  # aggregated, in order of arrival
     dropped: dict[int, str] = field(default_factory=dict)  # client -> why its update was not aggregated
+    surplus: set[int] = field(default_factory=set)  # of those, arrived in time but after the first K: not failures
     duration_s: float = 0.0  # from the start of the training to the round's end (its waiting for clients aside)
 
 
@@ -68,7 +69,7 @@ def close_round(arrival_s: dict[int, float], online_for_s: dict[int, float], acc
         if gone < at:
             out.dropped[client] = (f"went offline {gone:.3g} s (simulated) into the round, before its update arrived "
                                    f"at {at:.3g} s")
-            ends.append(gone)
+            ends.append(gone if deadline_s is None else min(gone, deadline_s))  # (the round waits no longer)
         elif deadline_s is not None and at > deadline_s:
             out.dropped[client] = (f"arrived {at:.3g} s (simulated) into the round, after system.deadline_s="
                                    f"{deadline_s:g}")
@@ -82,6 +83,7 @@ def close_round(arrival_s: dict[int, float], online_for_s: dict[int, float], acc
         out.counted = [c for _, c in arrived[:needed]]
         out.duration_s = arrived[needed - 1][0]
         for at, client in arrived[needed:]:
+            out.surplus.add(client)
             out.dropped[client] = (f"arrived {at:.3g} s (simulated) into the round, after the first {needed} updates "
                                    "(system.over_selection)")
         return out

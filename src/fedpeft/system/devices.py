@@ -56,26 +56,68 @@ class Availability:
                 return math.inf
         return math.inf
 
+    def next_online(self, t: float, exclude: set[int] | frozenset[int] = frozenset()) -> float | None:
+        """The earliest time from ``t`` at which a client not in ``exclude`` is online (None: never)."""
+        excluded = np.zeros(self.num_clients, dtype=bool)
+        excluded[list(exclude)] = True
+        others = ~excluded[self.owner]
+        tt = self._phase(t)
+        if ((self.start <= tt) & (tt < self.end) & others).any():
+            return t
+        ahead = ((self.start - tt) % self.period_s if self.period_s is not None else self.start - tt)[others]
+        ahead = ahead[ahead > 0]
+        if not ahead.size:
+            return None
+        when = t + float(ahead.min())
+        for _ in range(64):  # (t + delta can land one rounding step before the window's start)
+            if (self.online(when) & ~excluded).any():
+                return when
+            when = float(np.nextafter(when, math.inf))
+        return when
+
+    def leaves_at(self, client: int, t: float) -> float:
+        """The first instant from ``t`` at which ``client`` is offline: ``t`` itself when it is offline then, inf when
+        it never leaves; always an instant :meth:`online` agrees with."""
+        stays = self.online_for(client, t)
+        if stays == math.inf:
+            return math.inf
+        when = t + stays
+        for _ in range(64):
+            if not self.online(when)[client]:
+                return when
+            when = float(np.nextafter(when, math.inf))
+        return when
+
+    def _online_at_phase(self, phase: float) -> np.ndarray:
+        inside = (self.start <= phase) & (phase < self.end)
+        return np.bincount(self.owner[inside], minlength=self.num_clients) > 0
+
+    def _settle(self, when: float, count: int) -> float:
+        """``when``, moved up by the least floats needed for :meth:`online` to agree with the edge it was computed
+        from (t + delta can land one rounding step before a window's start)."""
+        for _ in range(64):
+            if int(self.online(when).sum()) >= count:
+                return when
+            when = float(np.nextafter(when, math.inf))
+        return when
+
     def first_time_with(self, count: int, t: float) -> float | None:
         """The earliest time from ``t`` at which at least ``count`` clients are online (None: never)."""
         if int(self.online(t).sum()) >= count:
             return t
         tt = self._phase(t)
-        span = self.period_s if self.period_s is not None else max(float(self.end.max(initial=0.0)) - tt, 0.0)
-        # a sweep over the window edges of the next period: +1 at each start, -1 at each end
-        starts = (self.start - tt) % self.period_s if self.period_s is not None else self.start - tt
-        ends = (self.end - tt) % self.period_s if self.period_s is not None else self.end - tt
-        times = np.concatenate([starts, ends])
-        steps = np.concatenate([np.ones_like(starts), -np.ones_like(ends)])
-        keep = (times > 0) & (times <= span)
-        order = np.lexsort((steps[keep], times[keep]))  # at one instant, a window ends before the next starts
-        online = self.online(t)
-        level = int(online.sum())
-        for when, step in zip(times[keep][order], steps[keep][order]):
-            level += int(step)
-            # (the sweep counts windows, a client's two touching windows twice: the mask decides)
-            if level >= count and int(self.online(t + float(when)).sum()) >= count:
-                return t + float(when)
+        # the count of clients online rises only at a window's start: try them in order, within one period
+        if self.period_s is not None:
+            ahead = (self.start - tt) % self.period_s
+        else:
+            ahead = self.start - tt
+        order = np.argsort(ahead, kind="stable")
+        for i in order:
+            delta = float(ahead[i])
+            if delta <= 0 and self.period_s is None:
+                continue
+            if int(self._online_at_phase(float(self.start[i])).sum()) >= count:
+                return self._settle(t + delta, count)
         return None
 
 
@@ -92,6 +134,7 @@ class Devices:
     latency_s: np.ndarray  # paid once by every transfer (a round trip to set it up): the download and the upload
     availability: Availability | None  # None: always online
     source: str  # "profile ideal", "trace FILE (sha256 ...)": said in events.log
+    digest: str | None = None  # a trace file's SHA-256 (a resume refuses a changed trace), None for a profile
 
     @property
     def num_clients(self) -> int:
@@ -122,6 +165,7 @@ def daily_windows(start: np.ndarray, length: np.ndarray) -> Availability:
     """One online window a day per client, ``start`` seconds after midnight for ``length`` seconds (a window past
     midnight continues the next day)."""
     n = len(start)
+    start = np.where(length >= DAY_S, 0.0, start)  # online all day: one window, not two that touch
     length = np.minimum(length, DAY_S)
     end = start + length
     wraps = end > DAY_S

@@ -29,8 +29,7 @@ from fedpeft.errors import UserError
 from fedpeft.system.devices import MBIT, REFERENCE_FLOPS_PER_S, Availability, Devices
 
 log = logging.getLogger("fedpeft")
-FIELDS = ("flops_per_s", "slowdown", "download_mbps", "upload_mbps", "latency_s", "online", "active", "inactive",
-          "period_s")
+FIELDS = ("flops_per_s", "slowdown", "download_mbps", "upload_mbps", "latency_s", "online", "active", "inactive")
 
 
 class TraceError(UserError):
@@ -71,14 +70,17 @@ def _read(path: Path) -> tuple[list[Any], Any]:
 
 def _number(path: Path, i: int, device: dict[str, Any], key: str, *, positive: bool, default: float | None = None
             ) -> float:
-    value = device.get(key, default)
+    value = device.get(key)
     if value is None:
+        if default is not None:
+            return default
         raise TraceError(f"{path}: device {i} has no {key}; give every device one")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or (
-            value <= 0 if positive else value < 0):
+    number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) < 1e300 \
+        else math.nan  # (a JSON integer of 400 digits is no device's figure: refused, not overflowed)
+    if not math.isfinite(number) or (number <= 0 if positive else number < 0):
         need = "a finite number > 0" if positive else "a finite number >= 0"
-        raise TraceError(f"{path}: device {i}: {key} is {value!r}; give {need}")
-    return float(value)
+        raise TraceError(f"{path}: device {i}: {key} is {str(value)[:40]}; give {need}")
+    return number
 
 
 def _windows(path: Path, i: int, device: dict[str, Any], period: float | None) -> list[tuple[float, float]] | None:
@@ -97,12 +99,13 @@ def _windows(path: Path, i: int, device: dict[str, Any], period: float | None) -
             return None
     else:
         return None
-    if not isinstance(pairs, list | tuple):
-        raise TraceError(f"{path}: device {i}: online must be a list of [start_s, end_s] windows")
+    if not isinstance(pairs, list | tuple) or not pairs:
+        raise TraceError(f"{path}: device {i}: online must be a non-empty list of [start_s, end_s] windows (leave it "
+                         "out for a device that is always online)")
     out = []
     for j, pair in enumerate(pairs):
         ok = (isinstance(pair, list | tuple) and len(pair) == 2
-              and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in pair))
+              and all(isinstance(v, int | float) and not isinstance(v, bool) and abs(v) < 1e300 for v in pair))
         if not ok or not 0 <= pair[0] < pair[1]:
             raise TraceError(f"{path}: device {i}: window {j} is {pair!r}; give [start_s, end_s] with 0 <= start_s "
                              "< end_s")
@@ -130,7 +133,7 @@ def load_trace(path: str | Path, num_clients: int) -> Devices:
     if not devices:
         raise TraceError(f"{path}: the trace holds no devices")
     if period is not None:
-        if isinstance(period, bool) or not isinstance(period, int | float) or not math.isfinite(period) or period <= 0:
+        if isinstance(period, bool) or not isinstance(period, int | float) or not 0 < period < 1e300:
             raise TraceError(f"{path}: period_s is {period!r}; give a number of seconds > 0, or leave it out")
         period = float(period)
     speed, down, up, latency = [], [], [], []
@@ -171,7 +174,10 @@ def load_trace(path: str | Path, num_clients: int) -> Devices:
                  num_clients, n)
     owners = np.asarray(owner, dtype=np.int64)
     # the windows of the clients, by client: client c's are device (c mod n)'s
-    per_device = [np.flatnonzero(owners == d) for d in range(n)] if always < n else None
+    per_device = None
+    if always < n:
+        order = np.argsort(owners, kind="stable")
+        per_device = np.split(order, np.searchsorted(owners[order], np.arange(1, n)))
     availability = None
     if per_device is not None:
         picks = [per_device[d] for d in index]
@@ -179,6 +185,6 @@ def load_trace(path: str | Path, num_clients: int) -> Devices:
         take = np.concatenate(picks)
         availability = Availability(owner=clients.astype(np.int64), start=np.asarray(starts)[take],
                                     end=np.asarray(ends)[take], period_s=period, num_clients=num_clients)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
     return Devices(np.asarray(speed)[index], np.asarray(down)[index], np.asarray(up)[index],
-                   np.asarray(latency)[index], availability, f"trace {path} (sha256 {digest}...)")
+                   np.asarray(latency)[index], availability, f"trace {path} (sha256 {digest[:16]}...)", digest)

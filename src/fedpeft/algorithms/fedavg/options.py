@@ -17,6 +17,7 @@ class FedAvgOptions(AlgorithmOptions):
     name: Literal["fedavg"] = "fedavg"
     supports_secure_aggregation: ClassVar[bool] = True
     supports_personalized_eval: ClassVar[bool] = True
+    asynchronous_unavailable: ClassVar[str | None] = None
     server_lr: float = Field(1.0, gt=0)
     dp: PrivacyOptions | None = Field(None, description="Client-level differential privacy (off by default).")
     robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
@@ -28,6 +29,7 @@ class FedAvgMOptions(AlgorithmOptions):
     name: Literal["fedavgm"] = "fedavgm"
     supports_secure_aggregation: ClassVar[bool] = True
     supports_personalized_eval: ClassVar[bool] = True
+    asynchronous_unavailable: ClassVar[str | None] = None
     server_lr: float = Field(1.0, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     dp: PrivacyOptions | None = None
@@ -40,6 +42,7 @@ class FedAdamOptions(AlgorithmOptions):
     name: Literal["fedadam"] = "fedadam"
     supports_secure_aggregation: ClassVar[bool] = True
     supports_personalized_eval: ClassVar[bool] = True
+    asynchronous_unavailable: ClassVar[str | None] = None
     dp: PrivacyOptions | None = None
     robust: RobustRule | None = Field(None, description=ROBUST_DESCRIPTION)
     server_lr: float = Field(1e-2, gt=0)

@@ -18,6 +18,8 @@ class FedPepTAOOptions(AlgorithmOptions):
     layer scores (Eq. 2-3) in those rounds and, at selection_round, the share of their prompt Hessian's
     spectrum worth keeping (Algorithm 1); the server then fixes the layers for the rest of the run. The
     prompts of the other layers stay on each client (personal) from then on."""
+    asynchronous_unavailable: ClassVar[str | None] = (
+        "its server momentum and control variates step once per round of clients that trained the same layers")
 
     name: Literal["fedpeptao"] = "fedpeptao"
     robust_unavailable: ClassVar[str] = ("its server step (Algorithm 2) keeps control variates and momentum from every "

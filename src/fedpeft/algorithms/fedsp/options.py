@@ -19,6 +19,8 @@ class FedSPOptions(AlgorithmOptions):
     trains its auxiliary model with the prompts frozen, then the prompts with the model frozen, and returns them;
     the server averages them, tunes them on the global model with its shard and sends them out. Causal LMs
     only (task.type generation or multiple_choice with a decoder-only model); embedded runtime only."""
+    asynchronous_unavailable: ClassVar[str | None] = (
+        "its server distils the large model into the auxiliary one between rounds, for the clients of the next round")
 
     name: Literal["fedsp"] = "fedsp"
     robust_unavailable: ClassVar[str] = "robust aggregation of its prompts is not implemented (it averages them, then tunes them on the server)"

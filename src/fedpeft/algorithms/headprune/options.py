@@ -12,6 +12,9 @@ from fedpeft.registry import PEFT_METHODS
 
 class HeadPruneOptions(AlgorithmOptions):
     """Paper 000: head pruning, head-weighted aggregation, loss-difference selection (and baselines B1/B2)."""
+    asynchronous_unavailable: ClassVar[str | None] = (
+        "its Eq. 8 weights each head by the importance the clients of one round measured, and its Eq. 9 selects a "
+        "round's clients by their last losses")
 
     name: Literal["headprune"] = "headprune"
     robust_unavailable: ClassVar[str] = ("its Eq. 8 weights every attention head's slice by the clients' importance "

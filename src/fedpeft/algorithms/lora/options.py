@@ -19,6 +19,7 @@ class LoraFedAvgOptions(AlgorithmOptions):
     """Options of a LoRA method that averages what travels (FedAvg with a server step on the mean change)."""
 
     supports_personalized_eval: ClassVar[bool] = True
+    asynchronous_unavailable: ClassVar[str | None] = None
     server_lr: float = Field(1.0, gt=0, description="Step on the clients' sample-weighted mean change.")
     robust: RobustRule | None = Field(None, description="A Byzantine-robust rule in place of the weighted "
                                               "mean of what travels (see fedpeft.config.adversarial).")
@@ -60,6 +61,9 @@ def require_lora(run: Any, algorithm: str) -> None:
 class MergingOptions(AlgorithmOptions):
     """What the merging methods share: LoRA on an unquantized float32 backbone, personalized scores (the merged
     global model), and an adapter that is not the run's model (subclasses set ``adapter_incomplete``)."""
+    asynchronous_unavailable: ClassVar[str | None] = (
+        "it merges the products of one round's clients into the backbone, which every client of the next round "
+        "starts from")
 
     supports_personalized_eval: ClassVar[bool] = True
     robust_unavailable: ClassVar[str] = ("it combines every client's factors exactly (stacked or as a residual), "

@@ -17,6 +17,8 @@ from fedpeft.config.schema import AlgorithmOptions
 
 class HeteroRankOptions(AlgorithmOptions):
     """The resource profile shared by hetlora and flexlora."""
+    asynchronous_unavailable: ClassVar[str | None] = (
+        "it re-factorizes the products of one round's clients of different ranks")
 
     supports_personalized_eval: ClassVar[bool] = True
     robust_unavailable: ClassVar[str] = "its clients send factors of different ranks, which no coordinate-wise rule compares"
