@@ -58,3 +58,8 @@ $PY benchmarks/robust_aggregation.py --out benchmarks/results/robust_aggregation
 $PY benchmarks/robust_aggregation.py --seeds 1,2 --fractions 0.3 --attacks scale,sign_flip,label_flip 2>&1 \
   | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/robust_aggregation_seeds.log
 $PY benchmarks/robust_diagnostics.py 2>&1 | grep -v -i -E "warn|Loading weights|Failed to load" > benchmarks/results/robust_diagnostics.log
+# simulated time: FedBuff at 1,000 and 10,000 clients; FedBuff against synchronous FedAvg on 1,000 phones
+$PY benchmarks/async_time.py scale 2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/async_scale.log
+$PY benchmarks/async_time.py fedbuff 2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/async_fedbuff.log
+$PY benchmarks/async_time.py fedbuff --only FedBuff --seeds 0 --steps 60 --out benchmarks/results/async_fedbuff_60.json 2>&1 \
+  | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/async_fedbuff_60.log
