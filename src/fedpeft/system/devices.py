@@ -9,6 +9,7 @@ are in docs/guide/system.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,9 +36,20 @@ class Availability:
 
     def online(self, t: float) -> np.ndarray:
         """A boolean mask over the clients: online at simulated time ``t``."""
-        tt = self._phase(t)
-        inside = (self.start <= tt) & (tt < self.end)
+        return self._online_at_phase(self._phase(t))
+
+    def _online_at_phase(self, phase: float) -> np.ndarray:
+        inside = (self.start <= phase) & (phase < self.end)
         return np.bincount(self.owner[inside], minlength=self.num_clients) > 0
+
+    def _settle(self, when: float, agrees: Callable[[np.ndarray], bool]) -> float:
+        """``when``, moved up by the least floats needed for :meth:`online` at it to satisfy ``agrees`` (``t + delta``
+        computed from a window's edge can land one rounding step before it)."""
+        for _ in range(64):
+            if agrees(self.online(when)):
+                return when
+            when = float(np.nextafter(when, math.inf))
+        return when
 
     def online_for(self, client: int, t: float) -> float:
         """How long from ``t`` ``client`` stays online (0 when offline at ``t``; inf when it never leaves). A window
@@ -68,12 +80,7 @@ class Availability:
         ahead = ahead[ahead > 0]
         if not ahead.size:
             return None
-        when = t + float(ahead.min())
-        for _ in range(64):  # (t + delta can land one rounding step before the window's start)
-            if (self.online(when) & ~excluded).any():
-                return when
-            when = float(np.nextafter(when, math.inf))
-        return when
+        return self._settle(t + float(ahead.min()), lambda online: bool((online & ~excluded).any()))
 
     def leaves_at(self, client: int, t: float) -> float:
         """The first instant from ``t`` at which ``client`` is offline: ``t`` itself when it is offline then, inf when
@@ -81,25 +88,7 @@ class Availability:
         stays = self.online_for(client, t)
         if stays == math.inf:
             return math.inf
-        when = t + stays
-        for _ in range(64):
-            if not self.online(when)[client]:
-                return when
-            when = float(np.nextafter(when, math.inf))
-        return when
-
-    def _online_at_phase(self, phase: float) -> np.ndarray:
-        inside = (self.start <= phase) & (phase < self.end)
-        return np.bincount(self.owner[inside], minlength=self.num_clients) > 0
-
-    def _settle(self, when: float, count: int) -> float:
-        """``when``, moved up by the least floats needed for :meth:`online` to agree with the edge it was computed
-        from (t + delta can land one rounding step before a window's start)."""
-        for _ in range(64):
-            if int(self.online(when).sum()) >= count:
-                return when
-            when = float(np.nextafter(when, math.inf))
-        return when
+        return self._settle(t + stays, lambda online: not online[client])
 
     def first_time_with(self, count: int, t: float) -> float | None:
         """The earliest time from ``t`` at which at least ``count`` clients are online (None: never)."""
@@ -117,7 +106,7 @@ class Availability:
             if delta <= 0 and self.period_s is None:
                 continue
             if int(self._online_at_phase(float(self.start[i])).sum()) >= count:
-                return self._settle(t + delta, count)
+                return self._settle(t + delta, lambda online: int(online.sum()) >= count)
         return None
 
 
