@@ -13,6 +13,7 @@ from helpers import slow_host, tiny_config
 from fedpeft.algorithms.base import random_selection
 from fedpeft.algorithms.headprune.halves import loss_difference_selection
 from fedpeft.config.load import ConfigError, load_config
+from fedpeft.errors import UserError
 from fedpeft.rundir import read_metrics
 from fedpeft.system.clock import ClientTime, client_time, close_round
 from fedpeft.system.devices import DAY_S, MBIT, REFERENCE_FLOPS_PER_S, daily_windows, draw_profile
@@ -302,6 +303,27 @@ def test_a_deadline_drops_late_clients_and_over_selection_aggregates_the_first(t
     assert len(row["client_num_examples"]) == 1 and row["sim_dropped"] == 2
     assert sum("after system.deadline_s" in why for why in row["rejected"].values()) == 2
     assert row["sim_round_s"] == pytest.approx((times[0] + times[1]) / 2)
+
+
+@pytest.mark.needs_data
+def test_a_run_replayed_on_other_devices_has_the_timeline_of_a_run_on_them(tmp_path):
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+    from fedpeft.runtime.simclock import replay
+
+    EmbeddedRuntime(tiny_config(), tmp_path / "ideal").run()
+    datacenter = tiny_config("system.profile=datacenter")
+    EmbeddedRuntime(datacenter, tmp_path / "dc").run()
+    ideal_rows, dc_rows = read_metrics(tmp_path / "ideal"), read_metrics(tmp_path / "dc")
+    assert sim_columns(ideal_rows) != sim_columns(dc_rows)  # the devices and links do change the timeline
+    assert [{k: r.get(k) for k in ("round", *SIM_KEYS)} for r in replay(datacenter, ideal_rows)] == [
+        {"round": r["round"], **{k: r.get(k) for k in SIM_KEYS}} for r in dc_rows]
+
+    for overrides in (["system.profile=mobile"], ["system.profile=datacenter", "system.deadline_s=5"]):
+        with pytest.raises(UserError, match="run the config with that system instead"):
+            replay(tiny_config(*overrides), ideal_rows)
+    ideal_rows[1]["rejected"] = {"0": "refused"}
+    with pytest.raises(UserError, match="round 1 rejected updates of clients"):
+        replay(datacenter, ideal_rows)
 
 
 @pytest.mark.needs_data

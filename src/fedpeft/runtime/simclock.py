@@ -154,3 +154,37 @@ class SimulatedSystem:
         row["client_sim_s"] = {str(c): (t.total_s if t is not None else None) for c, t in clock.times.items()}
         row["sim_dropped"] = len(clock.timeline.dropped)
         return row
+
+
+def replay(cfg: RunConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The simulated time of a finished synchronous run's rounds on ``cfg.system``'s devices and links, from the
+    bytes and FLOPs its metrics rows counted per client: what each row's sim keys would have been had the run been
+    started with that system. Exact only where the system changes no client's training, so it is refused for
+    clients that come and go (the mobile profile, a trace with online windows), deadlines, over-selection and
+    asynchronous runs (there the clock decides who trains: run them), and for a round that rejected an update (its
+    row keeps no count of that update's work)."""
+    system, sim = cfg.system, SimulatedSystem(cfg)
+    if sim.devices.availability is not None or system.deadline_s is not None or system.over_selection:
+        raise UserError("replaying a run's rounds on other devices needs clients that are always online and rounds "
+                        "that wait for every client (the clock then decides nothing about training); system "
+                        f"{'trace' if system.trace is not None else 'profile ' + system.profile}, deadline_s "
+                        f"{system.deadline_s}, over_selection {system.over_selection:g}: run the config with that "
+                        "system instead")
+    if cfg.federation.asynchronous is not None:
+        raise UserError("replaying needs a synchronous run; an asynchronous schedule's clock decides which model "
+                        "each client starts from: run the config with that system instead")
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        rnd = int(row["round"])
+        if rnd == 0:
+            out.append({"round": 0, "sim_time_s": 0.0})
+            continue
+        if row.get("rejected"):
+            raise UserError(f"round {rnd} rejected updates of clients {sorted(row['rejected'])}: its metrics row keeps "
+                            "no count of their work, so its timeline cannot be replayed; run the config with that "
+                            "system instead")
+        flops, down, up = row["client_flops"], row["bytes_down"], row["bytes_up"]
+        sent = {int(c): (int(down[c]), {"train_flops": flops[c]}, int(up[c])) for c in flops}
+        clock = sim.close(rnd, sent, set(sent), 0.0)
+        out.append({"round": rnd, **sim.row(clock)})
+    return out

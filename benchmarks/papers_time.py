@@ -1,0 +1,202 @@
+"""The papers in simulated time: paper 004 (full fine-tuning vs adapters vs LoRA) and paper 000 (head pruning and
+loss-based client selection) on the clock of fedpeft's simulated systems (docs/guide/system.md).
+
+    python benchmarks/papers_time.py paper004 --data text   # MiniLM-L6, 20 Newsgroups (configs/paper004_20news.yaml)
+    python benchmarks/papers_time.py paper004 --data vit    # the MNIST ViT (configs/mnist_vit_adapters.yaml;
+                                                            #   first: python benchmarks/mnist_vit.py prepare)
+    python benchmarks/papers_time.py paper000               # 100 MNLI clients, 2 a round (paper000_mnli_heads.yaml)
+
+Paper 004's runs have every client in every round, as the paper's: each method trains once (the ideal profile) and
+its rounds are replayed (fedpeft.runtime.simclock.replay: the runtime's own clock on the bytes and FLOPs each
+client counted, exact because a system whose clients are always online changes no client's training) on two
+systems: ``datacenter`` and ``mobile-online``, the mobile profile's phones and 4G links (drawn from the run's seed)
+written to a trace without online windows. Paper 000's runs select 2 of 100 clients a round, so clients that come
+and go change who trains: each arm runs on the ideal profile (replayed on ``datacenter``) and again on the
+``mobile`` profile itself (phones online one window a day). Simulated time is the runtime's: counted FLOPs at the
+device's speed (torch's flop counter on sampled steps: masked heads execute the dense computation) and the measured
+payload bytes over the links. The host's speed changes none of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from results_io import print_table, reuse_or_clear, save  # benchmarks/results_io.py
+
+from fedpeft.config import load_config as read_config
+from fedpeft.rundir import read_metrics
+from fedpeft.runtime.embedded import EmbeddedRuntime
+from fedpeft.runtime.simclock import replay
+from fedpeft.system.devices import MBIT, draw_profile
+
+load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
+
+PAPER004 = {  # learning rates as benchmarks/paper004.py and benchmarks/mnist_vit.py chose them
+    "text": ("configs/paper004_20news.yaml", {
+        "full": ["peft={method: full}", "train.lr=0.0001"],
+        "houlsby": ["peft={method: houlsby, reduction_factor: 16}", "train.lr=0.002"],
+        "pfeiffer": ["peft={method: pfeiffer, reduction_factor: 16}", "train.lr=0.002"],
+        "lora": ["peft={method: lora, r: 16, alpha: 32}", "train.lr=0.002"],
+    }),
+    "vit": ("configs/mnist_vit_adapters.yaml", {
+        "full": ["peft={method: full}", "train.lr=0.0005"],
+        "houlsby": ["peft={method: houlsby, reduction_factor: 8}", "train.lr=0.005"],
+        "pfeiffer": ["peft={method: pfeiffer, reduction_factor: 8}", "train.lr=0.005"],
+        "lora": ["peft={method: lora, r: 8, alpha: 16}", "train.lr=0.005"],
+    }),
+}
+PAPER000 = {  # as benchmarks/paper000.py's arms
+    "fedavg-random": ["algorithm.pruning=none", "algorithm.aggregation=fedavg", "algorithm.selection=random"],
+    "method-random": ["algorithm.pruning=importance", "algorithm.aggregation=importance", "algorithm.selection=random"],
+    "method-loss": ["algorithm.pruning=importance", "algorithm.aggregation=importance", "algorithm.selection=loss"],
+}
+CLAIMS = {
+    "paper004": "transmission time about 98% less with adapters than full fine-tuning; local training time 20-40% "
+                "less (NLP); no training-time reduction observed on CV",
+    "paper000": "up to 1.8x less communication and 3.9x fewer training OPs than full-network FedAvg; pruning and "
+                "head-weighted aggregation speed up the early rounds, loss-based selection the later ones; 'the "
+                "training time can be further improved with a custom implementation of pruned model training'",
+}
+
+
+def train(config: str, overrides: list[str], run_dir: Path, label: str):
+    cfg = load_config(config, [*overrides, "runtime.progress=false"])
+    if not reuse_or_clear(run_dir, cfg, label):
+        print(f"[{label}] training: {' '.join(overrides)}", flush=True)
+        EmbeddedRuntime(cfg, run_dir).run()
+    return cfg, read_metrics(run_dir)
+
+
+def mobile_online_trace(path: Path, num_clients: int, seed: int) -> Path:
+    """The mobile profile's phones and links for ``num_clients`` (drawn from ``seed``) as a trace file without
+    online windows: always online."""
+    d = draw_profile("mobile", num_clients, seed)
+    devices = [{"flops_per_s": float(d.flops_per_s[c]), "download_mbps": float(d.download_bytes_per_s[c] / MBIT),
+                "upload_mbps": float(d.upload_bytes_per_s[c] / MBIT), "latency_s": float(d.latency_s[c])}
+               for c in range(num_clients)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"devices": devices}))
+    return path
+
+
+def timeline(rows: list[dict[str, Any]], sim: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    """One run's figures on one system: ``rows`` its metrics (accuracy, bytes), ``sim`` the sim keys per round."""
+    by_round = {s["round"]: s for s in sim}
+    train_rows = [r for r in rows if r["round"] > 0]
+    mean = lambda key: statistics.fmean(by_round[r["round"]][key] for r in train_rows)
+    evals = [(r["round"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
+    hit = next((rnd for rnd, acc in evals if acc >= target), None)
+    ups = [b for r in train_rows for b in r["bytes_up"].values()]
+    return {
+        "final_accuracy": evals[-1][1], "best_accuracy": max(acc for _, acc in evals),
+        "mib_up_per_client_round": statistics.fmean(ups) / 2**20,
+        "clients_per_round": statistics.fmean(len(r["client_num_examples"]) for r in train_rows),
+        "transmission_s_per_round": mean("sim_download_s") + mean("sim_upload_s"),
+        "compute_s_per_round": mean("sim_compute_s"),
+        "wait_s_per_round": mean("sim_wait_s"),
+        "round_s": mean("sim_round_s"),
+        "sim_hours": by_round[train_rows[-1]["round"]]["sim_time_s"] / 3600,
+        "target": target,
+        "rounds_to_target": hit,
+        "hours_to_target": None if hit is None else by_round[hit]["sim_time_s"] / 3600,
+        "eval_curve": evals,
+    }
+
+
+def sim_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k == "round" or k.startswith("sim_")} for r in rows]
+
+
+def paper004(args: argparse.Namespace) -> dict[str, Any]:
+    config, methods = PAPER004[args.data]
+    out = []
+    for method, overrides in methods.items():
+        run_dir = Path(args.runs) / f"paper004-{args.data}" / method
+        cfg, rows = train(config, [*overrides, f"name=paper004-{args.data}-{method}", *args.set], run_dir, method)
+        trace = mobile_online_trace(Path(args.runs) / f"paper004-{args.data}" / "mobile_online.json",
+                                    cfg.federation.num_clients, cfg.seed)
+        systems = {"ideal": sim_of(rows),
+                   "datacenter": replay(cfg.model_copy(update={"system": cfg.system.model_copy(
+                       update={"profile": "datacenter"})}), rows),
+                   "mobile-online": replay(cfg.model_copy(update={"system": cfg.system.model_copy(
+                       update={"trace": str(trace)})}), rows)}
+        for system, sim in systems.items():
+            out.append({"data": args.data, "method": method, "system": system, "run_dir": str(run_dir),
+                        **timeline(rows, sim, args.target)})
+            print(json.dumps({k: v for k, v in out[-1].items() if k != "eval_curve"}), flush=True)
+    full = {r["system"]: r for r in out if r["method"] == "full"}
+    print_table(["method", "system", "MiB up / client / round", "transmission s / round", "vs full",
+                 "compute s / round", "vs full", "round s", "final acc", f"h to {args.target}", "h in all"],
+                [[r["method"], r["system"], f"{r['mib_up_per_client_round']:.3f}",
+                  f"{r['transmission_s_per_round']:.3g}", _less(r, full[r["system"]], "transmission_s_per_round"),
+                  f"{r['compute_s_per_round']:.3g}", _less(r, full[r["system"]], "compute_s_per_round"),
+                  f"{r['round_s']:.3g}", f"{r['final_accuracy']:.4f}", _hours(r["hours_to_target"]),
+                  _hours(r["sim_hours"])] for r in out if r["system"] != "ideal"])
+    return {"data": args.data, "config": config, "methods": methods, "rows": out}
+
+
+def paper000(args: argparse.Namespace) -> dict[str, Any]:
+    config = "configs/paper000_mnli_heads.yaml"
+    common = [f"federation.rounds={args.rounds}", f"eval.every={args.eval_every}", *args.set]
+    out = []
+    for arm, overrides in PAPER000.items():
+        for profile in ("ideal", "mobile"):
+            run_dir = Path(args.runs) / "paper000" / f"{arm}-{profile}"
+            cfg, rows = train(config, [*common, *overrides, f"system.profile={profile}", f"name=paper000-{arm}-{profile}"],
+                              run_dir, f"{arm}-{profile}")
+            systems = {"mobile": sim_of(rows)} if profile == "mobile" else {
+                "datacenter": replay(cfg.model_copy(update={"system": cfg.system.model_copy(
+                    update={"profile": "datacenter"})}), rows)}
+            train_rows = [r for r in rows if r["round"] > 0]
+            ops = statistics.fmean(v for r in train_rows for v in r["client_ops_analytic"].values())
+            flops = statistics.fmean(v for r in train_rows for v in r["client_flops"].values())
+            for system, sim in systems.items():
+                out.append({"arm": arm, "system": system, "run_dir": str(run_dir), "ops_analytic_g": ops / 1e9,
+                            "flops_measured_g": flops / 1e9, **timeline(rows, sim, args.target)})
+                print(json.dumps({k: v for k, v in out[-1].items() if k != "eval_curve"}), flush=True)
+    print_table(["arm", "system", "clients / round", "MiB up / client / round", "analytic GOPs / client / round",
+                 "measured GFLOPs", "transmission s / round", "compute s / round", "round s", "final acc",
+                 f"rounds to {args.target}", f"h to {args.target}", "h in all"],
+                [[r["arm"], r["system"], f"{r['clients_per_round']:.2f}", f"{r['mib_up_per_client_round']:.3f}",
+                  f"{r['ops_analytic_g']:,.0f}", f"{r['flops_measured_g']:.0f}", f"{r['transmission_s_per_round']:.3g}",
+                  f"{r['compute_s_per_round']:.3g}", f"{r['round_s']:.3g}", f"{r['final_accuracy']:.4f}",
+                  r["rounds_to_target"] or "not reached", _hours(r["hours_to_target"]), _hours(r["sim_hours"])]
+                 for r in out])
+    return {"config": config, "rounds": args.rounds, "eval_every": args.eval_every, "arms": PAPER000, "rows": out}
+
+
+def _less(row: dict[str, Any], full: dict[str, Any], key: str) -> str:
+    return "-" if row is full or not full[key] else f"{100 * (1 - row[key] / full[key]):.1f}% less"
+
+
+def _hours(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.3g}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("experiment", choices=("paper004", "paper000"))
+    ap.add_argument("--data", choices=tuple(PAPER004), default="text", help="paper004: text or vit")
+    ap.add_argument("--runs", default="runs/papers_time")
+    ap.add_argument("--target", type=float, help="accuracy for the time to target (default: paper004 text 0.40, "
+                    "vit 0.90; paper000 0.45)")
+    ap.add_argument("--rounds", type=int, default=40, help="paper000: rounds")
+    ap.add_argument("--eval-every", type=int, default=5, help="paper000: evaluation every N rounds")
+    ap.add_argument("--set", action="append", default=[], help="a config override for every run")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.target is None:
+        args.target = {"text": 0.40, "vit": 0.90}[args.data] if args.experiment == "paper004" else 0.45
+    result = paper004(args) if args.experiment == "paper004" else paper000(args)
+    name = f"papers_time_paper004_{args.data}" if args.experiment == "paper004" else "papers_time_paper000"
+    save(args.out or f"benchmarks/results/{name}.json", {"experiment": args.experiment, "claims": CLAIMS[args.experiment],
+                                                         "target": args.target, "overrides": args.set, **result})
+
+
+if __name__ == "__main__":
+    main()
