@@ -135,6 +135,27 @@ def test_federated_lora_methods_run_on_flower_like_embedded(algorithm, deploymen
                 r["bytes_up"][str(by_rank[0])] < r["bytes_up"][str(by_rank[-1])])
 
 
+def test_over_selection_and_a_deadline_act_in_real_time_on_flower(deployment, tmp_path):
+    """3 clients selected a round for 2 (two of them on one SuperNode, which trains one message at a time): the
+    first 2 updates to arrive are aggregated and the third is dropped, not waited for and not a failure; a
+    deadline no client can meet drops every update and fails the round."""
+    cfg = tiny_config("system.over_selection=0.5", "federation.rounds=2", "train.local_steps=2")
+    summary = run_flower(cfg, tmp_path / "over", deployment=deployment, log=lambda m: None)
+    rows = read_metrics(tmp_path / "over")
+    for row in rows[1:]:
+        assert len(row["clients"]) == 3 and len(row["client_num_examples"]) == 2 and row["sim_dropped"] == 1
+        (why,) = row["rejected"].values()
+        assert "the round closed with the first 2 updates to arrive (system.over_selection 0.5" in why
+        assert "round_failed" not in row
+    assert summary["sim_dropped_updates"] == 2 and summary["rounds"] == 2
+
+    cfg = tiny_config("system.deadline_s=0.05", "federation.rounds=1", "train.local_steps=2")
+    run_flower(cfg, tmp_path / "deadline", deployment=deployment, log=lambda m: None)
+    row = read_metrics(tmp_path / "deadline")[1]
+    assert row["sim_dropped"] == 2 and "round_failed" in row
+    assert all("no update within system.deadline_s=0.05 s (in real time)" in why for why in row["rejected"].values())
+
+
 def test_an_image_classification_run_on_flower_is_the_embedded_run(deployment, tmp_path):
     """A ViT on MNIST with Houlsby adapters: the SuperNodes decode their images and send only the adapters and
     the head, as the embedded runtime does."""

@@ -218,7 +218,9 @@ def test_a_window_past_the_period_is_refused(tmp_path):
     (["system.deadline_s=10", "runtime.flops_sample_steps=0"], "runtime.flops_sample_steps is 0"),
     (["system.over_selection=0.5", "algorithm.dp={noise_multiplier: 1.0}"], "algorithm.dp with system.over_selection"),
     (["system.profile=mobile", "system.trace=x.json"], "both name the devices"),
-    (["system.deadline_s=5", "runtime.name=flower"], "run in the embedded runtime"),
+    (["system.profile=datacenter", "runtime.name=flower"], "simulated devices and links run in the embedded runtime"),
+    (["system.over_selection=0.5", "runtime.name=flower", "runtime.flower.secure_aggregation={}",
+      "runtime.flower.num_supernodes=4", "federation.num_clients=4"], "SecAgg+ runs its own rounds"),
     (["system.deadline_s=0"], "greater than 0"),
 ])
 def test_the_config_refuses_what_the_clock_cannot_simulate(overrides, needle):

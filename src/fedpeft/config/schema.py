@@ -651,7 +651,7 @@ class RunConfig(Section):
 
     def _check_system(self) -> None:
         system, fed = self.system, self.federation
-        if not system.simulates_time_only() and self.runtime.flops_sample_steps == 0:
+        if self.runtime.name == "embedded" and not system.simulates_time_only() and self.runtime.flops_sample_steps == 0:
             raise ValueError("system: simulated devices, deadlines and over-selection time the FLOPs the run counts, "
                              "and runtime.flops_sample_steps is 0 (off): set it to 1 or more")
         selected = system.selected(fed.clients_per_round)
@@ -665,10 +665,16 @@ class RunConfig(Section):
                              "be sampled and each sampled one counts; choose one")
         if fed.asynchronous is not None:
             self._check_asynchronous()
-        if self.runtime.name != "embedded" and not system.simulates_time_only():
-            raise ValueError(f"system: simulated devices, deadlines and over-selection run in the embedded runtime; "
-                             f"runtime {self.runtime.name} reports the ideal clock only (set system.profile: ideal "
-                             "and remove system.trace, system.deadline_s, system.over_selection)")
+        if self.runtime.name != "embedded" and (system.trace is not None or system.profile != "ideal"):
+            raise ValueError(f"system: simulated devices and links run in the embedded runtime; runtime "
+                             f"{self.runtime.name} runs on real ones and reports the ideal clock (set system.profile: "
+                             "ideal and remove system.trace; system.deadline_s and over_selection act in real time "
+                             "there)")
+        secure = self.runtime.flower.secure_aggregation is not None
+        if secure and (system.deadline_s is not None or system.over_selection):
+            raise ValueError("system.deadline_s and system.over_selection with runtime.flower.secure_aggregation: "
+                             "SecAgg+ runs its own rounds with federation.round_timeout_s and needs every surviving "
+                             "client's share; remove one of the two")
 
     def _check_asynchronous(self) -> None:
         where, fed, asynchronous = "federation.asynchronous", self.federation, self.federation.asynchronous

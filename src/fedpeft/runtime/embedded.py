@@ -176,6 +176,9 @@ class EmbeddedRuntime:
     """Runs the rounds; a subclass changes where clients run by overriding :meth:`run_clients`."""
 
     fuses_clients = True  # whether runtime.clients_per_pass > 1 trains clients together (a subclass may not)
+    # whether system.deadline_s and system.over_selection act in real time on the replies as they arrive (run_clients
+    # then fills dropped_in_real_time and surplus_in_real_time) rather than on the simulated clock
+    rounds_in_real_time = False
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, experiment: Experiment | None = None,
                  resume: bool = False, lock: bool = True, observers: Sequence[RunObserver] = ()):
@@ -234,7 +237,10 @@ class EmbeddedRuntime:
         self.wall_offset = 0.0  # wall seconds already spent before a resume
         self.stopped_early: str | None = None  # why the run ended before federation.rounds (server.stop_reason)
         self.one_class_warned = False  # whether a round's one-class model was warned of (later ones: events.log)
-        self.system = SimulatedSystem(cfg)  # the virtual clock and the clients' devices (system)
+        # the virtual clock and the clients' devices (system)
+        self.system = SimulatedSystem(cfg, decides_rounds=not self.rounds_in_real_time)
+        self.dropped_in_real_time: dict[int, str] = {}  # client -> why, in the round run now (rounds_in_real_time)
+        self.surplus_in_real_time: set[int] = set()  # of those, over-selected clients not waited for
         # the asynchronous schedule (federation.asynchronous), or None: synchronous rounds
         self.schedule = BufferedAsync(self) if cfg.federation.asynchronous is not None else None
         self.round_start = RoundStart(None, 0.0)
@@ -450,6 +456,7 @@ class EmbeddedRuntime:
         out = RoundOutcome()
         updates: dict[int, wire.Payload] = {}
         tc = time.perf_counter()
+        self.dropped_in_real_time, self.surplus_in_real_time = {}, set()
         results = self.run_clients(rnd, payloads)
         out.time_client_s = time.perf_counter() - tc
         for cid in selected:
@@ -466,6 +473,8 @@ class EmbeddedRuntime:
         out.rejected.update(refused)
         out.clock = self.system.close(rnd, {c: (out.bytes_down[c], u.meta, out.bytes_up[c]) for c, u in updates.items()},
                                       set(accepted), self.round_start.waited_s)
+        out.clock.timeline.dropped.update(self.dropped_in_real_time)  # (already rejected: counted as the clock's)
+        out.clock.timeline.surplus |= self.surplus_in_real_time
         for cid, why in sorted(out.clock.timeline.dropped.items()):
             if cid in accepted:  # (a refused update keeps its reason)
                 del accepted[cid]

@@ -57,14 +57,16 @@ def work_of(meta: Any) -> float | None:
 class SimulatedSystem:
     """The devices of the run's clients and the clock; ``now_s`` is checkpointed (``state``)."""
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, *, decides_rounds: bool = True):
+        """``decides_rounds``: the clock applies system.deadline_s and over_selection; False: a runtime applies them
+        in real time, and the clock only times the updates it aggregated."""
         system = cfg.system
         n = cfg.federation.num_clients
         seed = cfg.seed if system.seed is None else system.seed
         self.devices: Devices = load_trace(system.trace, n) if system.trace is not None else draw_profile(
             system.profile, n, seed)
-        self.deadline_s = system.deadline_s
-        self.needed = cfg.federation.clients_per_round if system.over_selection else None
+        self.deadline_s = system.deadline_s if decides_rounds else None
+        self.needed = cfg.federation.clients_per_round if system.over_selection and decides_rounds else None
         self.min_online = cfg.federation.min_replies
         self.now_s = 0.0
         self.uncounted_warned = system.simulates_time_only()  # (then nothing depends on it: no warning)

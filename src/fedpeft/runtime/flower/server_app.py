@@ -45,10 +45,12 @@ SECURE_REPLY_FACTOR = 2  # a SecAgg+ masked update is int64: twice the bytes of 
 REPLY_REFUSED = 900  # error code of a reply refused before it was pulled (Flower's own codes are below 100)
 # Flower's errors for a message or reply that never arrived (expired, or the SuperNode is gone)
 NOT_ANSWERED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE)
+EXPIRED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)  # the message's or its reply's TTL ran out
 
 
 class FlowerServerRuntime(EmbeddedRuntime):
     fuses_clients = False  # each client trains in its own ClientApp, one per message
+    rounds_in_real_time = True  # system.deadline_s and over_selection act on the replies as they arrive
 
     def __init__(self, cfg, run_dir=None, *, grid: Grid, resume: bool = False, lock: bool = False):
         # lock: fedpeft.runtime.flower.launch.run_flower holds the run directory's lock for the whole run
@@ -76,29 +78,38 @@ class FlowerServerRuntime(EmbeddedRuntime):
         return self.max_payload, "runtime.max_payload_mb"
 
     def _exchange(self, messages: list[Message], timeout: float,
-                  on_reply: Callable[[Message], None] | None = None) -> tuple[dict[str, Message], list[str]]:
+                  on_reply: Callable[[Message], None] | None = None,
+                  enough: int | None = None) -> tuple[dict[str, Message], list[str]]:
         """Push messages, poll for their replies; (replies by the id of the message they answer, ids pushed).
         A reply refused before it was pulled (too large) is an error reply with code REPLY_REFUSED. ``on_reply``
-        is told each message answered, as its reply arrives."""
+        is told each message answered, as its reply arrives. ``enough``: stop once that many replies that are not
+        errors have arrived (over-selection); a reply pulled with the last of them is not kept, and whether the
+        exchange stopped so is ``self.stopped_with_enough``."""
         ids = [i for i in self.grid.push_messages(messages)]
         sent = {mid: msg for mid, msg in zip(ids, messages) if mid}
         pending = set(sent)
         replies: dict[str, Message] = {}
         self.pulled_at: dict[str, float] = {}
+        self.stopped_with_enough = False
+        good = 0
         deadline = time.monotonic() + timeout
         poll = self.cfg.runtime.flower.poll_interval_s
-        while pending and time.monotonic() < deadline:
+        while pending and time.monotonic() < deadline and not self.stopped_with_enough:
             for mid, rep in self._pull({m: sent[m] for m in pending}, deadline):
-                if mid in pending:
+                if mid in pending and not self.stopped_with_enough:
                     pending.discard(mid)
                     replies[mid] = rep
                     self.pulled_at[mid] = time.time()
+                    good += not rep.has_error()
+                    self.stopped_with_enough = enough is not None and good >= enough and bool(pending)
                     if on_reply is not None:
                         on_reply(sent[mid])
-            if pending:
+            if pending and not self.stopped_with_enough:
                 time.sleep(poll)
         for mid, msg in sent.items():
             rep = replies.get(mid)
+            if rep is None and self.stopped_with_enough:
+                continue  # not waited for: says nothing of its SuperNode
             self.partitions.answered(msg.metadata.dst_node_id,
                                      rep is not None and not (rep.has_error() and rep.error.code in NOT_ANSWERED))
         return replies, ids
@@ -210,6 +221,11 @@ class FlowerServerRuntime(EmbeddedRuntime):
         self.refresh_nodes(timeout=30.0)
         self.client_times = {"client_seconds": {}, "setup_seconds": {}, "start_delay": {}, "return_delay": {}}
         results: dict[int, ClientResult] = {}
+        system = self.cfg.system
+        timeout = self.cfg.federation.round_timeout_s
+        deadline = system.deadline_s if system.deadline_s is not None and system.deadline_s < timeout else None
+        wait = timeout if deadline is None else deadline  # (a message expires then: a late client stops)
+        needed = self.cfg.federation.clients_per_round if system.over_selection else None
         sent: list[tuple[int, int, Message]] = []  # (client, bytes down, message)
         for cid, payload in payloads.items():
             data = wire.encode(payload)
@@ -220,12 +236,11 @@ class FlowerServerRuntime(EmbeddedRuntime):
                 continue
             # expires with the round: a late client does not keep working on a round that is over
             msg = Message(pack(data, round=rnd, client=cid), dst_node_id=node, message_type=MessageType.TRAIN,
-                          group_id=str(rnd), ttl=self.cfg.federation.round_timeout_s)
+                          group_id=str(rnd), ttl=wait)
             sent.append((cid, len(data), msg))
-        timeout = self.cfg.federation.round_timeout_s
         pushed_at = time.time()
         client_of = {id(msg): cid for cid, _, msg in sent}
-        replies, ids = self._exchange([m for _, _, m in sent], timeout,
+        replies, ids = self._exchange([m for _, _, m in sent], wait, enough=needed,
                                       on_reply=lambda msg: self.progress.clients_done([client_of[id(msg)]]))
         if len(ids) != len(sent):  # e.g. HTTP 413: the SuperLink refused the whole push
             ids = [None] * len(sent)
@@ -233,13 +248,20 @@ class FlowerServerRuntime(EmbeddedRuntime):
             rep = replies.get(mid) if mid else None
             if not mid:
                 results[cid] = (None, n_down, 0, "the SuperLink refused the message (too large? see its log)")
-            elif rep is None:
-                results[cid] = (None, n_down, 0, (f"no reply within federation.round_timeout_s={timeout:g} s "
-                                                 "(client stopped or disconnected)"))
-            elif rep.has_error() and rep.error.code in (ErrorCode.MESSAGE_UNAVAILABLE,
-                                                         ErrorCode.REPLY_MESSAGE_UNAVAILABLE):
-                results[cid] = (None, n_down, 0, (f"no reply within federation.round_timeout_s={timeout:g} s "
-                                                 "(the message expired: client stopped or disconnected)"))
+            elif rep is None and self.stopped_with_enough:
+                why = (f"dropped: the round closed with the first {needed} updates to arrive (system.over_selection "
+                       f"{system.over_selection:g}, in real time); not needed")
+                self.surplus_in_real_time.add(cid)
+                self.dropped_in_real_time[cid] = why
+                results[cid] = (None, n_down, 0, why)
+            elif rep is None or (rep.has_error() and rep.error.code in EXPIRED):
+                if deadline is not None:
+                    why = f"dropped: no update within system.deadline_s={deadline:g} s (in real time)"
+                    self.dropped_in_real_time[cid] = why
+                else:
+                    why = (f"no reply within federation.round_timeout_s={timeout:g} s ("
+                           + ("the message expired: " if rep is not None else "") + "client stopped or disconnected)")
+                results[cid] = (None, n_down, 0, why)
             elif rep.has_error() and rep.error.code == REPLY_REFUSED:
                 results[cid] = (None, n_down, 0, first_line(rep.error.reason))
             elif rep.has_error():
