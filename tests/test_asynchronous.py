@@ -178,7 +178,7 @@ def test_a_window_in_which_every_update_fails_is_a_failed_round(tmp_path):
                       "federation.asynchronous={rule: fedbuff, buffer_size: 2}")
     rt = EmbeddedRuntime(cfg, tmp_path / "run")
     before = {k: v.copy() for k, v in rt.server.global_state.items()}
-    rt.run_client = lambda rnd, cid, payload, **kw: (None, 100, 0, "client failed: out of battery")
+    rt.transport.run_client = lambda rnd, cid, payload, **kw: (None, 100, 0, "client failed: out of battery")
     rt.run()
     rows = read_metrics(tmp_path / "run")[1:]
     assert all("round_failed" in r and "6 arrivals in a row" in r["round_failed"] for r in rows)

@@ -167,14 +167,14 @@ def test_flower_replies_with_bad_payloads_are_refused(blob, stype, dtype):
     """A ClientApp reply whose payload record is malformed or carries bad bytes never yields an update."""
     from flwr.app import Array, ArrayRecord, RecordDict
 
-    from fedpeft.runtime.flower.server_app import FlowerServerRuntime
+    from fedpeft.runtime.flower.server_app import FlowerTransport
 
     content = pack(blob, round=RND, client=1)
     if (stype, dtype) != ("fedpeft.wire", "uint8"):
         arr = Array(dtype=dtype, shape=(len(blob),), stype=stype, data=blob)
         content = RecordDict({"payload": ArrayRecord({"payload": arr})})
     fake = SimpleNamespace(max_payload=LIMIT)
-    update, _, _, reason = FlowerServerRuntime._decode_reply(fake, SimpleNamespace(content=content), 0)
+    update, _, _, reason = FlowerTransport._decode_reply(fake, SimpleNamespace(content=content), 0)
     if update is not None:  # bytes that happen to decode still face the server's checks
         _, rejected = server().accept(RND, {1: update})
         assert 1 in rejected
@@ -183,11 +183,11 @@ def test_flower_replies_with_bad_payloads_are_refused(blob, stype, dtype):
 
 
 def test_a_good_flower_reply_decodes():
-    from fedpeft.runtime.flower.server_app import FlowerServerRuntime
+    from fedpeft.runtime.flower.server_app import FlowerTransport
 
     data = wire.encode(good_update())
     fake = SimpleNamespace(max_payload=LIMIT)
-    update, _, n_up, reason = FlowerServerRuntime._decode_reply(fake, SimpleNamespace(content=pack(data)), 7)
+    update, _, n_up, reason = FlowerTransport._decode_reply(fake, SimpleNamespace(content=pack(data)), 7)
     assert reason is None and n_up == len(data)
     accepted, _ = server().accept(RND, {1: update})
     assert list(accepted) == [1]

@@ -160,13 +160,13 @@ def test_footprint_run_bytes_match_a_real_upload(tmp_path, algorithm, pruned):
 
 @pytest.mark.needs_data
 def test_a_run_in_which_every_round_failed_exits_non_zero(tmp_path, capsys, monkeypatch):
-    from fedpeft.runtime import embedded
+    from fedpeft.runtime import local_work
     from fedpeft.training.local import NonFiniteLoss
 
     def diverge(*args, **kwargs):
         raise NonFiniteLoss("training loss is nan at step 1")
 
-    monkeypatch.setattr(embedded, "train_client", diverge)
+    monkeypatch.setattr(local_work, "train_client", diverge)
     args = ["run", str(REPO / "configs" / "quickstart.yaml"), "--run-dir", str(tmp_path / "r"), "--no-progress",
             "--set", "model.name=tiny-bert", "--set", "task.max_train_examples=40", "--set", "eval.max_examples=16",
             "--set", "federation.rounds=2", "--set", "federation.num_clients=4"]

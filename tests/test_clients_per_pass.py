@@ -134,7 +134,7 @@ def test_each_client_gets_the_update_it_gets_alone(method, tmp_path):
                             per_pass=per_pass)
         runtime = EmbeddedRuntime(cfg, tmp_path / str(per_pass))
         payloads = runtime.server.configure(1, [0, 1, 2, 3])
-        updates[per_pass] = runtime.run_clients(1, payloads)
+        updates[per_pass] = runtime.transport.run_clients(1, payloads)
         runtime.close()
     for cid, (update, _, _, failure) in updates[1].items():
         fused = updates[4][cid][0]

@@ -92,7 +92,7 @@ def test_clients_train_the_auxiliary_model_then_the_prompts(tmp_path):
     rt = EmbeddedRuntime(fedsp_config("federation.rounds=1", "algorithm.server_steps=0"), tmp_path / "run")
     received = rt.server.configure(1, [0])[0]
     aux_before = {k[len(AUX):]: v for k, v in received.arrays.items() if k.startswith(AUX)}
-    update, _, _, failure = rt.run_clients(1, {0: received})[0]
+    update, _, _, failure = rt.transport.run_clients(1, {0: received})[0]
     assert failure is None
     assert update.meta["train_steps"] == 4 and "align_loss" in update.meta  # both phases of 2 steps are counted
     changed = {k for k, v in rt.client_states[0]["aux"].items() if not np.allclose(v, aux_before[k])}

@@ -195,9 +195,9 @@ def test_a_pull_answer_that_is_cut_short_is_an_error_not_a_hang():
 
 
 def test_a_refused_reply_reaches_the_round_as_an_error_reply_with_its_reason():
-    """FlowerServerRuntime._pull: what the bounded pull refuses becomes an error reply (code REPLY_REFUSED) to the
+    """FlowerTransport._pull: what the bounded pull refuses becomes an error reply (code REPLY_REFUSED) to the
     message it answers; a size refusal names the limit that applies (the update cap, the describe limit)."""
-    from fedpeft.runtime.flower.server_app import DESCRIBE, REPLY_REFUSED, FlowerServerRuntime
+    from fedpeft.runtime.flower.server_app import DESCRIBE, REPLY_REFUSED, FlowerTransport
 
     class Puller:
         def pull(self, limits, deadline):
@@ -205,7 +205,7 @@ def test_a_refused_reply_reaches_the_round_as_an_error_reply_with_its_reason():
             return {}, {"train": ReplyTooLarge("its arrays hold 9 bytes, more than the 4 allowed"),
                         "describe": ReplyRefused("its objects did not all reach the SuperLink in time")}
 
-    rt = FlowerServerRuntime.__new__(FlowerServerRuntime)
+    rt = FlowerTransport.__new__(FlowerTransport)
     rt.puller, rt.max_payload = Puller(), 4
     sent = {"train": Message(RecordDict(), dst_node_id=3, message_type=MessageType.TRAIN),
             "describe": Message(RecordDict(), dst_node_id=4, message_type=DESCRIBE)}

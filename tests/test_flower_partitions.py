@@ -1,4 +1,4 @@
-"""Which SuperNode serves which partition (fedpeft.runtime.flower.partitions, FlowerServerRuntime.refresh_nodes):
+"""Which SuperNode serves which partition (fedpeft.runtime.flower.partitions, FlowerTransport.refresh_nodes):
 a SuperNode cannot displace one that serves a partition and still answers; a restarted SuperNode (same key), or
 one replacing a SuperNode that left or stopped answering, takes over; pinned keys close the rest. Played here
 against a fake SuperLink; tests/test_flower_security.py plays the displacement on real Flower processes."""
@@ -19,7 +19,7 @@ from fedpeft.runtime.flower.partitions import (
     node_key_fingerprint,
     pinned_key_fingerprint,
 )
-from fedpeft.runtime.flower.server_app import DESCRIBE, FlowerServerRuntime
+from fedpeft.runtime.flower.server_app import DESCRIBE, FlowerTransport
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")  # Flower messages are made here
 
@@ -72,11 +72,11 @@ class FakeSuperLink:
         return out
 
 
-def server(link: FakeSuperLink, *overrides: str) -> FlowerServerRuntime:
+def server(link: FakeSuperLink, *overrides: str) -> FlowerTransport:
     """The ServerApp's node bookkeeping over ``link`` (no model, no run directory)."""
     cfg = load_config(None, ["federation.num_clients=2", "federation.round_timeout_s=0.2",
                              "runtime.flower.poll_interval_s=0.01", *overrides])
-    rt = FlowerServerRuntime.__new__(FlowerServerRuntime)
+    rt = FlowerTransport.__new__(FlowerTransport)
     rt.cfg, rt.grid, rt.puller, rt.max_payload = cfg, link, None, 1 << 20
     rt.partitions = PartitionTable(cfg.runtime.flower.partition_keys)
     rt.num_partitions, rt.described = cfg.runtime.flower.num_supernodes, set()
@@ -107,7 +107,7 @@ def test_partition_keys_must_name_partitions_of_the_run(keys):
         load_config(None, [f"runtime.flower.partition_keys={{2: '{keys[0].line}'}}"])
 
 
-def two_served_partitions(keys) -> tuple[FakeSuperLink, FlowerServerRuntime]:
+def two_served_partitions(keys) -> tuple[FakeSuperLink, FlowerTransport]:
     """SuperNodes 1 and 2 (keys 0 and 1) serving partitions 0 and 1, as the ServerApp has settled them."""
     link = FakeSuperLink()
     link.add(1, keys[0].pem, 0)

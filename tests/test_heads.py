@@ -277,7 +277,7 @@ def test_pruned_heads_get_no_update_even_with_weight_decay(tmp_path):
     rt = EmbeddedRuntime(cfg, tmp_path / "run", observers=[Importance()])
     before = {k: v.copy() for k, v in rt.server.global_state.items()}
     [cid] = rt.server.select(1)
-    update, _, _, failure = rt.run_client(1, cid, rt.server.configure(1, [cid])[cid])
+    update, _, _, failure = rt.transport.run_client(1, cid, rt.server.configure(1, [cid])[cid])
     assert failure is None
     kept = {int(h) for h in update.arrays[KEPT_KEY]}
     assert len(kept) == 4

@@ -124,14 +124,14 @@ def test_each_method_trains_a_vit_on_mnist_and_sends_only_its_tensors(method, tm
     trainable = set(rt.exp.tuned.params)
     assert rt.exp.data.num_labels == 10 and rt.exp.data.train.pixels.shape[1:] == (3, 32, 32)
     sent = {}
-    original = rt.run_client
+    original = rt.transport.run_client
 
     def run_client(rnd, cid, payload, *args, **kwargs):
         out = original(rnd, cid, payload, *args, **kwargs)
         sent[cid] = (set(out[0].arrays), out[0].meta)
         return out
 
-    rt.run_client = run_client
+    rt.transport.run_client = run_client
     rt.run()
     row = read_metrics(tmp_path / method)[1]
     assert sent and all(names == trainable for names, _ in sent.values())

@@ -196,7 +196,7 @@ def test_a_flexlora_client_trains_at_alpha_over_its_rank(tmp_path, monkeypatch, 
     cfg = tiny_config("algorithm.name=flexlora", "peft.r=4", "peft.alpha=8", "runtime.clients_per_pass=2",
                       "algorithm.rank_groups=[{rank: 1, share: 0.5}, {rank: 4, share: 0.5}]")
     rt = EmbeddedRuntime(cfg, tmp_path / "flex")
-    assert rt.cohort is None and "flexlora declares trains_batched = False" in caplog.text  # one scale per layer
+    assert rt.transport.cohort is None and "flexlora declares trains_batched = False" in caplog.text  # one scale per layer
     seen = []
 
     def train(self, ctx, pairs, rank):
@@ -206,7 +206,7 @@ def test_a_flexlora_client_trains_at_alpha_over_its_rank(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(halves.HeteroRankClient, "train", train)
     for c in (rt.server.ranks.index(1), rt.server.ranks.index(4)):
-        _, _, _, failure = rt.run_client(1, c, rt.server.configure(1, [c])[c])
+        _, _, _, failure = rt.transport.run_client(1, c, rt.server.configure(1, [c])[c])
         assert failure is None
     assert seen == [(1, 8.0), (4, 2.0)]  # alpha / r_i, not alpha / peft.r = 2 for both
     layer = rt.exp.tuned.module.get_submodule(lora_pairs(rt.exp.tuned.params)[0].module)
@@ -258,7 +258,7 @@ def test_hetlora_self_pruning_drops_trailing_components_the_regulariser_shrank(t
             state[p.a][2:], state[p.b][:, 2:] = tail, tail
         rt.server.global_state = state
         start = float(tail_norm({k: torch.from_numpy(v) for k, v in state.items()}, pairs, 2, 4))
-        update, _, _, failure = rt.run_client(1, 0, rt.server.configure(1, [0])[0])
+        update, _, _, failure = rt.transport.run_client(1, 0, rt.server.configure(1, [0])[0])
         assert failure is None
         end = float(tail_norm(rt.exp.tuned.params, pairs, 2, 4).detach())
         trained = {p.a: rt.exp.tuned.params[p.a].detach().numpy().copy() for p in pairs}
@@ -334,7 +334,7 @@ def test_the_methods_refuse_other_peft_methods_and_impossible_ranks():
 
 @pytest.mark.needs_data
 def test_a_flora_client_below_peft_r_trains_only_its_first_components(tmp_path):
-    from fedpeft.runtime.embedded import train_client
+    from fedpeft.runtime.local_work import train_client
 
     rt = EmbeddedRuntime(tiny_config("algorithm.name=flora", "peft.r=4", "algorithm.client_ranks={0: 2}"), tmp_path)
     payload = rt.server.configure(1, [0])[0]
@@ -366,14 +366,14 @@ class Uploads:
 
     def __init__(self, rt):
         self.seen: dict[int, dict[int, Payload]] = {}
-        real = rt.run_client
+        real = rt.transport.run_client
 
         def spy(rnd, cid, payload):
             result = real(rnd, cid, payload)
             self.seen.setdefault(rnd, {})[cid] = result[0]
             return result
 
-        rt.run_client = spy
+        rt.transport.run_client = spy
 
 
 @pytest.mark.needs_data
@@ -601,16 +601,16 @@ def test_refusals_a_client_half_makes_and_how_the_server_recovers(tmp_path):
     payload = rt.server.configure(1, [0])[0]
     payload.meta["frozen_a_sha256"] = "0" * 64
     with pytest.raises(ValueError, match="frozen LoRA A differs"):
-        rt.run_client(1, 0, payload)
+        rt.transport.run_client(1, 0, payload)
     rt.close()
     # FedSA-LoRA: a served client that lost its B fails once, then gets the initial B again
     rt = EmbeddedRuntime(tiny_config("algorithm.name=fedsa_lora", "peft.r=4", "eval.personalized=true"),
                          tmp_path / "sa")
     rt.server.served = [0]
     with pytest.raises(ValueError, match=r"holds no LoRA B \(and task head\) of its own"):
-        rt.run_client(1, 0, rt.server.configure(1, [0])[0])
+        rt.transport.run_client(1, 0, rt.server.configure(1, [0])[0])
     rt.server.observe_failures(1, {0: "lost"})
-    update, _, _, failure = rt.run_client(1, 0, rt.server.configure(1, [0])[0])
+    update, _, _, failure = rt.transport.run_client(1, 0, rt.server.configure(1, [0])[0])
     assert failure is None and update is not None
     rt.close()
     # FLoRA: a client whose model lost its merges fails, and from then on gets the whole history
@@ -623,7 +623,7 @@ def test_refusals_a_client_half_makes_and_how_the_server_recovers(tmp_path):
     if rt.server.synced[c] > 0:
         setattr(rt.exp.tuned.module, MERGED_ATTR, 0)  # as a restarted process's fresh model
         with pytest.raises(ValueError, match="lost its merged backbone"):
-            rt.run_client(3, c, rt.server.configure(3, [c])[c])
+            rt.transport.run_client(3, c, rt.server.configure(3, [c])[c])
     rt.server.observe_failures(3, {c: "lost"})
     assert rt.server.configure(3, [c])[c].meta["merge_rounds"] == [1, 2]
     rt.close()
@@ -635,7 +635,7 @@ def test_a_low_rank_client_trains_only_its_own_components(tmp_path):
                       "algorithm.client_ranks={1: 1}", "train.weight_decay=0.1", "peft.dropout=0.3")
     rt = EmbeddedRuntime(cfg, tmp_path / "het")
     rt.server.global_state = {k: v + 0.01 for k, v in rt.server.global_state.items()}  # nothing starts at zero
-    update, _, _, failure = rt.run_client(1, 1, rt.server.configure(1, [1])[1])
+    update, _, _, failure = rt.transport.run_client(1, 1, rt.server.configure(1, [1])[1])
     assert failure is None
     for p in lora_pairs(rt.exp.tuned.params):
         a = rt.exp.tuned.params[p.a].detach().numpy()

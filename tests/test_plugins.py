@@ -122,7 +122,7 @@ def test_a_scaffold_local_step_is_the_papers_on_the_clipped_corrected_gradient(m
     the same batch (unclipped), the correction before the clipping."""
     from fedpeft.algorithms.fedavg.options import FedAvgOptions
     from fedpeft.algorithms.registry import make_client
-    from fedpeft.runtime.embedded import train_client
+    from fedpeft.runtime.local_work import train_client
     from fedpeft.runtime.setup import build_experiment
 
     plugin = [str(SCAFFOLD / "plugin.py")]
@@ -245,14 +245,14 @@ def test_a_real_update_carries_only_the_documented_metadata_keys(tmp_path):
     documented = documented_update_keys()
     rt = EmbeddedRuntime(tiny_config("eval.personalized=true", "federation.rounds=1"), tmp_path / "run")
     sent = []
-    original = rt.run_client
+    original = rt.transport.run_client
 
     def run_client(*args, **kwargs):
         out = original(*args, **kwargs)
         sent.append(out[0].meta)
         return out
 
-    rt.run_client = run_client
+    rt.transport.run_client = run_client
     rt.run()
     rt.close()
     assert sent and all(PERSONAL in meta for meta in sent)  # the last round is evaluated: every client reports

@@ -80,14 +80,14 @@ def test_a_resumed_run_keeps_the_clients_per_pass_auto_measured_and_the_out_of_m
                       "eval.every=1")
     monkeypatch.setattr(Cohort, "probe", lambda self, *a, **k: 4)
     rt = EmbeddedRuntime(cfg, tmp_path / "cut")
-    rt.cohort.limit = 2  # as if a pass had run out of memory with 4
+    rt.transport.cohort.limit = 2  # as if a pass had run out of memory with 4
     crash_at_round(rt, monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         rt.run()
     monkeypatch.undo()
     monkeypatch.setattr(Cohort, "probe", lambda self, *a, **k: pytest.fail("auto measured again after resuming"))
     resumed = EmbeddedRuntime.resume(tmp_path / "cut")
-    assert (resumed.cohort.chosen, resumed.cohort.limit) == (4, 2)
+    assert (resumed.transport.cohort.chosen, resumed.transport.cohort.limit) == (4, 2)
     resumed.run()
     assert [r.get("clients_per_pass") for r in read_metrics(tmp_path / "cut")[1:]] == [2, 2, 2]
 

@@ -267,8 +267,8 @@ def test_min_replies_keeps_the_global_model_when_too_few_arrive(tmp_path):
                       "federation.min_replies=2", "train.local_steps=1")
     rt = EmbeddedRuntime(cfg, tmp_path / "run")
     before = {k: v.copy() for k, v in rt.server.global_state.items()}
-    real = rt.run_client
-    rt.run_client = lambda rnd, cid, p: (None, 0, 0, "killed") if cid == 1 else real(rnd, cid, p)
+    real = rt.transport.run_client
+    rt.transport.run_client = lambda rnd, cid, p: (None, 0, 0, "killed") if cid == 1 else real(rnd, cid, p)
     rt.run()
     row = read_metrics(tmp_path / "run")[1]
     assert "1 of 2 updates accepted, federation.min_replies is 2" in row["round_failed"]

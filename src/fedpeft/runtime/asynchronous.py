@@ -30,12 +30,14 @@ import numpy as np
 from fedpeft import wire
 from fedpeft.config.asynchronous import staleness_weight
 from fedpeft.runtime.cohort import pass_row
+from fedpeft.runtime.inprocess import InProcessTransport
 from fedpeft.runtime.simclock import work_of
 from fedpeft.runtime.updates import accept_updates
 from fedpeft.system.clock import ClientTime, client_time
 
 if TYPE_CHECKING:
-    from fedpeft.runtime.embedded import EmbeddedRuntime, RoundOutcome
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+    from fedpeft.runtime.outcome import RoundOutcome
 
 log = logging.getLogger("fedpeft")
 
@@ -92,7 +94,7 @@ class StepRecord:
 
 
 class BufferedAsync:
-    """The asynchronous schedule of a run: it drives the runtime's clients (``runtime.run_clients``) and its
+    """The asynchronous schedule of a run: it drives the run's transport (``transport.run_clients``) and its
     server half, one aggregation per :meth:`step`."""
 
     def __init__(self, runtime: EmbeddedRuntime):
@@ -118,7 +120,10 @@ class BufferedAsync:
                 "in_flight": [t.state() for t in self.in_flight],
                 "starts": {str(v): arrays for v, arrays in self.starts.items()}}
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            raise ValueError("the checkpoint holds no asynchronous schedule (clients in flight, the models they "
+                             "started from): it is a synchronous run's")
         self.draws, self.version = int(state["draws"]), int(state["version"])
         self.last_aggregation_s = float(state["last_aggregation_s"])
         self.in_flight = [Task.from_state(s) for s in state["in_flight"]]
@@ -157,7 +162,7 @@ class BufferedAsync:
                     start[key] = np.array(value, dtype=np.float32, copy=True)
         self.rt.progress.clients_training(list(payloads))
         trained = time.perf_counter()
-        results = self.rt.run_clients(self.draws, payloads)
+        results = self.rt.transport.run_clients(self.draws, payloads)
         record.training_s += time.perf_counter() - trained
         for cid in chosen:
             update, n_down, n_up, failure = results[cid]
@@ -250,7 +255,8 @@ class BufferedAsync:
         client fails) ends as a failed round."""
         record = StepRecord()
         self.rt.progress.round_started(rnd, [])
-        cohort = self.rt.cohort
+        transport = self.rt.transport
+        cohort = transport.cohort if isinstance(transport, InProcessTransport) else None
         before = dataclasses.replace(cohort.stats) if cohort is not None else None
         tc = time.perf_counter()
         fruitless, give_up = 0, self.rt.cfg.federation.num_clients
@@ -270,7 +276,8 @@ class BufferedAsync:
         schedule_s = out.time_client_s - record.training_s
         record.staleness = {t.client: self.version - t.version for t in self.buffer}
         if cohort is not None and before is not None:  # the window's fused passes, all its refills together
-            self.rt.pass_info.update(pass_row(before, cohort.stats))
+            assert isinstance(transport, InProcessTransport)
+            transport.pass_info.update(pass_row(before, cohort.stats))
         if len(self.buffer) < self.k:  # (every arrival of the window failed)
             out.failed = (f"{give_up} arrivals in a row brought no update that could be aggregated (see rejected); "
                           f"{len(self.buffer)} of buffer_size {self.k} waited")

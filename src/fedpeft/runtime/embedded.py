@@ -1,16 +1,12 @@
-"""The embedded runtime: every client and the server in one process, over one shared backbone.
-
-Each round, for every selected client: the server's payload is serialized and decoded (so the bytes
-counted are the bytes a transport would carry), the client half loads it into the shared model,
-trains on the client's partition and returns an update, which is serialized, decoded, checked and
-aggregated by the server half. Memory does not grow with the number of clients: a client is an
-index list into the tokenised training set plus whatever state its algorithm keeps.
+"""The run: its server, its files, evaluations and checkpoints, driven by a schedule (synchronous rounds,
+fedpeft.runtime.synchronous; buffered asynchronous aggregation, fedpeft.runtime.asynchronous) over a transport
+(fedpeft.runtime.transport). With the default transport, every client and the server are in one process over one
+shared backbone (the embedded runtime, fedpeft.runtime.inprocess); a Flower ServerApp runs the same class over
+Flower's Grid (fedpeft.runtime.flower.server_app).
 """
-
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -19,7 +15,6 @@ import resource
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +22,7 @@ import numpy as np
 import torch
 
 from fedpeft import algorithms, checkpoint, tracking, wire
-from fedpeft.algorithms.base import ClientAlgorithm, ClientContext
+from fedpeft.algorithms.base import ClientAlgorithm
 from fedpeft.config import RunConfig
 from fedpeft.durable import is_refused_write, publish_dir, refused_write, staging_dir
 from fedpeft.errors import UserError
@@ -47,17 +42,18 @@ from fedpeft.rundir import (
 )
 from fedpeft.runlock import RunLock
 from fedpeft.runtime.asynchronous import BufferedAsync
-from fedpeft.runtime.attacks import attacker_ids, flip_labels, poison
-from fedpeft.runtime.cohort import make_cohort, pass_row
+from fedpeft.runtime.attacks import attacker_ids
+from fedpeft.runtime.inprocess import InProcessTransport
+from fedpeft.runtime.outcome import RoundOutcome
 from fedpeft.runtime.payload_limits import upload_limit
-from fedpeft.runtime.personal import PERSONAL, personal_due, personal_row, score
+from fedpeft.runtime.personal import personal_row
 from fedpeft.runtime.progress import RoundProgress
 from fedpeft.runtime.resume import resume_config, resume_point
 from fedpeft.runtime.setup import Experiment, build_experiment
-from fedpeft.runtime.simclock import RoundClock, RoundStart, SimulatedSystem
-from fedpeft.runtime.updates import accept_updates
+from fedpeft.runtime.simclock import SimulatedSystem
+from fedpeft.runtime.synchronous import SynchronousRounds
+from fedpeft.runtime.transport import Transport
 from fedpeft.training.evaluate import PREDICTIONS, evaluate
-from fedpeft.training.local import NonFiniteLoss
 
 log = logging.getLogger("fedpeft")
 TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time_overhead_s", "time_round_s", "wall_s",
@@ -65,29 +61,6 @@ TIMING_KEYS = ("time_client_s", "time_aggregation_s", "time_evaluation_s", "time
 LAST_ADAPTER, BEST_ADAPTER = "adapter", "best_adapter"
 ONE_CLASS = "predicts_one_class"  # a row's note that the scored model predicts (nearly) one class (metrics.scores)
 TRAINER_COUNTERS = ("flops_measured", "flops_tokens", "flops_steps")
-# What one client returns for a round: (decoded update or None, bytes down, bytes up, failure reason or None)
-ClientResult = tuple[wire.Payload | None, int, int, str | None]
-
-
-@dataclass
-class RoundOutcome:
-    """What the clients' work of one round amounted to, before evaluation."""
-
-    metas: dict[int, dict[str, Any]] = field(default_factory=dict)  # accepted clients -> their update's meta
-    agg: dict[str, float] = field(default_factory=dict)  # aggregation metrics (empty if nothing was aggregated)
-    rejected: dict[int, str] = field(default_factory=dict)  # client -> why its update was not aggregated
-    bytes_down: dict[int, int] = field(default_factory=dict)
-    bytes_up: dict[int, int] = field(default_factory=dict)
-    time_client_s: float = 0.0
-    time_aggregation_s: float = 0.0
-    failed: str | None = None  # why the round aggregated nothing (too few updates), or None
-    clock: RoundClock | None = None  # the round's simulated time (system), once the updates have been checked
-
-
-def client_seed(seed: int, rnd: int, cid: int) -> int:
-    return int(np.random.SeedSequence([seed, rnd, cid]).generate_state(1)[0])
-
-
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -108,55 +81,6 @@ def backbone_bytes(tuned) -> int:
     return held_bytes(module.get_base_model() if hasattr(module, "get_base_model") else module)
 
 
-def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, cid: int, received: wire.Payload,
-                 state: dict[str, Any], report: Callable[[str, Any], None] | None = None, *, tuned: Any = None,
-                 trainer: Callable[..., Any] | None = None) -> wire.Payload:
-    """One client's local work for round ``rnd``, the same in every runtime: seeded by (seed, round, client)
-    only, so a client gives the same update wherever and whenever it runs. ``state`` is the client's
-    algorithm state, updated in place. ``tuned`` (default: the shared ``exp.tuned``) is the model the client
-    half gets; ``trainer(tuned, data, rng, **options)`` (default: ``exp.trainer.train``) trains it (a cohort
-    passes its own, see fedpeft.runtime.cohort)."""
-    own = exp.tuned if tuned is None else tuned
-    train_with = exp.trainer.train if trainer is None else trainer
-    cfg = exp.cfg
-    rng = np.random.default_rng([cfg.seed, rnd, cid])
-    torch.manual_seed(client_seed(cfg.seed, rnd, cid))
-    data = exp.client_data(cid)
-    attacking = cid in attacker_ids(cfg)  # a simulated Byzantine client (federation.attackers)
-    if attacking and cfg.federation.attackers.attack == "label_flip":
-        data = flip_labels(data, exp.data.num_labels)
-
-    def train(*, tuned=None, **options):  # the options of LocalTrainer.train (hooks, optimizer state, lr, ...)
-        return train_with(tuned or own, data, rng, **options)
-
-    ctx = ClientContext(client_id=cid, round=rnd, tuned=own, train=train, num_examples=len(data), state=state,
-                        data=data, resources=exp.client_resources)
-    if report is not None:
-        ctx.report = report
-    due = personal_due(cfg, rnd)
-    personal: dict[str, Any] = {}
-
-    def evaluate_personal(tuned: Any = None) -> dict[str, Any] | None:
-        if not due:
-            return None
-        if PERSONAL in personal:
-            raise RuntimeError(f"algorithm {cfg.algorithm.name}: ctx.evaluate_personal() called twice in one round")
-        task = exp.personal_data(cid)
-        personal[PERSONAL] = None if task is None else score(exp, (tuned or own).module, task)
-        return personal[PERSONAL]
-
-    ctx.evaluate_personal = evaluate_personal
-    update = client.fit(received, ctx)
-    if attacking:
-        update = poison(update, received, cfg, rnd, cid)
-    if due and PERSONAL not in personal:
-        raise RuntimeError(f"algorithm {cfg.algorithm.name} declares supports_personalized_eval but its client half "
-                           "did not call ctx.evaluate_personal() (eval.personalized)")
-    if personal.get(PERSONAL) is not None:
-        update.meta[PERSONAL] = personal[PERSONAL]
-    return update
-
-
 def _total_or_unknown(values) -> float | None:
     """The sum, or None (unknown) when any client could not count its part."""
     values = list(values)
@@ -173,20 +97,21 @@ def _check_personal_state(cfg: RunConfig) -> None:
 
 
 class EmbeddedRuntime:
-    """Runs the rounds; a subclass changes where clients run by overriding :meth:`run_clients`."""
-
-    fuses_clients = True  # whether runtime.clients_per_pass > 1 trains clients together (a subclass may not)
-    # whether system.deadline_s and system.over_selection act in real time on the replies as they arrive (run_clients
-    # then fills dropped_in_real_time and surplus_in_real_time) rather than on the simulated clock
-    rounds_in_real_time = False
+    """A run: its server, its files, its evaluations and checkpoints. Its schedule (synchronous rounds, or buffered
+    asynchronous aggregation under federation.asynchronous) decides who trains from which global version and when
+    updates are aggregated; its transport (fedpeft.runtime.transport: in this process by default, or Flower's
+    Grid) trains the clients."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, experiment: Experiment | None = None,
-                 resume: bool = False, lock: bool = True, observers: Sequence[RunObserver] = ()):
+                 resume: bool = False, lock: bool = True, observers: Sequence[RunObserver] = (),
+                 transport: Transport | None = None):
         """A new run (in a new directory, created once the data and model have loaded), or with ``resume`` the
         run in ``run_dir`` continued with ``cfg`` (its saved config, where only federation.rounds may differ).
         ``lock``: hold RUN_DIR's lock while writing (fedpeft.runlock); a launcher that holds it for us passes
-        False. ``observers``: fedpeft.RunObserver instances that watch the run."""
+        False. ``observers``: fedpeft.RunObserver instances that watch the run. ``transport``: where the clients
+        train (default: in this process, fedpeft.runtime.inprocess)."""
         self.cfg = cfg
+        self.transport: Transport = transport if transport is not None else InProcessTransport()
         if cfg.eval.save_client_adapters:
             _check_personal_state(cfg)
         self.observers = list(observers)
@@ -238,12 +163,13 @@ class EmbeddedRuntime:
         self.stopped_early: str | None = None  # why the run ended before federation.rounds (server.stop_reason)
         self.one_class_warned = False  # whether a round's one-class model was warned of (later ones: events.log)
         # the virtual clock and the clients' devices (system)
-        self.system = SimulatedSystem(cfg, decides_rounds=not self.rounds_in_real_time)
-        self.dropped_in_real_time: dict[int, str] = {}  # client -> why, in the round run now (rounds_in_real_time)
-        self.surplus_in_real_time: set[int] = set()  # of those, over-selected clients not waited for
-        # the asynchronous schedule (federation.asynchronous), or None: synchronous rounds
-        self.schedule = BufferedAsync(self) if cfg.federation.asynchronous is not None else None
-        self.round_start = RoundStart(None, 0.0)
+        self.system = SimulatedSystem(cfg, decides_rounds=not self.transport.rounds_in_real_time)
+        # client -> why, in the round run now, and of those the over-selected clients not waited for: filled by a
+        # transport whose rounds_in_real_time
+        self.dropped_in_real_time: dict[int, str] = {}
+        self.surplus_in_real_time: set[int] = set()
+        self.schedule: SynchronousRounds | BufferedAsync = (
+            BufferedAsync(self) if cfg.federation.asynchronous is not None else SynchronousRounds(self))
         if restored is not None:
             self._restore(*restored)
         if resume:  # only now that the checkpoint has loaded: a failure above leaves the directory as it was
@@ -267,17 +193,13 @@ class EmbeddedRuntime:
                          f"{self.backbone_bytes / 2**20:.1f} MiB ({cfg.model.dtype}"
                          + (f", quantized {cfg.model.quantization.described()}" if cfg.model.quantization else "")
                          + ")")
-        self.pass_info: dict[str, Any] = {}
         self.progress = RoundProgress(cfg.federation.rounds, self.writer.note)  # run() adds the bar
-        self.cohort = make_cohort(self.exp, self.client) if self.fuses_clients else None
-        if self.cohort is not None and restored is not None and "clients_per_pass" in restored[1]:
-            kept = restored[1]["clients_per_pass"]
-            self.cohort.chosen, self.cohort.limit = kept["chosen"], kept["limit"]
-        if cfg.runtime.clients_per_pass != 1 and not self.fuses_clients:
+        if cfg.runtime.clients_per_pass != 1 and not self.transport.fuses_clients:
             log.warning("runtime.clients_per_pass %s applies to the embedded runtime; runtime %s trains one client "
                         "per message", cfg.runtime.clients_per_pass, cfg.runtime.name)
         if restored is not None:
             log.warning("resumed %s after round %d (checkpoint %s)", self.run_dir, restored[0], checkpoint.FILENAME)
+        self.transport.bind(self, restored[1] if restored is not None else None)
 
     def _drop_best_after(self, rnd: int) -> None:
         """Forget a best adapter saved after round ``rnd`` (those rounds run again and may save it again), or any
@@ -332,11 +254,9 @@ class EmbeddedRuntime:
             "wall_s": self.rows[-1].get("wall_s", 0.0) if self.rows else 0.0,
             "trainer": {k: getattr(trainer, k) for k in TRAINER_COUNTERS},
             "system": self.system.state(),
-            **({"asynchronous": self.schedule.state()} if self.schedule is not None else {}),
+            **({"asynchronous": schedule} if (schedule := self.schedule.state()) is not None else {}),
             "config_sha256": self.config_digest,  # fedpeft.runtime.resume.check_config_unchanged
-            # auto's measured number and an out-of-memory halving: a resumed run groups its clients as before
-            **({"clients_per_pass": {"chosen": self.cohort.chosen, "limit": self.cohort.limit}}
-               if self.cohort is not None else {}),
+            **self.transport.state(),
         }
 
     def _restore(self, rnd: int, state: dict[str, Any]) -> None:
@@ -351,8 +271,7 @@ class EmbeddedRuntime:
         else:
             log.warning("the checkpoint of round %d is from a fedpeft without the simulated clock: the clock restarts "
                         "at 0 s, so sim_time_s counts the resumed rounds only", rnd)
-        if self.schedule is not None:
-            self.schedule.load_state(state["asynchronous"])
+        self.schedule.load_state(state.get("asynchronous"))
         self.start_round = rnd + 1
 
     @classmethod
@@ -386,141 +305,13 @@ class EmbeddedRuntime:
                 out[ONE_CLASS] = {"class": found[0], "share": found[1], "rows": len(result[PREDICTIONS])}
         return out
 
-    def run_client(self, rnd: int, cid: int, payload: wire.Payload, *, tuned: Any = None,
-                   trainer: Callable[..., Any] | None = None) -> ClientResult:
-        """(decoded update or None, bytes down, bytes up, failure reason); ``tuned`` and ``trainer`` as
-        :func:`train_client` takes them."""
-        down = wire.encode(payload)
-        received = wire.decode(down)
-        state = self.client_states.get(cid, {})
-        try:
-            report = None
-            if self.observers:
-                def report(name: str, value: Any) -> None:
-                    for observer in self.observers:
-                        observer.on_client_report(rnd, cid, name, value)
-            update = train_client(self.exp, self.client, rnd, cid, received, state, report, tuned=tuned,
-                                  trainer=trainer)
-        except NonFiniteLoss as exc:
-            return None, len(down), 0, str(exc)
-        if state:
-            self.client_states[cid] = state
-        try:
-            up = wire.encode(update)
-        except wire.PayloadError as exc:  # what the client half returned cannot travel (non-JSON metadata)
-            return None, len(down), 0, str(exc)
-        try:
-            decoded = wire.decode(up, max_bytes=self.max_payload)
-        except wire.PayloadError as exc:
-            return None, len(down), len(up), str(exc)
-        return decoded, len(down), len(up), None
-
-    def run_clients(self, rnd: int, payloads: dict[int, wire.Payload]) -> dict[int, ClientResult]:
-        """Every selected client's result for the round, in this process: one after another, or
-        ``runtime.clients_per_pass`` at a time in one fused pass (fedpeft.runtime.cohort)."""
-        if self.cohort is None:
-            return self.one_at_a_time(rnd, payloads)
-        cids = list(payloads)
-        k = self.cfg.runtime.clients_per_pass
-        if k == "auto":  # measured once, on this round's clients
-            if self.cohort.chosen is None:
-                self.cohort.chosen = self.cohort.probe(self.exp.client_data, cids, self.cfg.seed)
-            k = self.cohort.chosen
-        k = min(int(k), self.cohort.limit or int(k))
-        if k == 1:  # (auto measured no gain, or memory ran out at 2): one after another, as without a cohort
-            self.pass_info = {"clients_per_pass": 1}
-            return self.one_at_a_time(rnd, payloads)
-        out: dict[int, ClientResult] = {}
-        before = dataclasses.replace(self.cohort.stats)
-        for i in range(0, len(cids), k):
-            if len(cids[i:i + k]) == 1:  # (a last client alone trains as without a cohort)
-                out.update(self.one_at_a_time(rnd, {cids[i]: payloads[cids[i]]}))
-                continue
-            self.progress.clients_training(cids[i:i + k])
-            out.update(self.cohort.run(cids[i:i + k], lambda cid, tuned, train: self.run_client(
-                rnd, cid, payloads[cid], tuned=tuned, trainer=train), seed=(self.cfg.seed, rnd)))
-            self.progress.clients_done(cids[i:i + k])
-        self.pass_info = {"clients_per_pass": min(k, len(cids)), **pass_row(before, self.cohort.stats)}
-        return out
-
-    def one_at_a_time(self, rnd: int, payloads: dict[int, wire.Payload]) -> dict[int, ClientResult]:
-        out = {}
-        for cid, payload in payloads.items():
-            self.progress.clients_training([cid])
-            out[cid] = self.run_client(rnd, cid, payload)
-            self.progress.clients_done([cid])
-        return out
-
-    def train_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:
-        """Send the payloads, collect and check the updates, aggregate the accepted ones."""
-        out = RoundOutcome()
-        updates: dict[int, wire.Payload] = {}
-        tc = time.perf_counter()
-        self.dropped_in_real_time, self.surplus_in_real_time = {}, set()
-        results = self.run_clients(rnd, payloads)
-        out.time_client_s = time.perf_counter() - tc
-        for cid in selected:
-            update, n_down, n_up, failure = results[cid]
-            out.bytes_down[cid] = n_down
-            out.bytes_up[cid] = n_up
-            if failure is not None:
-                out.rejected[cid] = failure
-                log.warning("round %d: update of client %d rejected: %s", rnd, cid, failure)
-            else:
-                updates[cid] = update
-        ta = time.perf_counter()
-        accepted, refused = accept_updates(self.server, rnd, updates)
-        out.rejected.update(refused)
-        out.clock = self.system.close(rnd, {c: (out.bytes_down[c], u.meta, out.bytes_up[c]) for c, u in updates.items()},
-                                      set(accepted), self.round_start.waited_s)
-        out.clock.timeline.dropped.update(self.dropped_in_real_time)  # (already rejected: counted as the clock's)
-        out.clock.timeline.surplus |= self.surplus_in_real_time
-        for cid, why in sorted(out.clock.timeline.dropped.items()):
-            if cid in accepted:  # (a refused update keeps its reason)
-                del accepted[cid]
-                out.rejected[cid] = why
-                log.warning("round %d: update of client %d dropped: %s", rnd, cid, why)
-        # (an over-selected client whose update came after the first K did not fail: it was not needed)
-        self.server.observe_failures(rnd, {c: r for c, r in out.rejected.items() if c not in out.clock.timeline.surplus})
-        out.metas = {c: p.meta for c, p in accepted.items()}
-        if len(accepted) >= self.cfg.federation.min_replies:
-            out.agg = self.server.aggregate(rnd, accepted)
-        else:
-            out.failed = (f"{len(accepted)} of {len(selected)} updates accepted, federation.min_replies is "
-                          f"{self.cfg.federation.min_replies}")
-        out.time_aggregation_s = time.perf_counter() - ta
-        return out
-
     def run_round(self, rnd: int, wall_start: float) -> dict[str, Any]:
+        """One round of the schedule (synchronous: a round; asynchronous: one aggregation) and its metrics row."""
         t0 = time.perf_counter()
-        if self.schedule is not None:  # asynchronous: one aggregation of the buffered updates
-            out = RoundOutcome()
-            own = self.schedule.step(rnd, out)
-            row: dict[str, Any] = {"round": rnd, "clients": own.pop("clients")}
-            return self.round_row(rnd, row, out, own, t0, wall_start)
-        self.round_start = start = self.system.round_start(rnd)
-        self.server.online = start.online
-        selected = self.server.select(rnd)
-        offline = {} if start.online is None else {
-            c: "offline when selected (system: the algorithm's select() chose a client outside ServerAlgorithm.online)"
-            for c in selected if c not in set(start.online)}
-        reachable = [c for c in selected if c not in offline]
-        payloads = self.server.configure(rnd, reachable)
-        self.progress.round_started(rnd, list(payloads))
-        for observer in self.observers:
-            observer.on_configure(rnd, payloads)
-        out = self.train_round(rnd, reachable, payloads)
-        if offline:
-            for cid, why in offline.items():
-                log.warning("round %d: client %d failed: %s", rnd, cid, why)
-                out.rejected[cid] = why
-                out.bytes_down[cid] = out.bytes_up[cid] = 0
-            self.server.observe_failures(rnd, offline)
-        if out.clock is None:  # a runtime whose round aggregates without seeing the updates (SecAgg+)
-            out.clock = self.system.close(rnd, {c: (out.bytes_down[c], m, out.bytes_up[c]) for c, m in out.metas.items()},
-                                          set(out.metas), start.waited_s)
-        row = {"round": rnd, "clients": selected}
-        return self.round_row(rnd, row, out, self.system.row(out.clock), t0, wall_start)
+        out = RoundOutcome()
+        own = self.schedule.step(rnd, out)
+        row: dict[str, Any] = {"round": rnd, "clients": own.pop("clients")}
+        return self.round_row(rnd, row, out, own, t0, wall_start)
 
     def round_row(self, rnd: int, row: dict[str, Any], out: RoundOutcome, timing: dict[str, Any], t0: float,
                   wall_start: float) -> dict[str, Any]:
@@ -592,10 +383,9 @@ class EmbeddedRuntime:
         return out
 
     def runtime_round_info(self) -> dict[str, Any]:
-        """Extra per-round entries a runtime reports about itself (e.g. client process times; the fused passes'
+        """Extra per-round entries the transport reports about itself (e.g. client process times; the fused passes'
         padded-token shares)."""
-        info, self.pass_info = self.pass_info, {}
-        return info
+        return self.transport.round_info()
 
     def _eval_due(self, rnd: int) -> bool:
         """Every eval.every rounds, and after the last round (the configured last, or one the algorithm ends
@@ -660,8 +450,9 @@ class EmbeddedRuntime:
         return summary
 
     def round_progress(self, bar: Any) -> RoundProgress:
-        """Progress inside a round: on ``bar`` (None without runtime.progress) and in events.log."""
-        return RoundProgress(self.cfg.federation.rounds, self.writer.note, bar)
+        """Progress inside a round: on ``bar`` (None without runtime.progress) and in events.log, unless the
+        transport has its own (a Flower ServerApp's: log lines the launcher follows)."""
+        return self.transport.round_progress(bar) or RoundProgress(self.cfg.federation.rounds, self.writer.note, bar)
 
     def _warn_one_class(self, row: dict[str, Any], key: str) -> None:
         """A round whose model predicts (nearly) one class: the first one warned of, later ones in events.log."""

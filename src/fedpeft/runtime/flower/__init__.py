@@ -1,9 +1,9 @@
 """The Flower runtime: fedpeft's server and client halves as a Flower ServerApp and ClientApp.
 
 * :mod:`.records`: fedpeft wire payloads inside Flower messages (one uint8 ``Array`` per payload);
-* :mod:`.server_app`: the ServerApp; it drives the same round loop as the embedded runtime
-  (:class:`fedpeft.runtime.embedded.EmbeddedRuntime`), sending each selected client its own payload
-  through the Grid and waiting for replies up to ``federation.round_timeout_s``;
+* :mod:`.server_app`: the ServerApp; it runs the same run and schedule as the embedded runtime
+  (:class:`fedpeft.runtime.embedded.EmbeddedRuntime`) over :class:`.server_app.FlowerTransport`, which sends each
+  selected client its own payload through the Grid and waits for replies up to ``federation.round_timeout_s``;
 * :mod:`.client_app`: the ClientApp; it trains the fedpeft client ids of its SuperNode's partition
   (``--node-config "partition-id=I num-partitions=N"``: client c lives on partition c mod N);
 * :mod:`.launch`: writes the Flower app for a config, starts a SuperLink and SuperNodes on loopback

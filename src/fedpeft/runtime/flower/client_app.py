@@ -3,7 +3,7 @@
 A SuperNode started with ``--node-config "partition-id=I num-partitions=N"`` serves every fedpeft
 client id c with c mod N == I (with N = federation.num_clients each node is one client). For a train
 message it decodes the server's payload, runs the algorithm's client half through
-:func:`fedpeft.runtime.embedded.train_client` (the same code and seeds as the embedded runtime), and
+:func:`fedpeft.runtime.local_work.train_client` (the same code and seeds as the embedded runtime), and
 replies with the encoded update. Per-client algorithm state is kept in Flower's ``context.state``
 (one ConfigRecord per client id), so it lasts as long as the SuperNode does.
 
@@ -89,7 +89,7 @@ def describe(msg: Message, context: Context) -> Message:
 
 def fit(context: Context, data: bytes, rnd: int, cid: int) -> tuple[wire.Payload, wire.Payload, dict[str, float]]:
     """Decode the server's payload and run the client's round: (received, update, timings)."""
-    from fedpeft.runtime.embedded import train_client
+    from fedpeft.runtime.local_work import train_client
 
     # when this message's work started: the process start for a fresh ClientApp process (Flower starts one
     # per message), the handler call in a warm worker that already served messages

@@ -89,7 +89,7 @@ def readable_meta(text: Any) -> dict[str, Any]:
 
 
 class CountingGrid:
-    """``send_and_receive`` for the SecAgg+ workflow over a FlowerServerRuntime's push/poll loop."""
+    """``send_and_receive`` for the SecAgg+ workflow over a FlowerTransport's push/poll loop."""
 
     def __init__(self, runtime: Any, timeout: float):
         self.runtime = runtime

@@ -1,8 +1,8 @@
 """The ServerApp: fedpeft's round loop on Flower's Grid.
 
-It runs :class:`FlowerServerRuntime`, the embedded runtime with one change: the selected clients'
-payloads go out as Flower messages (one per client, each with its own arrays) to the SuperNodes that
-serve them, and the replies come back through the same checks. A reply that does not arrive within
+It runs fedpeft's run (:class:`fedpeft.runtime.embedded.EmbeddedRuntime`, its synchronous schedule) over
+:class:`FlowerTransport`: the selected clients' payloads go out as Flower messages (one per client, each with
+its own arrays) to the SuperNodes that serve them, and the replies come back through the same checks. A reply that does not arrive within
 ``federation.round_timeout_s`` (killed ClientApp or SuperNode) or that is a Flower error counts as a
 failed client of that round; the round aggregates what arrived if at least
 ``federation.min_replies`` updates were accepted. Checkpoints go to the run directory after every
@@ -30,11 +30,12 @@ from flwr.serverapp import Grid, ServerApp
 from fedpeft import wire
 from fedpeft.algorithms.base import UpdateRejected, check_update_meta
 from fedpeft.errors import first_line
-from fedpeft.runtime.embedded import ClientResult, EmbeddedRuntime, RoundOutcome
+from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.runtime.flower.bounded_pull import BoundedPull, ReplyTooLarge
 from fedpeft.runtime.flower.internals import RECORD_KEY_CONFIGS, ErrorCode, HttpGrid
 from fedpeft.runtime.flower.partitions import PartitionTable, node_key_fingerprint
 from fedpeft.runtime.flower.records import config_from_run_config, pack, unpack
+from fedpeft.runtime.outcome import ClientResult, RoundOutcome
 from fedpeft.runtime.progress import RoundProgress
 
 log = logging.getLogger("fedpeft")
@@ -48,21 +49,36 @@ NOT_ANSWERED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILAB
 EXPIRED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)  # the message's or its reply's TTL ran out
 
 
-class FlowerServerRuntime(EmbeddedRuntime):
+class FlowerTransport:
+    """A run's clients on Flower's Grid (a fedpeft.runtime.transport.Transport): one message per client to the
+    SuperNode that serves its partition."""
+
     fuses_clients = False  # each client trains in its own ClientApp, one per message
     rounds_in_real_time = True  # system.deadline_s and over_selection act on the replies as they arrive
 
-    def __init__(self, cfg, run_dir=None, *, grid: Grid, resume: bool = False, lock: bool = False):
-        # lock: fedpeft.runtime.flower.launch.run_flower holds the run directory's lock for the whole run
+    def __init__(self, grid: Grid):
         self.grid = grid
+
+    def bind(self, run: EmbeddedRuntime, checkpoint: dict[str, Any] | None) -> None:
+        """Waits for the SuperNodes of every partition (runtime.flower.startup_timeout_s)."""
+        cfg = self.cfg = run.cfg
+        self.run = run
+        self.max_payload = run.max_payload
         # the deployment engine's Grid; the simulation engine's in-memory Grid has nothing to download
-        self.puller = BoundedPull(grid, cfg.runtime.flower.poll_interval_s) if isinstance(grid, HttpGrid) else None
+        self.puller = (BoundedPull(self.grid, cfg.runtime.flower.poll_interval_s) if isinstance(self.grid, HttpGrid)
+                       else None)
         self.partitions = PartitionTable(cfg.runtime.flower.partition_keys)
         self.num_partitions: int = cfg.runtime.flower.num_supernodes  # the config's, never a SuperNode's word
         self.described: set[int] = set()
         self.client_times: dict[str, dict[str, float]] = {}
-        super().__init__(cfg, run_dir, resume=resume, lock=lock)
         self.wait_for_nodes()
+
+    @property
+    def exp(self) -> Any:
+        return self.run.exp
+
+    def state(self) -> dict[str, Any]:
+        return {}
 
     @property
     def node_of_partition(self) -> dict[int, int]:
@@ -205,12 +221,12 @@ class FlowerServerRuntime(EmbeddedRuntime):
             time.sleep(0.5)
 
     # -- a round ---------------------------------------------------------------------------------------
-    def round_progress(self, bar: Any) -> RoundProgress:
+    def round_progress(self, bar: Any) -> RoundProgress | None:
         """Progress inside a round as log lines: events.log, and the launcher's console through
         ``flwr run --stream`` (fedpeft.runtime.progress.Follower)."""
         return RoundProgress(self.cfg.federation.rounds, log.info)
 
-    def runtime_round_info(self) -> dict[str, Any]:
+    def round_info(self) -> dict[str, Any]:
         """Per client: seconds from its ClientApp process start to the reply, and to the start of training
         (interpreter, imports, model and data: what a warm client would not pay)."""
         t = self.client_times
@@ -232,7 +248,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
             node = self.node_of_partition.get(cid % self.num_partitions)
             if node is None:
                 results[cid] = (None, 0, 0, f"no SuperNode online serves partition {cid % self.num_partitions}")
-                self.progress.clients_done([cid])
+                self.run.progress.clients_done([cid])
                 continue
             # expires with the round: a late client does not keep working on a round that is over
             msg = Message(pack(data, round=rnd, client=cid), dst_node_id=node, message_type=MessageType.TRAIN,
@@ -241,7 +257,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
         pushed_at = time.time()
         client_of = {id(msg): cid for cid, _, msg in sent}
         replies, ids = self._exchange([m for _, _, m in sent], wait, enough=needed,
-                                      on_reply=lambda msg: self.progress.clients_done([client_of[id(msg)]]))
+                                      on_reply=lambda msg: self.run.progress.clients_done([client_of[id(msg)]]))
         if len(ids) != len(sent):  # e.g. HTTP 413: the SuperLink refused the whole push
             ids = [None] * len(sent)
         for (cid, n_down, msg), mid in zip(sent, ids):
@@ -251,13 +267,13 @@ class FlowerServerRuntime(EmbeddedRuntime):
             elif rep is None and self.stopped_with_enough:
                 why = (f"dropped: the round closed with the first {needed} updates to arrive (system.over_selection "
                        f"{system.over_selection:g}, in real time); not needed")
-                self.surplus_in_real_time.add(cid)
-                self.dropped_in_real_time[cid] = why
+                self.run.surplus_in_real_time.add(cid)
+                self.run.dropped_in_real_time[cid] = why
                 results[cid] = (None, n_down, 0, why)
             elif rep is None or (rep.has_error() and rep.error.code in EXPIRED):
                 if deadline is not None:
                     why = f"dropped: no update within system.deadline_s={deadline:g} s (in real time)"
-                    self.dropped_in_real_time[cid] = why
+                    self.run.dropped_in_real_time[cid] = why
                 else:
                     why = (f"no reply within federation.round_timeout_s={timeout:g} s ("
                            + ("the message expired: " if rep is not None else "") + "client stopped or disconnected)")
@@ -279,16 +295,15 @@ class FlowerServerRuntime(EmbeddedRuntime):
                     # Flower's latency around the ClientApp process (same clock only on one machine)
                     self.client_times["start_delay"][str(cid)] = started - pushed_at
                     self.client_times["return_delay"][str(cid)] = self.pulled_at.get(mid, 0.0) - replied
-        self.progress.clients_done(results)  # those that timed out or were refused: the round waits no more
+        self.run.progress.clients_done(results)  # those that timed out or were refused: the round waits no more
         return results
 
-    def train_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:
+    def secure_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload],
+                     out: RoundOutcome) -> bool:
+        """Under runtime.flower.secure_aggregation, a round whose updates are summed with SecAgg+ (the server sees
+        only their weighted mean), into ``out``; False otherwise."""
         if self.cfg.runtime.flower.secure_aggregation is None:
-            return super().train_round(rnd, selected, payloads)
-        return self.secure_round(rnd, selected, payloads)
-
-    def secure_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload]) -> RoundOutcome:
-        """A round whose updates are summed with SecAgg+: the server sees only their weighted mean."""
+            return False
         from fedpeft.runtime.flower.secure import (
             secure_mean,  # Flower's legacy server stack, only when used
         )
@@ -298,7 +313,6 @@ class FlowerServerRuntime(EmbeddedRuntime):
             raise RuntimeError(f"secure aggregation needs one SuperNode per client: {self.num_partitions} partitions "
                                f"for {self.cfg.federation.num_clients} clients")
         self.client_times = {}
-        out = RoundOutcome()
         reachable: dict[int, bytes] = {}
         for cid, payload in payloads.items():
             if cid % self.num_partitions in self.node_of_partition:
@@ -309,12 +323,12 @@ class FlowerServerRuntime(EmbeddedRuntime):
         mean, replies = None, {}
         if len(reachable) >= 2:
             mean, replies, dropped, out.bytes_down, out.bytes_up = secure_mean(self, rnd, reachable,
-                                                                               sorted(self.server.expected))
+                                                                               sorted(self.run.server.expected))
             out.rejected.update(dropped)
         else:
             out.rejected.update({c: "fewer than 2 clients reachable: SecAgg+ needs at least 2" for c in reachable})
         out.time_client_s = time.perf_counter() - tc
-        self.progress.clients_done(selected)  # (the SecAgg+ protocol's replies come together)
+        self.run.progress.clients_done(selected)  # (the SecAgg+ protocol's replies come together)
         for cid in selected:
             out.bytes_down.setdefault(cid, 0)
             out.bytes_up.setdefault(cid, 0)
@@ -323,7 +337,7 @@ class FlowerServerRuntime(EmbeddedRuntime):
         ta = time.perf_counter()
         for cid, (n, meta) in sorted(replies.items()):
             try:  # the clear-text metadata faces the same checks as any update's
-                check_update_meta({**meta, "num_examples": n}, self.server.update_meta, client=cid)
+                check_update_meta({**meta, "num_examples": n}, self.run.server.update_meta, client=cid)
             except UpdateRejected as exc:
                 log.warning("round %d: client %d's training metrics were unreadable (%s); its masked update is in "
                             "the sum", rnd, cid, exc)
@@ -331,14 +345,14 @@ class FlowerServerRuntime(EmbeddedRuntime):
             out.metas[cid] = {**meta, "num_examples": n}
         if mean is not None and len(replies) >= self.cfg.federation.min_replies:
             try:
-                out.agg = self.server.aggregate_mean(rnd, mean)
+                out.agg = self.run.server.aggregate_mean(rnd, mean)
             except UpdateRejected as exc:
                 out.failed = f"the secure aggregate was refused: {exc}"
         else:
             out.failed = (f"{len(replies)} of {len(selected)} updates securely aggregated, federation.min_replies "
                           f"is {self.cfg.federation.min_replies}")
         out.time_aggregation_s = time.perf_counter() - ta
-        return out
+        return True
 
     def _decode_reply(self, rep: Message, n_down: int) -> ClientResult:
         try:
@@ -396,10 +410,12 @@ def main(grid: Grid, context: Context) -> None:
     run_config = dict(context.run_config)
     cfg = config_from_run_config(run_config)
     run_dir = run_dir_from(run_config)
+    # lock=False: fedpeft.runtime.flower.launch.run_flower holds the run directory's lock for the whole run
     if run_config.get("resume", False):
-        runtime = FlowerServerRuntime.resume(run_dir, grid=grid, rounds=cfg.federation.rounds)
+        runtime = EmbeddedRuntime.resume(run_dir, rounds=cfg.federation.rounds, transport=FlowerTransport(grid),
+                                         lock=False)
     else:
-        runtime = FlowerServerRuntime(cfg, run_dir, grid=grid)
+        runtime = EmbeddedRuntime(cfg, run_dir, transport=FlowerTransport(grid), lock=False)
     runtime.cfg.runtime.progress = False
     summary = runtime.run()
     log.info("fedpeft run finished: %s", {k: summary.get(k) for k in ("final", "best", "rounds", "total_bytes")})
