@@ -194,12 +194,13 @@ class EmbeddedRuntime:
                          + (f", quantized {cfg.model.quantization.described()}" if cfg.model.quantization else "")
                          + ")")
         self.progress = RoundProgress(cfg.federation.rounds, self.writer.note)  # run() adds the bar
+        self.transport.bind(self, restored[1] if restored is not None else None)
         if cfg.runtime.clients_per_pass != 1 and not self.transport.fuses_clients:
             log.warning("runtime.clients_per_pass %s applies to the embedded runtime; runtime %s trains one client "
                         "per message", cfg.runtime.clients_per_pass, cfg.runtime.name)
         if restored is not None:
             log.warning("resumed %s after round %d (checkpoint %s)", self.run_dir, restored[0], checkpoint.FILENAME)
-        self.transport.bind(self, restored[1] if restored is not None else None)
+        self.transport.start()
 
     def _drop_best_after(self, rnd: int) -> None:
         """Forget a best adapter saved after round ``rnd`` (those rounds run again and may save it again), or any

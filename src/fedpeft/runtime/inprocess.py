@@ -39,6 +39,9 @@ class InProcessTransport:
             kept = checkpoint["clients_per_pass"]  # auto's measured number and an out-of-memory halving
             self.cohort.chosen, self.cohort.limit = kept["chosen"], kept["limit"]
 
+    def start(self) -> None:
+        pass
+
     def state(self) -> dict[str, Any]:
         """auto's measured number and an out-of-memory halving: a resumed run groups its clients as before."""
         if self.cohort is None:

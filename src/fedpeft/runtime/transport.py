@@ -2,7 +2,9 @@
 aggregation: fedpeft.runtime.asynchronous) decides which clients train from which global version and when updates
 are aggregated; it hands a :class:`Transport` each starting client's payload and gets each one's result. Two
 transports exist: in this process over the one shared backbone, with fused passes (fedpeft.runtime.inprocess), and
-Flower's Grid (fedpeft.runtime.flower.server_app). Neither knows the schedule, and the schedule knows no transport.
+Flower's Grid (fedpeft.runtime.flower.server_app). No transport knows the schedule, and the synchronous schedule
+knows no transport; the asynchronous one runs in this process only (federation.asynchronous is refused elsewhere)
+and adds the in-process transport's fused-pass accounting of its whole aggregation window.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ class Transport(Protocol):
     def bind(self, run: EmbeddedRuntime, checkpoint: dict[str, Any] | None) -> None:
         """Called once the run's server, clients' states and files exist; ``checkpoint``: the state a resumed run
         restores (None for a new run)."""
+
+    def start(self) -> None:
+        """Called last when the run opens: wait for whatever the clients need (a Flower run's SuperNodes)."""
 
     def run_clients(self, rnd: int, payloads: dict[int, wire.Payload]) -> dict[int, ClientResult]:
         """Every client's result for round (or refill) ``rnd``, each trained from its payload."""

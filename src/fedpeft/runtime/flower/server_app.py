@@ -29,6 +29,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedpeft import wire
 from fedpeft.algorithms.base import UpdateRejected, check_update_meta
+from fedpeft.config import RunConfig
 from fedpeft.errors import first_line
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.runtime.flower.bounded_pull import BoundedPull, ReplyTooLarge
@@ -56,21 +57,24 @@ class FlowerTransport:
     fuses_clients = False  # each client trains in its own ClientApp, one per message
     rounds_in_real_time = True  # system.deadline_s and over_selection act on the replies as they arrive
 
-    def __init__(self, grid: Grid):
+    def __init__(self, grid: Grid, cfg: RunConfig):
+        """``cfg``: the run's config (its runtime.flower section: how to poll, which keys serve which partition)."""
         self.grid = grid
-
-    def bind(self, run: EmbeddedRuntime, checkpoint: dict[str, Any] | None) -> None:
-        """Waits for the SuperNodes of every partition (runtime.flower.startup_timeout_s)."""
-        cfg = self.cfg = run.cfg
-        self.run = run
-        self.max_payload = run.max_payload
+        self.cfg = cfg
         # the deployment engine's Grid; the simulation engine's in-memory Grid has nothing to download
-        self.puller = (BoundedPull(self.grid, cfg.runtime.flower.poll_interval_s) if isinstance(self.grid, HttpGrid)
-                       else None)
+        self.puller = BoundedPull(grid, cfg.runtime.flower.poll_interval_s) if isinstance(grid, HttpGrid) else None
         self.partitions = PartitionTable(cfg.runtime.flower.partition_keys)
         self.num_partitions: int = cfg.runtime.flower.num_supernodes  # the config's, never a SuperNode's word
         self.described: set[int] = set()
         self.client_times: dict[str, dict[str, float]] = {}
+
+    def bind(self, run: EmbeddedRuntime, checkpoint: dict[str, Any] | None) -> None:
+        self.run = run
+        self.cfg = run.cfg  # (a resumed run's: its config.yaml with federation.rounds from the launcher)
+        self.max_payload = run.max_payload
+
+    def start(self) -> None:
+        """Waits for the SuperNodes of every partition (runtime.flower.startup_timeout_s)."""
         self.wait_for_nodes()
 
     @property
@@ -412,10 +416,10 @@ def main(grid: Grid, context: Context) -> None:
     run_dir = run_dir_from(run_config)
     # lock=False: fedpeft.runtime.flower.launch.run_flower holds the run directory's lock for the whole run
     if run_config.get("resume", False):
-        runtime = EmbeddedRuntime.resume(run_dir, rounds=cfg.federation.rounds, transport=FlowerTransport(grid),
+        runtime = EmbeddedRuntime.resume(run_dir, rounds=cfg.federation.rounds, transport=FlowerTransport(grid, cfg),
                                          lock=False)
     else:
-        runtime = EmbeddedRuntime(cfg, run_dir, transport=FlowerTransport(grid), lock=False)
+        runtime = EmbeddedRuntime(cfg, run_dir, transport=FlowerTransport(grid, cfg), lock=False)
     runtime.cfg.runtime.progress = False
     summary = runtime.run()
     log.info("fedpeft run finished: %s", {k: summary.get(k) for k in ("final", "best", "rounds", "total_bytes")})
