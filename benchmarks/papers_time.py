@@ -85,13 +85,18 @@ def mobile_online_trace(path: Path, num_clients: int, seed: int) -> Path:
 
 
 def timeline(rows: list[dict[str, Any]], sim: list[dict[str, Any]], target: float) -> dict[str, Any]:
-    """One run's figures on one system: ``rows`` its metrics (accuracy, bytes), ``sim`` the sim keys per round."""
+    """One run's figures on one system: ``rows`` its metrics (accuracy, bytes), ``sim`` the sim keys per round.
+    Per-round means are over the rounds that aggregated clients (their means are over those clients)."""
     by_round = {s["round"]: s for s in sim}
     train_rows = [r for r in rows if r["round"] > 0]
-    mean = lambda key: statistics.fmean(by_round[r["round"]][key] for r in train_rows)
+    aggregated = [r for r in train_rows if r["client_num_examples"]]
+    if not aggregated or any(by_round[r["round"]]["sim_round_s"] is None for r in train_rows):
+        raise SystemExit("no round aggregated a client, or the run counted no FLOPs (runtime.flops_sample_steps): "
+                         "no simulated time to report")
+    mean = lambda key: statistics.fmean(by_round[r["round"]][key] for r in aggregated)
     evals = [(r["round"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
     hit = next((rnd for rnd, acc in evals if acc >= target), None)
-    ups = [b for r in train_rows for b in r["bytes_up"].values()]
+    ups = [r["bytes_up"][c] for r in aggregated for c in r["client_num_examples"]]
     return {
         "final_accuracy": evals[-1][1], "best_accuracy": max(acc for _, acc in evals),
         "mib_up_per_client_round": statistics.fmean(ups) / 2**20,
@@ -99,7 +104,7 @@ def timeline(rows: list[dict[str, Any]], sim: list[dict[str, Any]], target: floa
         "transmission_s_per_round": mean("sim_download_s") + mean("sim_upload_s"),
         "compute_s_per_round": mean("sim_compute_s"),
         "wait_s_per_round": mean("sim_wait_s"),
-        "round_s": mean("sim_round_s"),
+        "round_s": statistics.fmean(by_round[r["round"]]["sim_round_s"] for r in train_rows),
         "sim_hours": by_round[train_rows[-1]["round"]]["sim_time_s"] / 3600,
         "target": target,
         "rounds_to_target": hit,
@@ -154,19 +159,21 @@ def paper000(args: argparse.Namespace) -> dict[str, Any]:
                 "datacenter": replay(cfg.model_copy(update={"system": cfg.system.model_copy(
                     update={"profile": "datacenter"})}), rows)}
             train_rows = [r for r in rows if r["round"] > 0]
-            ops = statistics.fmean(v for r in train_rows for v in r["client_ops_analytic"].values())
-            flops = statistics.fmean(v for r in train_rows for v in r["client_flops"].values())
+            ops_values = [v for r in train_rows for v in r["client_ops_analytic"].values() if v is not None]
+            ops = statistics.fmean(ops_values) if ops_values else None  # (a method without analytic OPs: None)
+            flops = statistics.fmean(v for r in train_rows for v in r["client_flops"].values() if v is not None)
             for system, sim in systems.items():
-                out.append({"arm": arm, "system": system, "run_dir": str(run_dir), "ops_analytic_g": ops / 1e9,
+                out.append({"arm": arm, "system": system, "run_dir": str(run_dir),
+                            "ops_analytic_g": None if ops is None else ops / 1e9,
                             "flops_measured_g": flops / 1e9, **timeline(rows, sim, args.target)})
                 print(json.dumps({k: v for k, v in out[-1].items() if k != "eval_curve"}), flush=True)
     print_table(["arm", "system", "clients / round", "MiB up / client / round", "analytic GOPs / client / round",
                  "measured GFLOPs", "transmission s / round", "compute s / round", "round s", "final acc",
                  f"rounds to {args.target}", f"s to {args.target}", "s in all"],
                 [[r["arm"], r["system"], f"{r['clients_per_round']:.2f}", f"{r['mib_up_per_client_round']:.3f}",
-                  f"{r['ops_analytic_g']:,.0f}", f"{r['flops_measured_g']:.0f}", f"{r['transmission_s_per_round']:.3g}",
+                  "n/a" if r["ops_analytic_g"] is None else f"{r['ops_analytic_g']:,.0f}", f"{r['flops_measured_g']:.0f}", f"{r['transmission_s_per_round']:.3g}",
                   f"{r['compute_s_per_round']:.3g}", f"{r['round_s']:.3g}", f"{r['final_accuracy']:.4f}",
-                  r["rounds_to_target"] or "not reached", _seconds(r["hours_to_target"]), _seconds(r["sim_hours"])]
+                  "not reached" if r["rounds_to_target"] is None else r["rounds_to_target"], _seconds(r["hours_to_target"]), _seconds(r["sim_hours"])]
                  for r in out])
     return {"config": config, "rounds": args.rounds, "eval_every": args.eval_every,
             "arms": {arm: PAPER000[arm] for arm in args.arms.split(",")}, "rows": out}

@@ -219,6 +219,7 @@ def test_a_window_past_the_period_is_refused(tmp_path):
     (["system.over_selection=0.5", "algorithm.dp={noise_multiplier: 1.0}"], "algorithm.dp with system.over_selection"),
     (["system.profile=mobile", "system.trace=x.json"], "both name the devices"),
     (["system.profile=datacenter", "runtime.name=flower"], "simulated devices and links run in the embedded runtime"),
+    (["system.deadline_s=600", "runtime.name=flower"], "is not shorter than federation.round_timeout_s 600"),
     (["system.over_selection=0.5", "runtime.name=flower", "runtime.flower.secure_aggregation={}",
       "runtime.flower.num_supernodes=4", "federation.num_clients=4"], "SecAgg+ runs its own rounds"),
     (["system.deadline_s=0"], "greater than 0"),
@@ -325,6 +326,9 @@ def test_a_run_replayed_on_other_devices_has_the_timeline_of_a_run_on_them(tmp_p
             replay(tiny_config(*overrides), ideal_rows)
     ideal_rows[1]["rejected"] = {"0": "refused"}
     with pytest.raises(UserError, match="round 1 rejected updates of clients"):
+        replay(datacenter, ideal_rows)
+    ideal_rows[1]["rejected"], ideal_rows[2]["sim_online_wait_s"] = {}, 3.0  # a row of a run whose clients come and go
+    with pytest.raises(UserError, match="round 2 waited for clients to come online or dropped updates"):
         replay(datacenter, ideal_rows)
 
 

@@ -651,7 +651,7 @@ class RunConfig(Section):
 
     def _check_system(self) -> None:
         system, fed = self.system, self.federation
-        if self.runtime.name == "embedded" and not system.simulates_time_only() and self.runtime.flops_sample_steps == 0:
+        if self.runtime.name != "flower" and not system.simulates_time_only() and self.runtime.flops_sample_steps == 0:
             raise ValueError("system: simulated devices, deadlines and over-selection time the FLOPs the run counts, "
                              "and runtime.flops_sample_steps is 0 (off): set it to 1 or more")
         selected = system.selected(fed.clients_per_round)
@@ -670,6 +670,15 @@ class RunConfig(Section):
                              f"{self.runtime.name} runs on real ones and reports the ideal clock (set system.profile: "
                              "ideal and remove system.trace; system.deadline_s and over_selection act in real time "
                              "there)")
+        if self.runtime.name not in ("embedded", "flower") and (system.deadline_s is not None or system.over_selection):
+            raise ValueError(f"system.deadline_s and system.over_selection run in the embedded runtime (on the clock) "
+                             f"and the Flower runtime (in real time); runtime {self.runtime.name} does neither: remove "
+                             "them")
+        if self.runtime.name == "flower" and system.deadline_s is not None and (
+                system.deadline_s >= fed.round_timeout_s):
+            raise ValueError(f"system.deadline_s {system.deadline_s:g} is not shorter than federation.round_timeout_s "
+                             f"{fed.round_timeout_s:g}: on the Flower runtime the round's timeout would end it first; "
+                             "lower the deadline or remove it")
         secure = self.runtime.flower.secure_aggregation is not None
         if secure and (system.deadline_s is not None or system.over_selection):
             raise ValueError("system.deadline_s and system.over_selection with runtime.flower.secure_aggregation: "

@@ -37,12 +37,14 @@ class SystemConfig(Section):
     deadline_s: float | None = Field(
         None, gt=0, description="A round's deadline in simulated seconds from its start: updates that arrive later are "
         "dropped (listed in the row's rejected, counted in sim_dropped), and the round ends at the deadline at the "
-        "latest. On the Flower runtime: real seconds from the round's messages being sent. None: a round waits for "
-        "every selected client.")
+        "latest. On the Flower runtime: real seconds, the TTL of the round's messages (counted from their creation, "
+        "just before they are pushed), shorter than federation.round_timeout_s. None: a round waits for every "
+        "selected client.")
     over_selection: float = Field(
         0.0, ge=0, le=10, description="Select ceil(clients_per_round x (1 + this)) clients and aggregate the first "
         "clients_per_round accepted updates to arrive (Bonawitz et al., 2019); the rest are dropped and counted. On "
-        "the Flower runtime: the first clients_per_round replies, in real time.")
+        "the Flower runtime: the first clients_per_round replies whose update decodes, in real time (the server's "
+        "checks follow; an update they refuse leaves the round with fewer).")
 
     @model_validator(mode="after")
     def _trace_or_profile(self) -> SystemConfig:

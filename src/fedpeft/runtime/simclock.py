@@ -163,8 +163,9 @@ def replay(cfg: RunConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     bytes and FLOPs its metrics rows counted per client: what each row's sim keys would have been had the run been
     started with that system. Exact only where the system changes no client's training, so it is refused for
     clients that come and go (the mobile profile, a trace with online windows), deadlines, over-selection and
-    asynchronous runs (there the clock decides who trains: run them), and for a round that rejected an update (its
-    row keeps no count of that update's work)."""
+    asynchronous runs (there the clock decides who trains: run them), for rows of such a run (an asynchronous
+    aggregation, a round that waited for clients to come online or dropped updates) and for a round that rejected
+    an update (its row keeps no count of that update's work)."""
     system, sim = cfg.system, SimulatedSystem(cfg)
     if sim.devices.availability is not None or system.deadline_s is not None or system.over_selection:
         raise UserError("replaying a run's rounds on other devices needs clients that are always online and rounds "
@@ -181,6 +182,15 @@ def replay(cfg: RunConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if rnd == 0:
             out.append({"round": 0, "sim_time_s": 0.0})
             continue
+        if "client_staleness" in row:
+            raise UserError(f"round {rnd} is an asynchronous aggregation: a synchronous run's rows only can be replayed")
+        if row.get("sim_online_wait_s") or row.get("sim_dropped"):
+            raise UserError(f"round {rnd} waited for clients to come online or dropped updates: the run's own clock "
+                            "decided who trained, so its rows cannot be replayed on other devices; run the config with "
+                            "that system instead")
+        if "client_flops" not in row:
+            raise UserError(f"round {rnd}'s row has no client_flops (written by an older fedpeft): it cannot be "
+                            "replayed; run the config again")
         if row.get("rejected"):
             raise UserError(f"round {rnd} rejected updates of clients {sorted(row['rejected'])}: its metrics row keeps "
                             "no count of their work, so its timeline cannot be replayed; run the config with that "

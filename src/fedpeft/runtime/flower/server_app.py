@@ -98,13 +98,16 @@ class FlowerTransport:
         return self.max_payload, "runtime.max_payload_mb"
 
     def _exchange(self, messages: list[Message], timeout: float,
-                  on_reply: Callable[[Message], None] | None = None,
-                  enough: int | None = None) -> tuple[dict[str, Message], list[str]]:
+                  on_reply: Callable[[Message], None] | None = None, enough: int | None = None,
+                  usable: Callable[[Message, Message], bool] | None = None,
+                  cut_short: bool = False) -> tuple[dict[str, Message], list[str]]:
         """Push messages, poll for their replies; (replies by the id of the message they answer, ids pushed).
         A reply refused before it was pulled (too large) is an error reply with code REPLY_REFUSED. ``on_reply``
-        is told each message answered, as its reply arrives. ``enough``: stop once that many replies that are not
-        errors have arrived (over-selection); a reply pulled with the last of them is not kept, and whether the
-        exchange stopped so is ``self.stopped_with_enough``."""
+        is told each message answered, as its reply arrives. ``enough``: stop once that many replies are
+        ``usable(message, reply)`` (default: not an error) (over-selection); a further usable reply pulled with the
+        last of them is not kept (error replies are), and whether the exchange stopped so is
+        ``self.stopped_with_enough``. ``cut_short``: ``timeout`` is a deadline shorter than the round's timeout, so
+        a reply missing or expired then says nothing of its SuperNode (it may be alive and slow)."""
         ids = [i for i in self.grid.push_messages(messages)]
         sent = {mid: msg for mid, msg in zip(ids, messages) if mid}
         pending = set(sent)
@@ -116,20 +119,22 @@ class FlowerTransport:
         poll = self.cfg.runtime.flower.poll_interval_s
         while pending and time.monotonic() < deadline and not self.stopped_with_enough:
             for mid, rep in self._pull({m: sent[m] for m in pending}, deadline):
-                if mid in pending and not self.stopped_with_enough:
+                if mid in pending and (not self.stopped_with_enough or rep.has_error()):
                     pending.discard(mid)
                     replies[mid] = rep
                     self.pulled_at[mid] = time.time()
-                    good += not rep.has_error()
-                    self.stopped_with_enough = enough is not None and good >= enough and bool(pending)
+                    if not self.stopped_with_enough:
+                        good += usable(sent[mid], rep) if usable is not None else not rep.has_error()
+                        self.stopped_with_enough = enough is not None and good >= enough and bool(pending)
                     if on_reply is not None:
                         on_reply(sent[mid])
             if pending and not self.stopped_with_enough:
                 time.sleep(poll)
         for mid, msg in sent.items():
             rep = replies.get(mid)
-            if rep is None and self.stopped_with_enough:
-                continue  # not waited for: says nothing of its SuperNode
+            if (rep is None and self.stopped_with_enough) or (cut_short and (rep is None or (
+                    rep.has_error() and rep.error.code in EXPIRED))):
+                continue  # not waited for long enough: says nothing of its SuperNode
             self.partitions.answered(msg.metadata.dst_node_id,
                                      rep is not None and not (rep.has_error() and rep.error.code in NOT_ANSWERED))
         return replies, ids
@@ -244,23 +249,37 @@ class FlowerTransport:
         system = self.cfg.system
         timeout = self.cfg.federation.round_timeout_s
         deadline = system.deadline_s if system.deadline_s is not None and system.deadline_s < timeout else None
-        wait = timeout if deadline is None else deadline  # (a message expires then: a late client stops)
+        wait = timeout if deadline is None else deadline
         needed = self.cfg.federation.clients_per_round if system.over_selection else None
-        sent: list[tuple[int, int, Message]] = []  # (client, bytes down, message)
+        encoded: list[tuple[int, bytes, int]] = []  # (client, payload, SuperNode)
         for cid, payload in payloads.items():
-            data = wire.encode(payload)
             node = self.node_of_partition.get(cid % self.num_partitions)
             if node is None:
                 results[cid] = (None, 0, 0, f"no SuperNode online serves partition {cid % self.num_partitions}")
                 self.run.progress.clients_done([cid])
                 continue
-            # expires with the round: a late client does not keep working on a round that is over
-            msg = Message(pack(data, round=rnd, client=cid), dst_node_id=node, message_type=MessageType.TRAIN,
-                          group_id=str(rnd), ttl=wait)
-            sent.append((cid, len(data), msg))
+            encoded.append((cid, wire.encode(payload), node))
+        # built once every payload is encoded, just before the push: a message's TTL counts from its creation, and
+        # one that expired before it was pushed would be refused. A message expires with the round (its timeout, or
+        # system.deadline_s): a SuperNode does not start it later; one it started trains on, and its reply is refused
+        sent: list[tuple[int, int, Message]] = [  # (client, bytes down, message)
+            (cid, len(data), Message(pack(data, round=rnd, client=cid), dst_node_id=node,
+                                     message_type=MessageType.TRAIN, group_id=str(rnd), ttl=wait))
+            for cid, data, node in encoded]
         pushed_at = time.time()
         client_of = {id(msg): cid for cid, _, msg in sent}
-        replies, ids = self._exchange([m for _, _, m in sent], wait, enough=needed,
+        n_down_of = {cid: n for cid, n, _ in sent}
+        decoded: dict[int, ClientResult] = {}
+
+        def decodes(msg: Message, rep: Message) -> bool:  # over-selection counts the updates that decode
+            if rep.has_error():
+                return False
+            cid = client_of[id(msg)]
+            decoded[cid] = self._decode_reply(rep, n_down_of[cid])
+            return decoded[cid][0] is not None
+
+        replies, ids = self._exchange([m for _, _, m in sent], wait, enough=needed, usable=decodes,
+                                      cut_short=deadline is not None,
                                       on_reply=lambda msg: self.run.progress.clients_done([client_of[id(msg)]]))
         if len(ids) != len(sent):  # e.g. HTTP 413: the SuperLink refused the whole push
             ids = [None] * len(sent)
@@ -289,7 +308,7 @@ class FlowerTransport:
                 if rep.error.code == ErrorCode.NODE_UNAVAILABLE:  # gone: the next refresh looks for a replacement
                     self.forget_node(msg.metadata.dst_node_id)
             else:
-                results[cid] = self._decode_reply(rep, n_down)
+                results[cid] = decoded[cid] if cid in decoded else self._decode_reply(rep, n_down)
                 info = rep.content.config_records.get("fedpeft") or {}
                 for key in ("client_seconds", "setup_seconds"):
                     if (seconds := reported_time(info.get(key))) is not None:
