@@ -26,6 +26,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from mnist_vit import METHODS as VIT_METHODS  # benchmarks/mnist_vit.py
+from paper000 import B1, METHOD, SELECTIONS  # benchmarks/paper000.py
+from paper000 import CONFIG as PAPER000_CONFIG
+from paper004 import METHODS as TEXT_METHODS  # benchmarks/paper004.py
 from results_io import print_table, reuse_or_clear, save  # benchmarks/results_io.py
 
 from fedpeft.config import load_config as read_config
@@ -36,24 +40,14 @@ from fedpeft.system.devices import MBIT, draw_profile
 
 load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
 
-PAPER004 = {  # learning rates as benchmarks/paper004.py and benchmarks/mnist_vit.py chose them
-    "text": ("configs/paper004_20news.yaml", {
-        "full": ["peft={method: full}", "train.lr=0.0001"],
-        "houlsby": ["peft={method: houlsby, reduction_factor: 16}", "train.lr=0.002"],
-        "pfeiffer": ["peft={method: pfeiffer, reduction_factor: 16}", "train.lr=0.002"],
-        "lora": ["peft={method: lora, r: 16, alpha: 32}", "train.lr=0.002"],
-    }),
-    "vit": ("configs/mnist_vit_adapters.yaml", {
-        "full": ["peft={method: full}", "train.lr=0.0005"],
-        "houlsby": ["peft={method: houlsby, reduction_factor: 8}", "train.lr=0.005"],
-        "pfeiffer": ["peft={method: pfeiffer, reduction_factor: 8}", "train.lr=0.005"],
-        "lora": ["peft={method: lora, r: 8, alpha: 16}", "train.lr=0.005"],
-    }),
+PAPER004 = {  # the configs and learning rates of benchmarks/paper004.py and benchmarks/mnist_vit.py
+    "text": ("configs/paper004_20news.yaml", TEXT_METHODS),
+    "vit": ("configs/mnist_vit_adapters.yaml", VIT_METHODS),
 }
-PAPER000 = {  # as benchmarks/paper000.py's arms
-    "fedavg-random": ["algorithm.pruning=none", "algorithm.aggregation=fedavg", "algorithm.selection=random"],
-    "method-random": ["algorithm.pruning=importance", "algorithm.aggregation=importance", "algorithm.selection=random"],
-    "method-loss": ["algorithm.pruning=importance", "algorithm.aggregation=importance", "algorithm.selection=loss"],
+PAPER000 = {  # benchmarks/paper000.py's arms
+    "fedavg-random": [*B1, *SELECTIONS["random"]],
+    "method-random": [*METHOD, *SELECTIONS["random"]],
+    "method-loss": [*METHOD, *SELECTIONS["loss"]],
 }
 CLAIMS = {
     "paper004": "transmission time about 98% less with adapters than full fine-tuning; local training time 20-40% "
@@ -146,7 +140,7 @@ def paper004(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def paper000(args: argparse.Namespace) -> dict[str, Any]:
-    config = "configs/paper000_mnli_heads.yaml"
+    config = PAPER000_CONFIG
     common = [f"federation.rounds={args.rounds}", f"eval.every={args.eval_every}", *args.set]
     out = []
     for arm in args.arms.split(","):
