@@ -156,6 +156,47 @@ def test_over_selection_and_a_deadline_act_in_real_time_on_flower(deployment, tm
     assert all("no update within system.deadline_s=0.05 s (in real time)" in why for why in row["rejected"].values())
 
 
+def test_buffered_asynchronous_aggregation_runs_on_flower_in_real_time(deployment, tmp_path):
+    """FedBuff on Flower's Grid: clients are pushed without waiting and their replies taken as they come, a freed
+    slot refilled at once. One client training at a time and a buffer of one: each aggregation takes the one
+    update, trained from the current model: the run is synchronous FedAvg's with one client a round. Two training
+    at once and a buffer of one: each aggregation takes the first reply and refills that slot, so the client of
+    the first refill that replied second (its message was pushed before any later one) is aggregated at least one
+    version stale; with a buffer of two, a window can hold a client refilled during it."""
+    EmbeddedRuntime(tiny_config("federation.rounds=3", "federation.clients_per_round=1"), tmp_path / "sync").run()
+    cfg = tiny_config("federation.rounds=3", "federation.clients_per_round=1",
+                      "federation.asynchronous={rule: fedbuff, buffer_size: 1}")
+    summary = run_flower(cfg, tmp_path / "serial", deployment=deployment, log=lambda m: None)
+    assert summary["rounds"] == 3 and summary["rejected_updates"] == 0
+    rows = read_metrics(tmp_path / "serial")
+    assert [r["client_staleness"] for r in rows[1:]] == [{str(c): 0 for c in r["clients"]} for r in rows[1:]]
+    assert [r["async_started"] for r in rows[1:]] == [1, 1, 1]
+    assert all(r["sim_time_s"] is None and r["sim_round_s"] is None for r in rows[1:])  # real time: no clock
+
+    def as_rounds(rows):
+        return [{k: v for k, v in r.items() if k not in ("client_staleness", "async_started")}
+                for r in comparable(rows)]
+
+    assert_same_metrics(as_rounds(read_metrics(tmp_path / "sync")), as_rounds(rows))
+    assert_same_globals(tmp_path / "sync", tmp_path / "serial")
+
+    for buffer_size in (1, 2):
+        run = tmp_path / f"buffer{buffer_size}"
+        cfg = tiny_config("federation.rounds=3", f"federation.asynchronous={{rule: fedbuff, buffer_size: "
+                          f"{buffer_size}}}")
+        summary = run_flower(cfg, run, deployment=deployment, log=lambda m: None)
+        rows = read_metrics(run)
+        assert summary["rounds"] == 3 and summary["rejected_updates"] == 0
+        assert all(len(r["clients"]) == buffer_size for r in rows[1:])
+        assert list(rows[1]["client_staleness"].values()) == [0] * buffer_size
+        # every training started was aggregated, or is among the 2 still in flight at the end
+        assert 0 <= sum(r["async_started"] for r in rows[1:]) - 3 * buffer_size <= 2
+        staleness = [s for r in rows[2:] for s in r["client_staleness"].values()]
+        assert all(0 <= s <= i for i, r in enumerate(rows[1:]) for s in r["client_staleness"].values())
+        if buffer_size == 1:
+            assert max(staleness) >= 1
+
+
 def test_an_image_classification_run_on_flower_is_the_embedded_run(deployment, tmp_path):
     """A ViT on MNIST with Houlsby adapters: the SuperNodes decode their images and send only the adapters and
     the head, as the embedded runtime does."""

@@ -699,12 +699,21 @@ class RunConfig(Section):
         if self.system.deadline_s is not None or self.system.over_selection:
             raise ValueError(f"{where}: system.deadline_s and system.over_selection shape synchronous rounds; remove "
                              "them (an asynchronous run has no rounds to end)")
-        if self.runtime.flops_sample_steps == 0:
+        if self.runtime.name == "flower":  # in real time: the SuperNodes' own devices and links time the updates
+            if self.runtime.flower.secure_aggregation is not None:
+                raise ValueError(f"{where} and runtime.flower.secure_aggregation together are not supported (SecAgg+ "
+                                 "sums the updates of clients that started together; a buffer takes them as they "
+                                 "come): choose one")
+            if not self.system.simulates_time_only():
+                raise ValueError(f"{where} on the Flower runtime runs in real time, on the SuperNodes' own devices "
+                                 "and links: system.profile and system.trace would decide nothing; remove them (or "
+                                 "set runtime.name: embedded to run on the simulated clock)")
+        elif self.runtime.flops_sample_steps == 0:
             raise ValueError(f"{where}: a client's update arrives when its simulated computation of the FLOPs the run "
                              "counts is done, and runtime.flops_sample_steps is 0 (off): set it to 1 or more")
-        if self.runtime.name != "embedded":
-            raise ValueError(f"{where} runs in the embedded runtime (runtime {self.runtime.name} runs synchronous "
-                             "rounds); set runtime.name: embedded")
+        elif self.runtime.name != "embedded":
+            raise ValueError(f"{where} runs in the embedded runtime (on the simulated clock) or the flower runtime "
+                             f"(in real time), not runtime {self.runtime.name}")
         k = asynchronous.buffer(fed.clients_per_round)
         if fed.num_clients < fed.clients_per_round + k:
             raise ValueError(f"{where}: {fed.clients_per_round} clients training at once (clients_per_round) and "

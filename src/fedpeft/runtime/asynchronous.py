@@ -148,19 +148,7 @@ class BufferedAsync:
         idle = [c for c in (range(self.rt.cfg.federation.num_clients) if online is None else online) if c not in busy]
         if not idle:
             return
-        self.draws += 1
-        server = self.rt.server
-        chosen = server.select_among(self.draws, idle, free)
-        payloads = server.configure(self.draws, chosen)
-        for observer in self.rt.observers:  # (an asynchronous run's "round" here is the refill's number)
-            observer.on_configure(self.draws, payloads)
-        self.rt.progress.selected += len(payloads)  # the bar counts the trainings of this aggregation's window
-        start = self.starts.setdefault(self.version, {})
-        for payload in payloads.values():
-            for key, value in payload.arrays.items():
-                if key not in start:
-                    start[key] = np.array(value, dtype=np.float32, copy=True)
-        self.rt.progress.clients_training(list(payloads))
+        chosen, payloads = self._draw(idle, free)
         trained = time.perf_counter()
         results = self.rt.transport.run_clients(self.draws, payloads)
         record.training_s += time.perf_counter() - trained
@@ -183,6 +171,24 @@ class BufferedAsync:
                 task.arrival_s = leaves
                 task.update = None
             self.in_flight.append(task)
+
+    def _draw(self, idle: list[int], free: int) -> tuple[list[int], dict[int, wire.Payload]]:
+        """A refill: choose up to ``free`` of the ``idle`` clients and configure them from the current model (kept
+        in ``starts`` for rebasing their updates); (chosen, their payloads)."""
+        self.draws += 1
+        server = self.rt.server
+        chosen = server.select_among(self.draws, idle, free)
+        payloads = server.configure(self.draws, chosen)
+        for observer in self.rt.observers:  # (an asynchronous run's "round" here is the refill's number)
+            observer.on_configure(self.draws, payloads)
+        self.rt.progress.selected += len(payloads)  # the bar counts the trainings of this aggregation's window
+        start = self.starts.setdefault(self.version, {})
+        for payload in payloads.values():
+            for key, value in payload.arrays.items():
+                if key not in start:
+                    start[key] = np.array(value, dtype=np.float32, copy=True)
+        self.rt.progress.clients_training(list(payloads))
+        return chosen, payloads
 
     def _wait_for_a_client(self, record: StepRecord) -> None:
         """No client trains and none can start: move the clock to when one that is not waiting in the buffer comes
@@ -273,17 +279,26 @@ class BufferedAsync:
             self._fill(out, record)
             self._advance(record)
         out.time_client_s = time.perf_counter() - tc
-        schedule_s = out.time_client_s - record.training_s
-        record.staleness = {t.client: self.version - t.version for t in self.buffer}
         if cohort is not None and before is not None:  # the window's fused passes, all its refills together
             assert isinstance(transport, InProcessTransport)
             transport.pass_info.update(pass_row(before, cohort.stats))
+        return self._close(rnd, out, record, give_up)
+
+    def _requeue(self, tasks: list[Task]) -> None:
+        """Updates that waited in the buffer of a failed window: aggregated with the next window."""
+        for task in tasks:  # back in flight: arrived now
+            task.arrival_s = self.now_s
+        self.in_flight.extend(tasks)
+
+    def _close(self, rnd: int, out: RoundOutcome, record: StepRecord, give_up: int) -> dict[str, Any]:
+        """End the aggregation window: aggregate the buffer as aggregation ``rnd`` into ``out`` (or fail the window
+        when fewer than buffer_size updates arrived) and return the row's own entries."""
+        schedule_s = out.time_client_s - record.training_s
+        record.staleness = {t.client: self.version - t.version for t in self.buffer}
         if len(self.buffer) < self.k:  # (every arrival of the window failed)
             out.failed = (f"{give_up} arrivals in a row brought no update that could be aggregated (see rejected); "
                           f"{len(self.buffer)} of buffer_size {self.k} waited")
-            for task in self.buffer:  # back in flight: arrived now, aggregated with the next window
-                task.arrival_s = self.now_s
-            self.in_flight.extend(self.buffer)
+            self._requeue(self.buffer)
             self.buffer = []
             self.rt.server.observe_failures(rnd, out.rejected)
             row = self._row(rnd, record)
@@ -303,9 +318,13 @@ class BufferedAsync:
         self.buffer = []
         self.version += 1
         self.last_aggregation_s = self.now_s
-        kept = {t.version for t in self.in_flight} | {self.version}
+        kept = {t.version for t in self._pending()} | {self.version}
         self.starts = {v: a for v, a in self.starts.items() if v in kept}
         return row
+
+    def _pending(self) -> list[Task]:
+        """The tasks not aggregated yet (their start models are kept)."""
+        return self.in_flight
 
     def _advance(self, record: StepRecord) -> None:
         """Move the clock to the next event: the next arrival or, while a slot is free, the next time a client

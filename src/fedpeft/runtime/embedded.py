@@ -48,6 +48,7 @@ from fedpeft.runtime.outcome import RoundOutcome
 from fedpeft.runtime.payload_limits import upload_limit
 from fedpeft.runtime.personal import personal_row
 from fedpeft.runtime.progress import RoundProgress
+from fedpeft.runtime.realtime_async import RealTimeBufferedAsync
 from fedpeft.runtime.resume import resume_config, resume_point
 from fedpeft.runtime.setup import Experiment, build_experiment
 from fedpeft.runtime.simclock import SimulatedSystem
@@ -168,8 +169,9 @@ class EmbeddedRuntime:
         # transport whose rounds_in_real_time
         self.dropped_in_real_time: dict[int, str] = {}
         self.surplus_in_real_time: set[int] = set()
-        self.schedule: SynchronousRounds | BufferedAsync = (
-            BufferedAsync(self) if cfg.federation.asynchronous is not None else SynchronousRounds(self))
+        self.schedule: SynchronousRounds | BufferedAsync = SynchronousRounds(self)
+        if cfg.federation.asynchronous is not None:  # on the simulated clock, or on the wall clock (Flower)
+            self.schedule = RealTimeBufferedAsync(self) if self.transport.rounds_in_real_time else BufferedAsync(self)
         if restored is not None:
             self._restore(*restored)
         if resume:  # only now that the checkpoint has loaded: a failure above leaves the directory as it was

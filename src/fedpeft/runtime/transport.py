@@ -3,13 +3,15 @@ aggregation: fedpeft.runtime.asynchronous) decides which clients train from whic
 are aggregated; it hands a :class:`Transport` each starting client's payload and gets each one's result. Two
 transports exist: in this process over the one shared backbone, with fused passes (fedpeft.runtime.inprocess), and
 Flower's Grid (fedpeft.runtime.flower.server_app). No transport knows the schedule, and the synchronous schedule
-knows no transport; the asynchronous one runs in this process only (federation.asynchronous is refused elsewhere)
-and adds the in-process transport's fused-pass accounting of its whole aggregation window.
+knows no transport. The asynchronous schedule on the simulated clock (fedpeft.runtime.asynchronous) runs in this
+process and adds the in-process transport's fused-pass accounting of its whole aggregation window; on a transport
+whose rounds run in real time (Flower) it runs on the wall clock (fedpeft.runtime.realtime_async) through the
+:class:`StreamingTransport` half: clients started without waiting, their results taken as they arrive.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from fedpeft import wire
 from fedpeft.runtime.outcome import ClientResult, RoundOutcome
@@ -48,3 +50,21 @@ class Transport(Protocol):
 
     def state(self) -> dict[str, Any]:
         """Entries of the run's checkpoint that a resumed run gives back to bind()."""
+
+
+@runtime_checkable
+class StreamingTransport(Transport, Protocol):
+    """A transport that starts clients without waiting for them and hands their results over as they arrive
+    (buffered asynchronous aggregation in real time)."""
+
+    def start_clients(self, draw: int, payloads: dict[int, wire.Payload]) -> tuple[dict[int, int],
+                                                                                   dict[int, ClientResult]]:
+        """Send each client its payload (``draw``: the refill that chose it) and return at once: (bytes sent to each
+        client that started, the results of the clients that could not be started)."""
+
+    def poll_arrivals(self) -> list[tuple[int, int, ClientResult]]:
+        """(client, draw, result) of each started client whose reply arrived, or whose time ran out, since the last
+        call, in the order they were taken; waits one poll interval first when none is there yet."""
+
+    def in_flight(self) -> int:
+        """How many started clients have not arrived yet."""

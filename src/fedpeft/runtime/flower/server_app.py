@@ -6,7 +6,10 @@ its own arrays) to the SuperNodes that serve them, and the replies come back thr
 ``federation.round_timeout_s`` (killed ClientApp or SuperNode) or that is a Flower error counts as a
 failed client of that round; the round aggregates what arrived if at least
 ``federation.min_replies`` updates were accepted. Checkpoints go to the run directory after every
-round, and the run config entry ``resume = true`` continues from the last one.
+round, and the run config entry ``resume = true`` continues from the last one. Under federation.asynchronous the
+run's schedule is buffered asynchronous aggregation in real time (fedpeft.runtime.realtime_async): it starts
+clients with :meth:`FlowerTransport.start_clients` and takes their replies from
+:meth:`FlowerTransport.poll_arrivals` as they come.
 
 The Grid is polled every ``runtime.flower.poll_interval_s`` rather than with
 ``Grid.send_and_receive``, which sleeps 3 s between polls. On the deployment engine replies are
@@ -21,6 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,19 @@ NOT_ANSWERED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILAB
 EXPIRED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)  # the message's or its reply's TTL ran out
 
 
+@dataclass
+class Started:
+    """A client's message pushed without waiting for its reply (buffered asynchronous aggregation): its refill,
+    bytes sent, when it was pushed (time.time()) and when it expires (time.monotonic())."""
+
+    client: int
+    draw: int
+    n_down: int
+    message: Message
+    pushed_at: float
+    expires: float
+
+
 class FlowerTransport:
     """A run's clients on Flower's Grid (a fedpeft.runtime.transport.Transport): one message per client to the
     SuperNode that serves its partition."""
@@ -67,6 +84,7 @@ class FlowerTransport:
         self.num_partitions: int = cfg.runtime.flower.num_supernodes  # the config's, never a SuperNode's word
         self.described: set[int] = set()
         self.client_times: dict[str, dict[str, float]] = {}
+        self.streaming: dict[str, Started] = {}  # message id -> the client started without waiting for it
 
     def bind(self, run: EmbeddedRuntime, checkpoint: dict[str, Any] | None) -> None:
         self.run = run
@@ -238,7 +256,7 @@ class FlowerTransport:
     def round_info(self) -> dict[str, Any]:
         """Per client: seconds from its ClientApp process start to the reply, and to the start of training
         (interpreter, imports, model and data: what a warm client would not pay)."""
-        t = self.client_times
+        t, self.client_times = self.client_times, {}
         return {"client_process_s": t.get("client_seconds", {}), "client_setup_s": t.get("setup_seconds", {}),
                 "client_start_delay_s": t.get("start_delay", {}), "client_return_delay_s": t.get("return_delay", {})}
 
@@ -301,25 +319,100 @@ class FlowerTransport:
                     why = (f"no reply within federation.round_timeout_s={timeout:g} s ("
                            + ("the message expired: " if rep is not None else "") + "client stopped or disconnected)")
                 results[cid] = (None, n_down, 0, why)
-            elif rep.has_error() and rep.error.code == REPLY_REFUSED:
-                results[cid] = (None, n_down, 0, first_line(rep.error.reason))
-            elif rep.has_error():
-                results[cid] = (None, n_down, 0, f"client failed: {first_line(rep.error.reason)}")
-                if rep.error.code == ErrorCode.NODE_UNAVAILABLE:  # gone: the next refresh looks for a replacement
-                    self.forget_node(msg.metadata.dst_node_id)
             else:
-                results[cid] = decoded[cid] if cid in decoded else self._decode_reply(rep, n_down)
-                info = rep.content.config_records.get("fedpeft") or {}
-                for key in ("client_seconds", "setup_seconds"):
-                    if (seconds := reported_time(info.get(key))) is not None:
-                        self.client_times[key][str(cid)] = seconds
-                started, replied = reported_time(info.get("started_at")), reported_time(info.get("replied_at"))
-                if started is not None and replied is not None:
-                    # Flower's latency around the ClientApp process (same clock only on one machine)
-                    self.client_times["start_delay"][str(cid)] = started - pushed_at
-                    self.client_times["return_delay"][str(cid)] = self.pulled_at.get(mid, 0.0) - replied
+                results[cid] = self._reply_result(cid, n_down, msg, rep, pushed_at, self.pulled_at.get(mid, 0.0),
+                                                  decoded.get(cid))
         self.run.progress.clients_done(results)  # those that timed out or were refused: the round waits no more
         return results
+
+    def _reply_result(self, cid: int, n_down: int, msg: Message, rep: Message, pushed_at: float, pulled_at: float,
+                      decoded: ClientResult | None = None) -> ClientResult:
+        """Client ``cid``'s result from ``rep``, the reply to ``msg`` (pushed and pulled at these times.time()
+        readings), when it is not missing or expired; its ClientApp's reported times go to ``client_times``."""
+        if rep.has_error() and rep.error.code == REPLY_REFUSED:
+            return None, n_down, 0, first_line(rep.error.reason)
+        if rep.has_error():
+            if rep.error.code == ErrorCode.NODE_UNAVAILABLE:  # gone: the next refresh looks for a replacement
+                self.forget_node(msg.metadata.dst_node_id)
+            return None, n_down, 0, f"client failed: {first_line(rep.error.reason)}"
+        info = rep.content.config_records.get("fedpeft") or {}
+        for key in ("client_seconds", "setup_seconds"):
+            if (seconds := reported_time(info.get(key))) is not None:
+                self.client_times.setdefault(key, {})[str(cid)] = seconds
+        started, replied = reported_time(info.get("started_at")), reported_time(info.get("replied_at"))
+        if started is not None and replied is not None:
+            # Flower's latency around the ClientApp process (same clock only on one machine)
+            self.client_times.setdefault("start_delay", {})[str(cid)] = started - pushed_at
+            self.client_times.setdefault("return_delay", {})[str(cid)] = pulled_at - replied
+        return decoded if decoded is not None else self._decode_reply(rep, n_down)
+
+    # -- clients started without waiting (buffered asynchronous aggregation in real time) ------------------------
+    def start_clients(self, draw: int, payloads: dict[int, wire.Payload]) -> tuple[dict[int, int],
+                                                                                   dict[int, ClientResult]]:
+        """Push each client's message (its TTL: federation.round_timeout_s) and return at once: (bytes sent to each
+        client started, the results of those that could not be: no SuperNode serves their partition, or the
+        SuperLink refused the push). Their replies come from :meth:`poll_arrivals`."""
+        self.refresh_nodes(timeout=30.0)
+        timeout = self.cfg.federation.round_timeout_s
+        failed: dict[int, ClientResult] = {}
+        encoded: list[tuple[int, bytes, int]] = []
+        for cid, payload in payloads.items():
+            node = self.node_of_partition.get(cid % self.num_partitions)
+            if node is None:
+                failed[cid] = (None, 0, 0, f"no SuperNode online serves partition {cid % self.num_partitions}")
+                continue
+            encoded.append((cid, wire.encode(payload), node))
+        sent = [(cid, len(data), Message(pack(data, round=draw, client=cid), dst_node_id=node,
+                                         message_type=MessageType.TRAIN, group_id=str(draw), ttl=timeout))
+                for cid, data, node in encoded]
+        ids = list(self.grid.push_messages([m for _, _, m in sent])) if sent else []
+        if len(ids) != len(sent):
+            ids = [""] * len(sent)
+        now, started = time.monotonic(), {}
+        for (cid, n_down, msg), mid in zip(sent, ids):
+            if not mid:
+                failed[cid] = (None, n_down, 0, "the SuperLink refused the message (too large? see its log)")
+                continue
+            self.streaming[mid] = Started(cid, draw, n_down, msg, time.time(), now + timeout)
+            started[cid] = n_down
+        return started, failed
+
+    def in_flight(self) -> int:
+        return len(self.streaming)
+
+    def poll_arrivals(self) -> list[tuple[int, int, ClientResult]]:
+        """(client, draw, result) of each started client whose reply was pulled now, or whose message's time
+        (federation.round_timeout_s) ran out; waits one poll interval first when no reply is there."""
+        if not self.streaming:
+            return []
+        out = self._take_arrivals()
+        if not out:
+            time.sleep(self.cfg.runtime.flower.poll_interval_s)
+            out = self._take_arrivals()
+        return out
+
+    def _take_arrivals(self) -> list[tuple[int, int, ClientResult]]:
+        now = time.monotonic()
+        late = f"no reply within federation.round_timeout_s={self.cfg.federation.round_timeout_s:g} s"
+        pending = {mid: s.message for mid, s in self.streaming.items()}
+        out: list[tuple[int, int, ClientResult]] = []
+        for mid, rep in self._pull(pending, max(s.expires for s in self.streaming.values())):
+            s = self.streaming.pop(mid, None)
+            if s is None:
+                continue
+            answered = not (rep.has_error() and rep.error.code in NOT_ANSWERED)
+            self.partitions.answered(s.message.metadata.dst_node_id, answered)
+            if rep.has_error() and rep.error.code in EXPIRED:
+                result: ClientResult = (None, s.n_down, 0, f"{late} (the message expired)")
+            else:
+                result = self._reply_result(s.client, s.n_down, s.message, rep, s.pushed_at, time.time())
+            out.append((s.client, s.draw, result))
+        for mid, s in list(self.streaming.items()):
+            if now > s.expires:  # no reply, not even the SuperLink's word that the message expired
+                del self.streaming[mid]
+                self.partitions.answered(s.message.metadata.dst_node_id, False)
+                out.append((s.client, s.draw, (None, s.n_down, 0, f"{late} (client stopped or disconnected)")))
+        return out
 
     def secure_round(self, rnd: int, selected: list[int], payloads: dict[int, wire.Payload],
                      out: RoundOutcome) -> bool:
