@@ -132,11 +132,14 @@ def main() -> None:
     b.add_argument("--steps", type=int, default=20, help="model steps (rounds or aggregations)")
     b.add_argument("--out", default="benchmarks/results/async_fedbuff.json")
     b.add_argument("--only", default="", help="run only the schedules whose label holds this text (e.g. FedBuff)")
-    b.add_argument("--table", action="store_true", help="print the table of the results in --out, run nothing")
+    b.add_argument("--table", action="store_true", help="print the table of the results in --out (several files: "
+                   "comma-separated, runs of the same number of steps), run nothing")
     args = ap.parse_args()
     if args.what == "fedbuff" and args.table:
-        saved = json.loads(Path(args.out).read_text())
-        fedbuff_table(saved["runs"], saved["steps"])
+        saved = [json.loads(Path(path).read_text()) for path in args.out.split(",")]
+        if len({s["steps"] for s in saved}) != 1:
+            raise SystemExit(f"--table: the files in --out ran different numbers of steps: {args.out}")
+        fedbuff_table([run for s in saved for run in s["runs"]], saved[0]["steps"])
         return
     scale(args) if args.what == "scale" else fedbuff(args)
 
