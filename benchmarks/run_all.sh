@@ -63,6 +63,8 @@ $PY benchmarks/async_time.py scale 2>&1 | grep -v -i -E "warn|Loading weights" |
 $PY benchmarks/async_time.py fedbuff 2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/async_fedbuff.log
 $PY benchmarks/async_time.py fedbuff --only FedBuff --seeds 0 --steps 60 --out benchmarks/results/async_fedbuff_60.json 2>&1 \
   | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/async_fedbuff_60.log
+$PY benchmarks/async_time.py fedbuff --only FedBuff --seeds 1,2 --steps 60 --out benchmarks/results/async_fedbuff_60_s12.json \
+  2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/async_fedbuff_60_s12.log
 # the papers in simulated time: paper 004 (ViT; after mnist_vit.py prepare above) and paper 000 on phones and data-centre links
 $PY benchmarks/papers_time.py paper004 --data vit 2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/papers_time_paper004_vit.log
 $PY benchmarks/papers_time.py paper004 --data text 2>&1 | grep -v -i -E "warn|Loading weights|Writing model shards" \

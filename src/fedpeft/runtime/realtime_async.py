@@ -113,8 +113,10 @@ class RealTimeBufferedAsync(BufferedAsync):
             self.arrived.append(task)
 
     def _row(self, rnd: int, record: StepRecord) -> dict[str, Any]:
-        row = super()._row(rnd, record)  # (no task has a simulated time: every sim_* timing is null)
-        row["sim_online_wait_s"] = None
+        row = super()._row(rnd, record)  # no task has a simulated time: every sim_* timing is null
+        for key in ("sim_round_s", "sim_time_s", "sim_download_s", "sim_compute_s", "sim_upload_s", "sim_wait_s",
+                    "sim_online_wait_s"):
+            row[key] = None
         return row
 
     def elapsed(self) -> float:

@@ -383,7 +383,8 @@ class FlowerTransport:
     def poll_arrivals(self) -> list[tuple[int, int, ClientResult]]:
         """(client, draw, result) of each started client whose reply was pulled now, or whose message's time
         (federation.round_timeout_s) ran out; waits one poll interval first when no reply is there."""
-        if not self.streaming:
+        if not self.streaming:  # (every start failed: wait before the schedule tries again)
+            time.sleep(self.cfg.runtime.flower.poll_interval_s)
             return []
         out = self._take_arrivals()
         if not out:
