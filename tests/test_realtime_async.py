@@ -30,9 +30,6 @@ class LateInReverse(InProcessTransport):
         self.queue += [(cid, draw, results[cid]) for cid in sorted(results, reverse=True)]
         return {cid: r[1] for cid, r in results.items()}, {}
 
-    def in_flight(self):
-        return len(self.queue)
-
     def poll_arrivals(self):
         due, self.queue = self.queue, []
         return due

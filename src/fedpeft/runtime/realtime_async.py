@@ -43,6 +43,7 @@ class RealTimeBufferedAsync(BufferedAsync):
             raise TypeError(f"{type(transport).__name__} cannot start clients without waiting for them")
         self.transport: StreamingTransport = transport
         self.arrived: list[Task] = []  # taken from the transport, not in the buffer yet (oldest first)
+        self.started_at = time.perf_counter()
 
     # -- checkpoints ----------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -127,8 +128,6 @@ class RealTimeBufferedAsync(BufferedAsync):
         """Refill the free slots and take the replies as they come until ``buffer_size`` updates are in the buffer,
         then aggregate them as aggregation ``rnd``; an aggregation window in which ``num_clients`` arrivals in a row
         brought no update ends as a failed round."""
-        if not hasattr(self, "started_at"):
-            self.started_at = time.perf_counter()
         record = StepRecord()
         self.rt.progress.round_started(rnd, [])
         tc = time.perf_counter()

@@ -65,6 +65,3 @@ class StreamingTransport(Transport, Protocol):
     def poll_arrivals(self) -> list[tuple[int, int, ClientResult]]:
         """(client, draw, result) of each started client whose reply arrived, or whose time ran out, since the last
         call, in the order they were taken; waits one poll interval first when none is there yet."""
-
-    def in_flight(self) -> int:
-        """How many started clients have not arrived yet."""

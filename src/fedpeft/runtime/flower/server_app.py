@@ -269,21 +269,12 @@ class FlowerTransport:
         deadline = system.deadline_s if system.deadline_s is not None and system.deadline_s < timeout else None
         wait = timeout if deadline is None else deadline
         needed = self.cfg.federation.clients_per_round if system.over_selection else None
-        encoded: list[tuple[int, bytes, int]] = []  # (client, payload, SuperNode)
-        for cid, payload in payloads.items():
-            node = self.node_of_partition.get(cid % self.num_partitions)
-            if node is None:
-                results[cid] = (None, 0, 0, f"no SuperNode online serves partition {cid % self.num_partitions}")
-                self.run.progress.clients_done([cid])
-                continue
-            encoded.append((cid, wire.encode(payload), node))
-        # built once every payload is encoded, just before the push: a message's TTL counts from its creation, and
-        # one that expired before it was pushed would be refused. A message expires with the round (its timeout, or
-        # system.deadline_s): a SuperNode does not start it later; one it started trains on, and its reply is refused
-        sent: list[tuple[int, int, Message]] = [  # (client, bytes down, message)
-            (cid, len(data), Message(pack(data, round=rnd, client=cid), dst_node_id=node,
-                                     message_type=MessageType.TRAIN, group_id=str(rnd), ttl=wait))
-            for cid, data, node in encoded]
+        # a message expires with the round (its timeout, or system.deadline_s): a SuperNode does not start it later;
+        # one it started trains on, and its reply is refused
+        unserved, sent = self._train_messages(rnd, payloads, wait)
+        for cid, why in unserved.items():
+            results[cid] = (None, 0, 0, why)
+            self.run.progress.clients_done([cid])
         pushed_at = time.time()
         client_of = {id(msg): cid for cid, _, msg in sent}
         n_down_of = {cid: n for cid, n, _ in sent}
@@ -325,6 +316,24 @@ class FlowerTransport:
         self.run.progress.clients_done(results)  # those that timed out or were refused: the round waits no more
         return results
 
+    def _train_messages(self, rnd: int, payloads: dict[int, wire.Payload], ttl: float) -> tuple[
+            dict[int, str], list[tuple[int, int, Message]]]:
+        """The train message of each client of round (or refill) ``rnd`` to the SuperNode serving its partition,
+        expiring after ``ttl`` seconds: ({client no SuperNode serves: why}, [(client, bytes down, message)]). Built
+        once every payload is encoded, to be pushed at once: a message's TTL counts from its creation, and one that
+        expired before it was pushed would be refused."""
+        unserved: dict[int, str] = {}
+        encoded: list[tuple[int, bytes, int]] = []  # (client, payload, SuperNode)
+        for cid, payload in payloads.items():
+            node = self.node_of_partition.get(cid % self.num_partitions)
+            if node is None:
+                unserved[cid] = f"no SuperNode online serves partition {cid % self.num_partitions}"
+                continue
+            encoded.append((cid, wire.encode(payload), node))
+        return unserved, [(cid, len(data), Message(pack(data, round=rnd, client=cid), dst_node_id=node,
+                                                   message_type=MessageType.TRAIN, group_id=str(rnd), ttl=ttl))
+                          for cid, data, node in encoded]
+
     def _reply_result(self, cid: int, n_down: int, msg: Message, rep: Message, pushed_at: float, pulled_at: float,
                       decoded: ClientResult | None = None) -> ClientResult:
         """Client ``cid``'s result from ``rep``, the reply to ``msg`` (pushed and pulled at these times.time()
@@ -354,17 +363,8 @@ class FlowerTransport:
         SuperLink refused the push). Their replies come from :meth:`poll_arrivals`."""
         self.refresh_nodes(timeout=30.0)
         timeout = self.cfg.federation.round_timeout_s
-        failed: dict[int, ClientResult] = {}
-        encoded: list[tuple[int, bytes, int]] = []
-        for cid, payload in payloads.items():
-            node = self.node_of_partition.get(cid % self.num_partitions)
-            if node is None:
-                failed[cid] = (None, 0, 0, f"no SuperNode online serves partition {cid % self.num_partitions}")
-                continue
-            encoded.append((cid, wire.encode(payload), node))
-        sent = [(cid, len(data), Message(pack(data, round=draw, client=cid), dst_node_id=node,
-                                         message_type=MessageType.TRAIN, group_id=str(draw), ttl=timeout))
-                for cid, data, node in encoded]
+        unserved, sent = self._train_messages(draw, payloads, timeout)
+        failed: dict[int, ClientResult] = {cid: (None, 0, 0, why) for cid, why in unserved.items()}
         ids = list(self.grid.push_messages([m for _, _, m in sent])) if sent else []
         if len(ids) != len(sent):
             ids = [""] * len(sent)
@@ -376,9 +376,6 @@ class FlowerTransport:
             self.streaming[mid] = Started(cid, draw, n_down, msg, time.time(), now + timeout)
             started[cid] = n_down
         return started, failed
-
-    def in_flight(self) -> int:
-        return len(self.streaming)
 
     def poll_arrivals(self) -> list[tuple[int, int, ClientResult]]:
         """(client, draw, result) of each started client whose reply was pulled now, or whose message's time
