@@ -188,6 +188,31 @@ def test_a_window_in_which_every_update_fails_is_a_failed_round(tmp_path):
     assert all((rt.server.global_state[k] == v).all() for k, v in before.items())
 
 
+def test_an_update_carried_over_from_a_failed_window_counts_its_upload_once(tmp_path):
+    """The one update that arrived in a window that then failed waits for the next window (and arrives there
+    again); its bytes went up once, in the first window's row."""
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+
+    cfg = tiny_config("federation.num_clients=3", "federation.clients_per_round=1", "federation.rounds=2",
+                      "federation.asynchronous={rule: fedbuff, buffer_size: 2}")
+    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    trained, uploads = rt.transport.run_client, []
+
+    def first_only(rnd, cid, payload, **kw):
+        if uploads:
+            return None, 100, 0, "client failed: out of battery"
+        result = trained(rnd, cid, payload, **kw)
+        uploads.append(result[2])
+        return result
+
+    rt.transport.run_client = first_only
+    rt.run()
+    rows = read_metrics(tmp_path / "run")[1:]
+    assert len(rows) == 2 and all("round_failed" in r for r in rows) and uploads[0] > 0
+    assert [r["bytes_up_total"] for r in rows] == [uploads[0], 0]
+    assert rows[-1]["cum_bytes_up"] == uploads[0]
+
+
 def schedule_and_task(tmp_path, asynchronous: str, version: int, arrays):
     """A tiny run's schedule (not run), and a task of client 0 that started from version ``version`` with
     ``arrays`` as its update."""

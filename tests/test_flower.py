@@ -162,7 +162,8 @@ def test_buffered_asynchronous_aggregation_runs_on_flower_in_real_time(deploymen
     update, trained from the current model: the run is synchronous FedAvg's with one client a round. Two training
     at once and a buffer of one: each aggregation takes the first reply and refills that slot, so the client of
     the first refill that replied second (its message was pushed before any later one) is aggregated at least one
-    version stale; with a buffer of two, a window can hold a client refilled during it."""
+    version stale; with a buffer of two, a window can hold a client refilled during it. FedAsync (a buffer of one,
+    the client's model mixed in) is the same schedule."""
     EmbeddedRuntime(tiny_config("federation.rounds=3", "federation.clients_per_round=1"), tmp_path / "sync").run()
     cfg = tiny_config("federation.rounds=3", "federation.clients_per_round=1",
                       "federation.asynchronous={rule: fedbuff, buffer_size: 1}")
@@ -180,9 +181,9 @@ def test_buffered_asynchronous_aggregation_runs_on_flower_in_real_time(deploymen
     assert_same_metrics(as_rounds(read_metrics(tmp_path / "sync")), as_rounds(rows))
     assert_same_globals(tmp_path / "sync", tmp_path / "serial")
 
-    for buffer_size in (1, 2):
-        run = tmp_path / f"buffer{buffer_size}"
-        cfg = tiny_config("federation.rounds=3", f"federation.asynchronous={{rule: fedbuff, buffer_size: "
+    for rule, buffer_size in (("fedbuff", 1), ("fedbuff", 2), ("fedasync", 1)):
+        run = tmp_path / f"{rule}{buffer_size}"
+        cfg = tiny_config("federation.rounds=3", f"federation.asynchronous={{rule: {rule}, buffer_size: "
                           f"{buffer_size}}}")
         summary = run_flower(cfg, run, deployment=deployment, log=lambda m: None)
         rows = read_metrics(run)

@@ -403,6 +403,13 @@ class FlowerRuntimeConfig(Section):
         None, description="CA certificate (PEM) of a TLS SuperLink; None with a remote superlink means insecure."
     )
     poll_interval_s: float = Field(0.05, gt=0, description="How often the ServerApp polls for replies.")
+    reply_grace_s: float = Field(
+        300.0, ge=0, description="federation.asynchronous only: how long a client's message outlives its "
+        "federation.round_timeout_s on the SuperLink (its TTL is the sum), so that a reply that arrived while the "
+        "server was not pulling (aggregating, evaluating, checkpointing) can still be pulled; Flower refuses a reply "
+        "pulled after its message expired. A client with no reply at the first poll after round_timeout_s is a "
+        "failed update either way.",
+    )
     secure_aggregation: SecureAggregationOptions | None = Field(
         None, description="Secure aggregation with Flower's SecAgg+ (FedAvg family only; off by default)."
     )

@@ -298,6 +298,8 @@ class BufferedAsync:
         if len(self.buffer) < self.k:  # (every arrival of the window failed)
             out.failed = (f"{give_up} arrivals in a row brought no update that could be aggregated (see rejected); "
                           f"{len(self.buffer)} of buffer_size {self.k} waited")
+            for task in self.buffer:  # (its upload is counted in this window's row, where it arrived)
+                task.bytes_up = 0
             self._requeue(self.buffer)
             self.buffer = []
             self.rt.server.observe_failures(rnd, out.rejected)

@@ -10,8 +10,9 @@ the real devices and links, and a run is not reproducible update for update (the
 The rows carry no simulated time (the ``sim_*`` entries are null): ``wall_s`` and ``time_round_s`` are the run's
 real timeline.
 
-A reply is taken at most ``federation.round_timeout_s`` after its message was pushed (the message's TTL); a client
-that did not answer by then is a failed update and its slot is refilled. Updates that arrived after the buffer was
+A client has ``federation.round_timeout_s`` from its push to answer: one whose reply is not there at the first poll
+after that is a failed update and its slot is refilled (its message lives ``runtime.flower.reply_grace_s`` longer on
+the SuperLink, so that a reply that came while the server was aggregating or evaluating is not lost). Updates that arrived after the buffer was
 full wait for the next window, and a checkpoint keeps them; the clients still training when a run is killed are not
 in it (their messages belong to the Flower run that sent them): a resumed run refills their slots.
 """

@@ -57,7 +57,8 @@ EXPIRED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)  
 @dataclass
 class Started:
     """A client's message pushed without waiting for its reply (buffered asynchronous aggregation): its refill,
-    bytes sent, when it was pushed (time.time()) and when it expires (time.monotonic())."""
+    bytes sent, when it was pushed (time.time()) and when its time to answer, federation.round_timeout_s, runs out
+    (time.monotonic())."""
 
     client: int
     draw: int
@@ -358,12 +359,14 @@ class FlowerTransport:
     # -- clients started without waiting (buffered asynchronous aggregation in real time) ------------------------
     def start_clients(self, draw: int, payloads: dict[int, wire.Payload]) -> tuple[dict[int, int],
                                                                                    dict[int, ClientResult]]:
-        """Push each client's message (its TTL: federation.round_timeout_s) and return at once: (bytes sent to each
-        client started, the results of those that could not be: no SuperNode serves their partition, or the
-        SuperLink refused the push). Their replies come from :meth:`poll_arrivals`."""
+        """Push each client's message and return at once: (bytes sent to each client started, the results of those
+        that could not be: no SuperNode serves their partition, or the SuperLink refused the push). Their replies
+        come from :meth:`poll_arrivals`. A client has federation.round_timeout_s to answer; its message lives
+        runtime.flower.reply_grace_s longer, so that a reply that came while the server was busy elsewhere
+        (aggregating, evaluating, checkpointing) is still there to pull."""
         self.refresh_nodes(timeout=30.0)
         timeout = self.cfg.federation.round_timeout_s
-        unserved, sent = self._train_messages(draw, payloads, timeout)
+        unserved, sent = self._train_messages(draw, payloads, timeout + self.cfg.runtime.flower.reply_grace_s)
         failed: dict[int, ClientResult] = {cid: (None, 0, 0, why) for cid, why in unserved.items()}
         ids = list(self.grid.push_messages([m for _, _, m in sent])) if sent else []
         if len(ids) != len(sent):
@@ -378,8 +381,8 @@ class FlowerTransport:
         return started, failed
 
     def poll_arrivals(self) -> list[tuple[int, int, ClientResult]]:
-        """(client, draw, result) of each started client whose reply was pulled now, or whose message's time
-        (federation.round_timeout_s) ran out; waits one poll interval first when no reply is there."""
+        """(client, draw, result) of each started client whose reply was pulled now, or that had no reply at a poll
+        more than federation.round_timeout_s after its push; waits one poll interval first when no reply is there."""
         if not self.streaming:  # (every start failed: wait before the schedule tries again)
             time.sleep(self.cfg.runtime.flower.poll_interval_s)
             return []
