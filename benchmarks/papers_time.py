@@ -6,6 +6,9 @@ loss-based client selection) on the clock of fedpeft's simulated systems (docs/g
                                                             #   first: python benchmarks/mnist_vit.py prepare)
     python benchmarks/papers_time.py paper000               # 100 MNLI clients, 2 a round (paper000_mnli_heads.yaml)
 
+Other seeds: ``--set seed=1 --runs runs/papers_time_s1 --out benchmarks/results/papers_time_paper004_vit_s1.json``;
+``--table`` then prints the mean and spread over the result files given to ``--out`` (comma-separated).
+
 Paper 004's runs have every client in every round, as the paper's: each method trains once (the ideal profile) and
 its rounds are replayed (fedpeft.runtime.simclock.replay: the runtime's own clock on the bytes and FLOPs each
 client counted, exact because a system whose clients are always online changes no client's training) on two
@@ -173,6 +176,32 @@ def paper000(args: argparse.Namespace) -> dict[str, Any]:
             "arms": {arm: PAPER000[arm] for arm in args.arms.split(",")}, "rows": out}
 
 
+def seeds_table(saved: list[dict[str, Any]]) -> None:
+    """Per method (or arm) and system: mean +- population standard deviation over the seeds' result files of the
+    final accuracy, the rounds and simulated seconds to the target (over the seeds that reached it) and the
+    seconds in all."""
+    if not saved or len({(s["experiment"], s.get("data"), s["target"]) for s in saved}) != 1:
+        raise SystemExit("--table: give --out one or more result files of the same experiment, data and target")
+    key = "method" if saved[0]["experiment"] == "paper004" else "arm"
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for s in saved:
+        for r in s["rows"]:
+            if r["system"] != "ideal":
+                groups.setdefault((r[key], r["system"]), []).append(r)
+
+    def spread(values: list[float], fmt: str) -> str:
+        return f"{statistics.mean(values):{fmt}} +- {statistics.pstdev(values):{fmt}}" if values else "not reached"
+
+    target, table = saved[0]["target"], []
+    for (name, system), rows in groups.items():
+        hit = [r for r in rows if r["rounds_to_target"] is not None]
+        table.append([name, system, len(rows), spread([r["final_accuracy"] for r in rows], ".4f"),
+                      f"{spread([r['rounds_to_target'] for r in hit], '.1f')} ({len(hit)} of {len(rows)})",
+                      spread([3600 * r["hours_to_target"] for r in hit], ".4g"),
+                      spread([3600 * r["sim_hours"] for r in rows], ".4g")])
+    print_table([key, "system", "seeds", "final acc", f"rounds to {target}", f"s to {target}", "s in all"], table)
+
+
 def _less(row: dict[str, Any], full: dict[str, Any], key: str) -> str:
     return "-" if row is full or not full[key] else f"{100 * (1 - row[key] / full[key]):.1f}% less"
 
@@ -193,8 +222,12 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=5, help="paper000: evaluation every N rounds")
     ap.add_argument("--arms", default=",".join(PAPER000), help="paper000: which arms")
     ap.add_argument("--set", action="append", default=[], help="a config override for every run")
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="the results file; with --table, several (comma-separated), one per seed")
+    ap.add_argument("--table", action="store_true", help="print the mean +- spread over the seeds in --out's files")
     args = ap.parse_args()
+    if args.table:
+        seeds_table([json.loads(Path(f).read_text()) for f in (args.out or "").split(",") if f])
+        return
     if args.target is None:
         args.target = {"text": 0.40, "vit": 0.90}[args.data] if args.experiment == "paper004" else 0.45
     result = paper004(args) if args.experiment == "paper004" else paper000(args)

@@ -44,6 +44,7 @@ def test_staleness_weights(kind, staleness, expected):
     (["federation.asynchronous={rule: fedasync, buffer_size: 2}"], "rule fedasync aggregates every update"),
     (["algorithm.robust={rule: median}", "federation.min_replies=3", "federation.asynchronous={buffer_size: 2}"],
      "needs at least 3 updates per aggregation"),
+    (["runtime.clients_per_pass=auto"], "runtime.clients_per_pass: auto picks its number by timing this machine"),
 ])
 def test_what_cannot_run_asynchronously_is_refused_with_the_reason(overrides, needle):
     base = ["federation.asynchronous={rule: fedbuff}", "federation.num_clients=20", "federation.clients_per_round=3"]
@@ -94,13 +95,17 @@ def learning_metrics(rows):
 
 
 @pytest.mark.needs_data
-def test_fedbuff_with_every_client_arriving_together_is_synchronous_fedavg(tmp_path):
+@pytest.mark.parametrize("per_pass", [1, 2])
+def test_fedbuff_with_every_client_arriving_together_is_synchronous_fedavg(tmp_path, per_pass):
+    """Also when the clients that start together train in one fused pass (clients_per_pass 2), as they do in the
+    synchronous rounds."""
     from fedpeft.runtime.embedded import EmbeddedRuntime
 
     devices = f"system.trace={trace(tmp_path)}"
-    sync = tiny_config("federation.rounds=3", devices)
+    fused = f"runtime.clients_per_pass={per_pass}"
+    sync = tiny_config("federation.rounds=3", devices, fused)
     EmbeddedRuntime(sync, tmp_path / "sync").run()
-    buffered = tiny_config("federation.rounds=3", devices,
+    buffered = tiny_config("federation.rounds=3", devices, fused,
                            "federation.asynchronous={rule: fedbuff, buffer_size: 2, staleness: sqrt}")
     EmbeddedRuntime(buffered, tmp_path / "fedbuff").run()
     a, b = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "fedbuff")
@@ -108,6 +113,7 @@ def test_fedbuff_with_every_client_arriving_together_is_synchronous_fedavg(tmp_p
     assert [sorted(r["clients"]) for r in b[1:]] == [r["clients"] for r in a[1:]]
     assert learning_metrics(a) == learning_metrics(b)  # every loss, score and byte count, exactly
     assert [r["sim_time_s"] for r in b] == pytest.approx([0.0, 1.0, 2.0, 3.0])  # two latencies a round
+    assert all((r.get("fused_sub_batches", 0) > 0) == (per_pass > 1) for r in b[1:])  # trained in fused passes
 
 
 def eight_servers(asynchronous: str):
@@ -188,9 +194,10 @@ def test_a_window_in_which_every_update_fails_is_a_failed_round(tmp_path):
     assert all((rt.server.global_state[k] == v).all() for k, v in before.items())
 
 
+@pytest.mark.needs_data
 def test_an_update_carried_over_from_a_failed_window_counts_its_upload_once(tmp_path):
     """The one update that arrived in a window that then failed waits for the next window (and arrives there
-    again); its bytes went up once, in the first window's row."""
+    again); its bytes went up once, in the first window's row, and the server checked it once."""
     from fedpeft.runtime.embedded import EmbeddedRuntime
 
     cfg = tiny_config("federation.num_clients=3", "federation.clients_per_round=1", "federation.rounds=2",
@@ -205,12 +212,22 @@ def test_an_update_carried_over_from_a_failed_window_counts_its_upload_once(tmp_
         uploads.append(result[2])
         return result
 
-    rt.transport.run_client = first_only
+    checked, accept = [], rt.server.accept
+
+    def counted_accept(rnd, updates):
+        checked.extend(updates)
+        return accept(rnd, updates)
+
+    rt.transport.run_client, rt.server.accept = first_only, counted_accept
     rt.run()
     rows = read_metrics(tmp_path / "run")[1:]
     assert len(rows) == 2 and all("round_failed" in r for r in rows) and uploads[0] > 0
+    assert len(checked) == 1  # the server checked it once, when it first arrived
     assert [r["bytes_up_total"] for r in rows] == [uploads[0], 0]
     assert rows[-1]["cum_bytes_up"] == uploads[0]
+    # a failed window aggregated no one: no client, no staleness, no split of a client's time; its clock moved on
+    assert all(r["clients"] == [] and r["client_staleness"] == {} and r["sim_compute_s"] is None for r in rows)
+    assert 0 < rows[0]["sim_time_s"] <= rows[1]["sim_time_s"]
 
 
 def schedule_and_task(tmp_path, asynchronous: str, version: int, arrays):

@@ -108,8 +108,11 @@ def test_a_client_without_a_reply_is_given_up_at_the_first_poll_after_its_timeou
     ((cid, draw, (update, _, n_up, failure)),) = t.poll_arrivals()
     assert (cid, draw, update, n_up) == (0, 3, None, 0)
     assert failure == f"no reply within federation.round_timeout_s={TIMEOUT:g} s (client stopped or disconnected)"
+    assert t.unavailable() == {0}  # its message lives on for reply_grace_s: not started again meanwhile
     answer(link)  # too late: nothing waits for it any more
     assert t.poll_arrivals() == [] and not t.streaming
+    t.given_up[0] = time.monotonic()  # (as if reply_grace_s had passed)
+    assert t.unavailable() == set()
 
 
 def test_a_client_no_supernode_serves_fails_at_its_start_and_the_others_start(link):

@@ -34,6 +34,9 @@ class LateInReverse(InProcessTransport):
         due, self.queue = self.queue, []
         return due
 
+    def unavailable(self):
+        return set()
+
 
 def eight_clients():
     return tiny_config("federation.num_clients=8", "federation.clients_per_round=3", "federation.rounds=4",

@@ -166,6 +166,17 @@ def test_a_parquet_trace_reads_as_the_json_one(tmp_path):
     assert d.availability.online(55.0).tolist() == [True, True] and d.availability.online(30.0).tolist() == [True, False]
 
 
+def test_a_parquet_trace_with_fedscale_windows_has_null_for_an_always_online_device(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"flops_per_s": [2e10, 5e10], "download_mbps": [20.0, 8.0], "upload_mbps": [5.0, 2.0],
+                      "active": [[10.0, 50.0], None], "inactive": [[20.0, 60.0], None], "period_s": [200.0, 200.0]})
+    pq.write_table(table, tmp_path / "trace.parquet")
+    d = load_trace(tmp_path / "trace.parquet", 2)
+    assert d.availability.online(55.0).tolist() == [True, True] and d.availability.online(30.0).tolist() == [False, True]
+
+
 @pytest.mark.parametrize(("devices", "needle"), [
     ([{"download_mbps": 1, "upload_mbps": 1}], "device 0 gives neither flops_per_s nor slowdown"),
     ([{"flops_per_s": 1e9, "slowdown": 2, "download_mbps": 1, "upload_mbps": 1}], "gives flops_per_s and slowdown"),
@@ -223,6 +234,7 @@ def test_a_window_past_the_period_is_refused(tmp_path):
     (["system.over_selection=0.5", "runtime.name=flower", "runtime.flower.secure_aggregation={}",
       "runtime.flower.num_supernodes=4", "federation.num_clients=4"], "SecAgg+ runs its own rounds"),
     (["system.deadline_s=0"], "greater than 0"),
+    (["system.profile=mobile", "runtime.clients_per_pass=auto"], "clients_per_pass: auto picks its number by timing"),
 ])
 def test_the_config_refuses_what_the_clock_cannot_simulate(overrides, needle):
     with pytest.raises(ConfigError, match=None) as err:

@@ -661,6 +661,12 @@ class RunConfig(Section):
         if self.runtime.name != "flower" and not system.simulates_time_only() and self.runtime.flops_sample_steps == 0:
             raise ValueError("system: simulated devices, deadlines and over-selection time the FLOPs the run counts, "
                              "and runtime.flops_sample_steps is 0 (off): set it to 1 or more")
+        decides = not system.simulates_time_only() or fed.asynchronous is not None
+        if self.runtime.name == "embedded" and decides and self.runtime.clients_per_pass == "auto":
+            raise ValueError("runtime.clients_per_pass: auto picks its number by timing this machine, and the clients "
+                             "trained together shift the counted FLOPs that the simulated clock times (here the clock "
+                             "decides who trains and what is aggregated): give a number (e.g. 4) so that the run "
+                             "gives the same result on every machine")
         selected = system.selected(fed.clients_per_round)
         if selected > fed.num_clients:
             raise ValueError(f"system.over_selection {system.over_selection:g} selects {selected} clients a round, more "

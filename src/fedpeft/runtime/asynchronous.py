@@ -57,12 +57,13 @@ class Task:
     update: wire.Payload | None = None
     failure: str | None = None
     time: ClientTime | None = None
+    accepted: bool = False  # it arrived and passed the checks once (it waits for a window after a failed one)
 
     def state(self) -> dict[str, Any]:
         """The task as a checkpoint holds it (arrays and JSON-safe values)."""
         return {"client": self.client, "draw": self.draw, "version": self.version, "start_s": self.start_s,
                 "arrival_s": self.arrival_s, "bytes_down": self.bytes_down, "bytes_up": self.bytes_up,
-                "failure": self.failure,
+                "failure": self.failure, "accepted": self.accepted,
                 "time": None if self.time is None else [self.time.download_s, self.time.compute_s, self.time.upload_s],
                 "arrays": None if self.update is None else dict(self.update.arrays),
                 "meta": None if self.update is None else json_meta(self.update.meta)}
@@ -74,7 +75,8 @@ class Task:
         return cls(client=int(s["client"]), draw=int(s["draw"]), version=int(s["version"]),
                    start_s=float(s["start_s"]), arrival_s=float(s["arrival_s"]), bytes_down=int(s["bytes_down"]),
                    bytes_up=int(s["bytes_up"]), update=update, failure=s["failure"],
-                   time=None if s["time"] is None else ClientTime(*map(float, s["time"])))
+                   time=None if s["time"] is None else ClientTime(*map(float, s["time"])),
+                   accepted=bool(s.get("accepted", False)))
 
 
 def json_meta(meta: dict[str, Any]) -> dict[str, Any]:
@@ -202,20 +204,23 @@ class BufferedAsync:
         self.rt.system.now_s = when
 
     def _arrive(self, task: Task, out: RoundOutcome, record: StepRecord) -> bool:
-        """Take ``task``'s arrival: into the buffer (True), or refused, failed or dropped (False)."""
+        """Take ``task``'s arrival: into the buffer (True), or refused, failed or dropped (False). An update back
+        from a failed window was counted and checked when it first arrived: only its staleness is checked again."""
         cid = task.client
-        out.bytes_up[cid] = out.bytes_up.get(cid, 0) + task.bytes_up
-        self.rt.progress.clients_done([cid])
-        if task.failure is not None or task.update is None:
-            out.rejected[cid] = task.failure or "no update"
-            if "went offline" in (task.failure or ""):
-                record.dropped += 1
-            log.warning("update %d of client %d failed: %s", task.draw, cid, out.rejected[cid])
-            return False
-        _, refused = accept_updates(self.rt.server, task.draw, {cid: task.update})
-        if refused:
-            out.rejected.update(refused)
-            return False
+        if not task.accepted:
+            out.bytes_up[cid] = out.bytes_up.get(cid, 0) + task.bytes_up
+            self.rt.progress.clients_done([cid])
+            if task.failure is not None or task.update is None:
+                out.rejected[cid] = task.failure or "no update"
+                if "went offline" in (task.failure or ""):
+                    record.dropped += 1
+                log.warning("update %d of client %d failed: %s", task.draw, cid, out.rejected[cid])
+                return False
+            _, refused = accept_updates(self.rt.server, task.draw, {cid: task.update})
+            if refused:
+                out.rejected.update(refused)
+                return False
+            task.accepted = True
         staleness = self.version - task.version
         limit = self.options.max_staleness
         if limit is not None and staleness > limit:
@@ -294,12 +299,9 @@ class BufferedAsync:
         """End the aggregation window: aggregate the buffer as aggregation ``rnd`` into ``out`` (or fail the window
         when fewer than buffer_size updates arrived) and return the row's own entries."""
         schedule_s = out.time_client_s - record.training_s
-        record.staleness = {t.client: self.version - t.version for t in self.buffer}
         if len(self.buffer) < self.k:  # (every arrival of the window failed)
             out.failed = (f"{give_up} arrivals in a row brought no update that could be aggregated (see rejected); "
                           f"{len(self.buffer)} of buffer_size {self.k} waited")
-            for task in self.buffer:  # (its upload is counted in this window's row, where it arrived)
-                task.bytes_up = 0
             self._requeue(self.buffer)
             self.buffer = []
             self.rt.server.observe_failures(rnd, out.rejected)
@@ -307,6 +309,7 @@ class BufferedAsync:
             row["time_schedule_s"] = schedule_s
             self.last_aggregation_s = self.now_s
             return row
+        record.staleness = {t.client: self.version - t.version for t in self.buffer}
         ta = time.perf_counter()
         rebasing = time.perf_counter()
         updates = {t.client: self._rebased(t) for t in self.buffer}
@@ -348,10 +351,11 @@ class BufferedAsync:
     def _row(self, rnd: int, record: StepRecord) -> dict[str, Any]:
         """The aggregation's own entries: its clients and their staleness, and its simulated time (the seconds since
         the previous aggregation; the aggregated clients' mean download, computation and upload, and their mean
-        wait in the buffer)."""
+        wait in the buffer: null in a failed window, which aggregated no client)."""
         times = [t.time for t in self.buffer if t.time is not None]
         known = len(times) == len(self.buffer) and all(work_of(t.update.meta if t.update else None) is not None
                                                        for t in self.buffer)
+        split = known and bool(times)
         n = max(len(times), 1)
         row: dict[str, Any] = {
             "clients": [t.client for t in self.buffer],
@@ -359,10 +363,10 @@ class BufferedAsync:
             "async_started": record.started,
             "sim_round_s": self.now_s - self.last_aggregation_s if known else None,
             "sim_time_s": self.now_s if known else None,
-            "sim_download_s": sum(t.download_s for t in times) / n if known else None,
-            "sim_compute_s": sum(t.compute_s for t in times) / n if known else None,
-            "sim_upload_s": sum(t.upload_s for t in times) / n if known else None,
-            "sim_wait_s": sum(self.now_s - t.arrival_s for t in self.buffer) / n if known else None,
+            "sim_download_s": sum(t.download_s for t in times) / n if split else None,
+            "sim_compute_s": sum(t.compute_s for t in times) / n if split else None,
+            "sim_upload_s": sum(t.upload_s for t in times) / n if split else None,
+            "sim_wait_s": sum(self.now_s - t.arrival_s for t in self.buffer) / n if split else None,
             "sim_online_wait_s": record.online_wait_s,
             "client_sim_s": {str(t.client): (t.time.total_s if t.time is not None else None) for t in self.buffer},
             "sim_dropped": record.dropped,

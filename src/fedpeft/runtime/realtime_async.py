@@ -65,7 +65,7 @@ class RealTimeBufferedAsync(BufferedAsync):
 
     # -- the window -----------------------------------------------------------------------------------------------
     def _busy(self) -> set[int]:
-        return super()._busy() | {t.client for t in self.arrived}
+        return super()._busy() | {t.client for t in self.arrived} | self.transport.unavailable()
 
     def _pending(self) -> list[Task]:
         return [*self.in_flight, *self.arrived]

@@ -62,6 +62,10 @@ class StreamingTransport(Transport, Protocol):
         """Send each client its payload (``draw``: the refill that chose it) and return at once: (bytes sent to each
         client that started, the results of the clients that could not be started)."""
 
+    def unavailable(self) -> set[int]:
+        """Clients not to start now although no slot waits for them: one given up whose message may still be
+        queued or training where it was sent (a second message would train after it)."""
+
     def poll_arrivals(self) -> list[tuple[int, int, ClientResult]]:
         """(client, draw, result) of each started client whose reply arrived, or whose time ran out, since the last
         call, in the order they were taken; waits one poll interval first when none is there yet."""

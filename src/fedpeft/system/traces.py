@@ -89,6 +89,8 @@ def _windows(path: Path, i: int, device: dict[str, Any], period: float | None) -
         raise TraceError(f"{path}: device {i} has both online and active/inactive windows; keep one")
     if "active" in device or "inactive" in device:
         active, inactive = device.get("active"), device.get("inactive")
+        if active is None and inactive is None:  # (a parquet trace's null: always online, as a missing online)
+            return None
         if not isinstance(active, list) or not isinstance(inactive, list) or len(active) != len(inactive):
             raise TraceError(f"{path}: device {i}: active and inactive must be lists of the same length (the i-th "
                              "window is [active[i], inactive[i]))")

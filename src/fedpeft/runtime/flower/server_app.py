@@ -86,6 +86,7 @@ class FlowerTransport:
         self.described: set[int] = set()
         self.client_times: dict[str, dict[str, float]] = {}
         self.streaming: dict[str, Started] = {}  # message id -> the client started without waiting for it
+        self.given_up: dict[int, float] = {}  # client -> when its unanswered message expires (time.monotonic())
 
     def bind(self, run: EmbeddedRuntime, checkpoint: dict[str, Any] | None) -> None:
         self.run = run
@@ -380,6 +381,13 @@ class FlowerTransport:
             started[cid] = n_down
         return started, failed
 
+    def unavailable(self) -> set[int]:
+        """The clients given up whose message still lives on the SuperLink (round_timeout_s + reply_grace_s from
+        its push): their SuperNode may still run it, and one more message would queue behind it."""
+        now = time.monotonic()
+        self.given_up = {cid: until for cid, until in self.given_up.items() if until > now}
+        return set(self.given_up)
+
     def poll_arrivals(self) -> list[tuple[int, int, ClientResult]]:
         """(client, draw, result) of each started client whose reply was pulled now, or that had no reply at a poll
         more than federation.round_timeout_s after its push; waits one poll interval first when no reply is there."""
@@ -411,6 +419,7 @@ class FlowerTransport:
         for mid, s in list(self.streaming.items()):
             if now > s.expires:  # no reply, not even the SuperLink's word that the message expired
                 del self.streaming[mid]
+                self.given_up[s.client] = s.expires + self.cfg.runtime.flower.reply_grace_s
                 self.partitions.answered(s.message.metadata.dst_node_id, False)
                 out.append((s.client, s.draw, (None, s.n_down, 0, f"{late} (client stopped or disconnected)")))
         return out
