@@ -513,6 +513,11 @@ class RuntimeConfig(Section):
         "tensors, each client with its own loss, optimizer, schedule and steps (docs/guide/clients-per-pass.md). "
         "1: one client after another; auto: the number that trains fastest on this device, measured on the first "
         "round's clients (on CUDA within 80% of the memory free).")
+    workers: int = Field(
+        1, ge=1, description="The embedded runtime trains a round's clients on this many worker processes, forked "
+        "once the model is built so that they share its frozen backbone (copy-on-write), each with the torch threads "
+        "divided among them and clients_per_pass clients per fused pass (docs/guide/workers.md). 1: in the run's "
+        "process. CPU only for now.")
     max_pass_tokens: int | None = Field(
         None, ge=1, description="Under clients_per_pass, the most padded tokens one sub-batch of a fused pass may "
         "hold (rows beyond it go through the model in another sub-batch, never with more padding). None: 1024 on a "
@@ -652,9 +657,26 @@ class RunConfig(Section):
             raise ValueError(f"peft.method {self.peft.method} cannot adapt a vision transformer: {why}; methods that "
                              f"can: {able}")
         self._check_system()
+        self._check_workers()
         self.peft.check(self)
         self.algorithm.check(self)
         return self
+
+    def _check_workers(self) -> None:
+        rt = self.runtime
+        if rt.workers == 1:
+            return
+        if rt.name != "embedded":
+            raise ValueError(f"runtime.workers {rt.workers} applies to the embedded runtime; runtime {rt.name} runs "
+                             "each client where its messages go: remove runtime.workers")
+        if rt.device == "cuda":
+            raise ValueError(f"runtime.workers {rt.workers} on cuda: the workers are forked processes, which CUDA "
+                             "cannot be forked into (one worker per GPU is not built yet); set runtime.workers: 1 or "
+                             "runtime.device: cpu")
+        if rt.clients_per_pass == "auto":
+            raise ValueError(f"runtime.workers {rt.workers} with runtime.clients_per_pass: auto (each worker would "
+                             "time its own probe): give clients_per_pass a number")
+
 
     def _check_system(self) -> None:
         system, fed = self.system, self.federation

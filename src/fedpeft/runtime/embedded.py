@@ -54,6 +54,7 @@ from fedpeft.runtime.setup import Experiment, build_experiment
 from fedpeft.runtime.simclock import SimulatedSystem
 from fedpeft.runtime.synchronous import SynchronousRounds
 from fedpeft.runtime.transport import Transport
+from fedpeft.runtime.workers import WorkerPoolTransport
 from fedpeft.training.evaluate import PREDICTIONS, evaluate
 
 log = logging.getLogger("fedpeft")
@@ -112,7 +113,8 @@ class EmbeddedRuntime:
         False. ``observers``: fedpeft.RunObserver instances that watch the run. ``transport``: where the clients
         train (default: in this process, fedpeft.runtime.inprocess)."""
         self.cfg = cfg
-        self.transport: Transport = transport if transport is not None else InProcessTransport()
+        self.transport: Transport = transport if transport is not None else (
+            WorkerPoolTransport(cfg.runtime.workers) if cfg.runtime.workers > 1 else InProcessTransport())
         if cfg.eval.save_client_adapters:
             _check_personal_state(cfg)
         self.observers = list(observers)
@@ -235,6 +237,7 @@ class EmbeddedRuntime:
     def close(self) -> None:
         """Close the run's files and give up its directory's lock (the end of :meth:`run` does; safe to call
         twice)."""
+        self.transport.close()
         for tracker in self.trackers:
             try:
                 tracker.close()

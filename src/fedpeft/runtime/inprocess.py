@@ -42,6 +42,9 @@ class InProcessTransport:
     def start(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
     def state(self) -> dict[str, Any]:
         """auto's measured number and an out-of-memory halving: a resumed run groups its clients as before."""
         if self.cohort is None:

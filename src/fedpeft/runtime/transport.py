@@ -51,6 +51,9 @@ class Transport(Protocol):
     def state(self) -> dict[str, Any]:
         """Entries of the run's checkpoint that a resumed run gives back to bind()."""
 
+    def close(self) -> None:
+        """The run is over (ended, failed or killed in this process): stop what start() started; safe twice."""
+
 
 @runtime_checkable
 class StreamingTransport(Transport, Protocol):

@@ -97,6 +97,9 @@ class FlowerTransport:
         """Waits for the SuperNodes of every partition (runtime.flower.startup_timeout_s)."""
         self.wait_for_nodes()
 
+    def close(self) -> None:
+        """Nothing to stop: the SuperNodes are the deployment's (a local one is stopped by its launcher)."""
+
     @property
     def exp(self) -> Any:
         return self.run.exp

@@ -1,0 +1,148 @@
+"""runtime.workers: a round's clients on forked worker processes sharing the frozen backbone
+(fedpeft.runtime.workers). The same metrics as in one process (to float32 rounding: the workers' torch threads
+reduce in another order), whichever worker trains which client; a worker that dies fails its clients for that
+round only; no worker outlives a killed run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import crash_at_round, metrics_difference, tiny_config, without_timings
+
+from fedpeft.config.load import ConfigError, load_config
+from fedpeft.rundir import read_metrics
+from fedpeft.runtime.embedded import EmbeddedRuntime
+from fedpeft.runtime.workers import WorkerPoolTransport
+
+# FLOPs are measured on sampled steps per process (each worker samples its own), so they and the simulated time
+# computed from them are estimates that differ between one process and several; the fused passes' figures are
+# summed over the workers' passes
+ESTIMATES = {"flops", "client_flops", "fused_sub_batches", "fused_micro_steps", "fused_padded_share",
+             "alone_padded_share", "clients_per_pass"}
+
+
+def learning(rows):
+    return [{k: v for k, v in r.items() if k not in ESTIMATES and "sim_" not in k} for r in without_timings(rows)]
+
+
+def run(tmp_path: Path, name: str, *overrides: str) -> list[dict]:
+    rt = EmbeddedRuntime(tiny_config("federation.rounds=2", "federation.num_clients=6",
+                                     "federation.clients_per_round=4", *overrides), tmp_path / name)
+    rt.run()
+    return read_metrics(tmp_path / name)
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("method", [
+    ["peft.method=lora"],
+    ["peft.method=ia3", "algorithm={name: fedprox, mu: 0.1}"],
+    ["peft.method=houlsby"],
+    ["peft.method=prompt_tuning"],
+    ["algorithm.name=fedsa_lora", "eval.personalized=true"],  # each client's own B: state the parent keeps
+    ["algorithm={name: hetlora, rank_groups: [{rank: 4, share: 0.5}, {rank: 16, share: 0.5}]}"],
+    ["algorithm={name: headprune, sparsity: 0.5}"],  # the clients' head importance reaches the server's observer
+    ["federation.attackers={fraction: 0.25, attack: sign_flip}"],
+], ids=["lora", "ia3-fedprox", "houlsby", "prompt_tuning", "fedsa_lora", "hetlora", "headprune", "attackers"])
+def test_workers_give_the_metrics_of_one_process(tmp_path, method):
+    """Against one process with the same clients_per_pass (a fused pass draws its dropout masks for the fused
+    batch, so with dropout on clients_per_pass itself changes the metrics; see tests/test_clients_per_pass.py)."""
+    one = {p: run(tmp_path, f"one{p}", *method, f"runtime.clients_per_pass={p}") for p in (1, 2)}
+    for workers, per_pass in ((2, 1), (3, 1), (2, 2)):
+        rows = run(tmp_path, f"w{workers}p{per_pass}", *method, f"runtime.workers={workers}",
+                   f"runtime.clients_per_pass={per_pass}")
+        difference = metrics_difference(learning(rows), learning(one[per_pass]))
+        assert difference is None, f"workers={workers} clients_per_pass={per_pass}: {difference}"
+
+
+@pytest.mark.needs_data
+def test_a_worker_that_dies_fails_its_clients_for_that_round_and_is_replaced(tmp_path, monkeypatch):
+    from fedpeft.runtime import local_work
+
+    trained = local_work.train_client
+
+    def dies_in_round_1(exp, client, rnd, cid, *args, **kwargs):
+        if rnd == 1 and cid in (0, 1):  # (the first worker's share of round 1 holds the first two selected)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return trained(exp, client, rnd, cid, *args, **kwargs)
+
+    monkeypatch.setattr(local_work, "train_client", dies_in_round_1)  # before the workers are forked
+    cfg = tiny_config("federation.rounds=2", "federation.num_clients=4", "federation.clients_per_round=4",
+                      "federation.min_replies=2", "runtime.workers=2")
+    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    assert isinstance(rt.transport, WorkerPoolTransport)
+    rt.run()
+    first, second = read_metrics(tmp_path / "run")[1:]
+    assert len(first["rejected"]) == 2 and "round_failed" not in first
+    assert all("worker 0 died (killed by signal 9)" in why for why in first["rejected"].values())
+    assert len(first["client_num_examples"]) == 2  # the other worker's two were aggregated
+    assert not second.get("rejected")  # round 2: a new worker, every client trained
+    assert len(second["client_num_examples"]) == 4
+    assert all(p is None for p in rt.transport.procs)  # the run's end stopped them
+
+
+@pytest.mark.needs_data
+def test_a_killed_run_with_workers_resumes_to_the_same_result(tmp_path, monkeypatch):
+    """FedSA-LoRA: each client's own tensors are state the parent checkpoints, and the resumed run's new workers
+    get them back."""
+    overrides = ("federation.rounds=3", "federation.num_clients=6", "federation.clients_per_round=4",
+                 "algorithm.name=fedsa_lora", "eval.personalized=true", "runtime.workers=2")
+    EmbeddedRuntime(tiny_config(*overrides), tmp_path / "full").run()
+    rt = EmbeddedRuntime(tiny_config(*overrides), tmp_path / "cut")
+    crash_at_round(rt, monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        rt.run()
+    assert all(p is None for p in rt.transport.procs)  # the workers stopped with the run
+    monkeypatch.undo()
+    EmbeddedRuntime.resume(tmp_path / "cut").run()
+    difference = metrics_difference(learning(read_metrics(tmp_path / "cut")), learning(read_metrics(tmp_path / "full")))
+    assert difference is None, difference
+
+
+@pytest.mark.needs_data
+def test_no_worker_outlives_a_killed_run(tmp_path):
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from helpers import tiny_config\n"
+        "from fedpeft.runtime.embedded import EmbeddedRuntime\n"
+        "cfg = tiny_config('federation.rounds=200', 'runtime.workers=2', 'federation.clients_per_round=4')\n"
+        "EmbeddedRuntime(cfg, sys.argv[2]).run()\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / "run")])
+    children: list[int] = []
+    deadline = time.monotonic() + 300
+    while len(children) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        path = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        children = [int(p) for p in path.read_text().split()] if path.exists() else []
+    assert len(children) >= 2, "the run's workers never started"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{c}").exists() and "Z" not in _state(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [c for c in children if Path(f"/proc/{c}").exists() and "Z" not in _state(c)]
+    assert alive == [], f"workers {alive} outlived the killed run"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    (["runtime.workers=2", "runtime.name=flower"], "applies to the embedded runtime"),
+    (["runtime.workers=2", "runtime.device=cuda"], "CUDA cannot be forked into"),
+    (["runtime.workers=2", "runtime.clients_per_pass=auto"], "give clients_per_pass a number"),
+    (["runtime.workers=0"], "greater than or equal to 1"),
+])
+def test_what_workers_cannot_do_is_refused_with_the_reason(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert needle in str(err.value)
