@@ -67,6 +67,11 @@ $PY benchmarks/async_time.py fedbuff --only FedBuff --seeds 1,2 --steps 60 --out
   2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/async_fedbuff_60_s12.log
 # the papers in simulated time: paper 004 (ViT; after mnist_vit.py prepare above) and paper 000 on phones and data-centre links
 $PY benchmarks/papers_time.py paper004 --data vit 2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/papers_time_paper004_vit.log
+for s in 1 2; do
+  $PY benchmarks/papers_time.py paper004 --data vit --set seed=$s --runs runs/papers_time_s$s \
+    --out benchmarks/results/papers_time_paper004_vit_s$s.json 2>&1 | grep -v -i -E "warn|Loading weights" \
+    | tee benchmarks/results/papers_time_paper004_vit_s$s.log
+done
 $PY benchmarks/papers_time.py paper004 --data text 2>&1 | grep -v -i -E "warn|Loading weights|Writing model shards" \
   | tee benchmarks/results/papers_time_paper004_text.log
 $PY benchmarks/papers_time.py paper000 --arms fedavg-random,method-loss 2>&1 | grep -v -i -E "warn|Loading weights" \
