@@ -53,11 +53,34 @@ def test_workers_give_the_metrics_of_one_process(tmp_path, method):
     """Against one process with the same clients_per_pass (a fused pass draws its dropout masks for the fused
     batch, so with dropout on clients_per_pass itself changes the metrics; see tests/test_clients_per_pass.py)."""
     one = {p: run(tmp_path, f"one{p}", *method, f"runtime.clients_per_pass={p}") for p in (1, 2)}
-    for workers, per_pass in ((2, 1), (3, 1), (2, 2)):
+    for workers, per_pass in ((2, 1), (3, 1), (2, 2), (3, 2)):
         rows = run(tmp_path, f"w{workers}p{per_pass}", *method, f"runtime.workers={workers}",
                    f"runtime.clients_per_pass={per_pass}")
         difference = metrics_difference(learning(rows), learning(one[per_pass]))
         assert difference is None, f"workers={workers} clients_per_pass={per_pass}: {difference}"
+
+
+def test_shares_are_even_and_hold_whole_fused_passes():
+    t = WorkerPoolTransport(3)
+    t.cohort = None
+    for k, n, expected in ((1, 4, [[0], [1, 2], [3]]), (2, 5, [[0, 1], [2, 3], [4]]), (2, 4, [[0, 1], [2, 3]]),
+                           (1, 7, [[0, 1], [2, 3, 4], [5, 6]])):
+        t.run = type("Run", (), {"cfg": tiny_config(f"runtime.clients_per_pass={k}")})()
+        assert t._shares(list(range(n))) == expected, (k, n)
+
+
+@pytest.mark.needs_data
+def test_an_error_in_a_client_half_stops_the_run_as_without_workers(tmp_path, monkeypatch):
+    from fedpeft.runtime import local_work
+
+    def broken(exp, client, rnd, cid, *args, **kwargs):
+        raise ValueError(f"client {cid} cannot train")
+
+    monkeypatch.setattr(local_work, "train_client", broken)
+    rt = EmbeddedRuntime(tiny_config("runtime.workers=2"), tmp_path / "run")
+    with pytest.raises(RuntimeError, match="ValueError: client . cannot train"):
+        rt.run()
+    assert all(p is None for p in rt.transport.procs)
 
 
 @pytest.mark.needs_data
@@ -141,6 +164,9 @@ def _state(pid: int) -> str:
     (["runtime.workers=2", "runtime.device=cuda"], "CUDA cannot be forked into"),
     (["runtime.workers=2", "runtime.clients_per_pass=auto"], "give clients_per_pass a number"),
     (["runtime.workers=0"], "greater than or equal to 1"),
+    (["runtime.workers=2", "system.profile=mobile"], "where the simulated clock decides who trains"),
+    (["runtime.workers=2", "federation.asynchronous={rule: fedbuff}", "federation.num_clients=20"],
+     "where the simulated clock decides who trains"),
 ])
 def test_what_workers_cannot_do_is_refused_with_the_reason(overrides, needle):
     with pytest.raises(ConfigError) as err:

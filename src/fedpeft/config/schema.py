@@ -676,6 +676,11 @@ class RunConfig(Section):
         if rt.clients_per_pass == "auto":
             raise ValueError(f"runtime.workers {rt.workers} with runtime.clients_per_pass: auto (each worker would "
                              "time its own probe): give clients_per_pass a number")
+        if not self.system.simulates_time_only() or self.federation.asynchronous is not None:
+            raise ValueError(f"runtime.workers {rt.workers} where the simulated clock decides who trains (a system "
+                             "profile or trace, a deadline, over-selection or asynchronous aggregation): each worker "
+                             "samples its own FLOPs, which time the clock, so the run would depend on which worker "
+                             "trained whom; set runtime.workers: 1")
 
 
     def _check_system(self) -> None:

@@ -26,19 +26,24 @@ there for now.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import multiprocessing
 import os
 import signal
+import traceback
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fedpeft import wire
+from fedpeft.algorithms import runtime_needs
 from fedpeft.config import ConfigError
+from fedpeft.runtime.cohort import pass_row
 from fedpeft.runtime.inprocess import InProcessTransport
 from fedpeft.runtime.outcome import ClientResult
+from fedpeft.training.fused import PassStats
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -96,9 +101,19 @@ def _serve(conn: Connection, transport: InProcessTransport, threads: int, parent
         run.client_states = dict(states)
         reports.kept = []
         run.observers = [reports] if wants_reports else []
-        results = InProcessTransport.run_clients(transport, rnd, payloads)
+        cohort = transport.cohort
+        before = dataclasses.replace(cohort.stats) if cohort is not None else None
+        try:
+            results = InProcessTransport.run_clients(transport, rnd, payloads)
+        except Exception:  # noqa: BLE001 (a client half's error: the run's process raises it, as without workers)
+            conn.send(("error", traceback.format_exc()))
+            continue
+        passes = None
+        if cohort is not None and before is not None:
+            passes = PassStats(*(a - b for a, b in zip(dataclasses.astuple(cohort.stats),
+                                                       dataclasses.astuple(before))))
         conn.send((results, {cid: run.client_states.get(cid, {}) for cid in payloads}, reports.kept,
-                   transport.round_info()))
+                   transport.round_info().get("clients_per_pass"), passes))
     conn.close()
     os._exit(0)  # (no atexit of the parent's: its files and locks are the parent's)
 
@@ -117,6 +132,10 @@ class WorkerPoolTransport(InProcessTransport):
             raise ConfigError(f"runtime.workers {self.workers}: the run trains on {run.exp.device.type}, and the "
                               "workers are forked processes, which CUDA cannot be forked into; set runtime.device: "
                               "cpu or runtime.workers: 1")
+        if runtime_needs(run.cfg.algorithm).server_model:
+            raise ConfigError(f"runtime.workers {self.workers} with algorithm {run.cfg.algorithm.name}: an algorithm "
+                              "that trains a model on the server gives its client halves state built in their own "
+                              "process, which the workers do not share yet; set runtime.workers: 1")
         super().bind(run, checkpoint)
         self.threads = max(1, (run.cfg.runtime.threads or torch.get_num_threads()) // self.workers)
 
@@ -153,8 +172,9 @@ class WorkerPoolTransport(InProcessTransport):
         """Every client's result: the round's clients in ``workers`` contiguous shares, trained at once."""
         run = self.run
         cids = list(payloads)
-        size = -(-len(cids) // self.workers)
-        shares = [cids[i:i + size] for i in range(0, len(cids), size)]
+        if not cids:
+            return {}
+        shares = self._shares(cids)
         for i in range(len(shares)):
             proc = self.procs[i]
             if proc is None or not proc.is_alive():
@@ -170,31 +190,53 @@ class WorkerPoolTransport(InProcessTransport):
             except (BrokenPipeError, OSError):
                 pass
         out: dict[int, ClientResult] = {}
-        info: dict[str, Any] = {}
+        per_pass: list[int] = []
+        total = PassStats()
+        errors: list[str] = []
         for i, share in enumerate(shares):
             conn = self.conns[i]
             try:
                 if i not in sent or conn is None:
                     raise EOFError
-                results, states, reports, pass_info = conn.recv()
+                answer = conn.recv()
             except (EOFError, OSError):
                 why = self._died(i)
                 for cid in share:
                     out[cid] = (None, len(wire.encode(payloads[cid])), 0, why)
                 run.progress.clients_done(share)
                 continue
+            if answer[0] == "error":
+                errors.append(f"worker {i}: {answer[1]}")
+                continue
+            results, states, reports, k, passes = answer
             for cid, state in states.items():
-                if state:
+                if state or cid in run.client_states:
                     run.client_states[cid] = state
             for report in reports:
                 for observer in run.observers:
                     observer.on_client_report(*report)
             out.update(results)
-            for key, value in pass_info.items():
-                info[key] = value if key not in info or not isinstance(value, int | float) else info[key] + value
+            if k is not None:
+                per_pass.append(k)
+            if passes is not None:
+                total = PassStats(*(a + b for a, b in zip(dataclasses.astuple(total), dataclasses.astuple(passes))))
             run.progress.clients_done(share)
-        self.pass_info = info
+        if errors:  # (after every worker answered: the pipes hold no stale answer)
+            raise RuntimeError("a client's training failed in a worker process:\n" + "\n".join(errors))
+        self.pass_info = {**({"clients_per_pass": max(per_pass)} if per_pass else {}), **pass_row(PassStats(), total)}
         return {cid: out[cid] for cid in cids}
+
+    def _shares(self, cids: list[int]) -> list[list[int]]:
+        """The round's clients cut into at most ``workers`` contiguous shares as even as whole fused passes allow
+        (a share holds whole groups of clients_per_pass, so the passes are the ones one process would run)."""
+        configured = self.run.cfg.runtime.clients_per_pass
+        k = int(configured) if configured != "auto" else 1
+        if self.cohort is not None and self.cohort.limit:
+            k = min(k, self.cohort.limit)
+        groups = [cids[i:i + k] for i in range(0, len(cids), k)]
+        n = min(self.workers, len(groups))
+        bounds = [round(j * len(groups) / n) for j in range(n + 1)]
+        return [[c for g in groups[bounds[j]:bounds[j + 1]] for c in g] for j in range(n)]
 
     def _died(self, i: int) -> str:
         """The reason a worker's clients failed; the worker is gone (a new one is forked for the next round)."""
@@ -202,6 +244,9 @@ class WorkerPoolTransport(InProcessTransport):
         code = None
         if proc is not None:
             proc.join(timeout=5)
+            if proc.is_alive():  # (its pipe broke but it runs on: it is not left behind)
+                proc.kill()
+                proc.join()
             code = proc.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         why = f"worker {i} died ({how}) while training this client; a new worker takes the next round"
