@@ -19,7 +19,6 @@ be trained row-batched (see fedpeft.tuners.row_batched) is trained one client at
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -432,7 +431,7 @@ def make_cohort(exp: Any, client: Any) -> Cohort | None:
 def pass_row(before: PassStats, after: PassStats) -> dict[str, Any]:
     """A metrics row's figures of the round's fused passes: sub-batches run, and the share of padded tokens in
     them next to the share the same clients would have padded alone."""
-    delta = PassStats(*(a - b for a, b in zip(dataclasses.astuple(after), dataclasses.astuple(before))))
+    delta = after - before
     if not delta.sub_batches:
         return {}
     return {"fused_sub_batches": delta.sub_batches, "fused_micro_steps": delta.micro_steps,

@@ -110,8 +110,7 @@ def _serve(conn: Connection, transport: InProcessTransport, threads: int, parent
             continue
         passes = None
         if cohort is not None and before is not None:
-            passes = PassStats(*(a - b for a, b in zip(dataclasses.astuple(cohort.stats),
-                                                       dataclasses.astuple(before))))
+            passes = cohort.stats - before
         conn.send((results, {cid: run.client_states.get(cid, {}) for cid in payloads}, reports.kept,
                    transport.round_info().get("clients_per_pass"), passes))
     conn.close()
@@ -219,7 +218,7 @@ class WorkerPoolTransport(InProcessTransport):
             if k is not None:
                 per_pass.append(k)
             if passes is not None:
-                total = PassStats(*(a + b for a, b in zip(dataclasses.astuple(total), dataclasses.astuple(passes))))
+                total = total + passes
             run.progress.clients_done(share)
         if errors:  # (after every worker answered: the pipes hold no stale answer)
             raise RuntimeError("a client's training failed in a worker process:\n" + "\n".join(errors))

@@ -77,6 +77,12 @@ class PassStats:
     sub_batches: int = 0
     micro_steps: int = 0
 
+    def __add__(self, other: PassStats) -> PassStats:
+        return PassStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    def __sub__(self, other: PassStats) -> PassStats:
+        return PassStats(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
     def padded_share(self) -> float | None:
         return None if not self.fused_tokens else 1.0 - self.real_tokens / self.fused_tokens
 
