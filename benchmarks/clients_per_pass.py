@@ -11,7 +11,8 @@ evaluation until the end, which is not timed):
 * cross-silo: 10 clients, 4 per round, 20 local steps of batches of 8 each (MiniLM-L6, then SmolLM2-135M).
 
 Every setting runs in its own process (so that its peak memory is its own): one-at-a-time (``1``), the
-clients-per-pass values asked for, Flower's simulation engine (2 virtual SuperNodes, one CPU each, as
+clients-per-pass values asked for (``K``: one process; ``wN`` or ``wNxK``: ``runtime.workers`` N, each with
+clients_per_pass K, 1 if not given; ``auto`` for either), Flower's simulation engine (2 virtual SuperNodes, one CPU each, as
 ``benchmarks/flower_overhead.py`` runs it), and the limit: a bare PyTorch loop (``limit``) that trains one copy
 of the same model on every row the round's clients train on, in length-grouped batches of clients_per_pass x 8
 rows, with one AdamW, padding each batch to its longest row, for each clients_per_pass measured (two batches
@@ -20,7 +21,8 @@ cannot beat it: it is the same arithmetic without the per-client tensors.
 
 Per setting: round time (median over the rounds after the first, which is warm-up; the clients' training, from
 sending the payloads to having every update), examples per second, the fraction of the limit at the same batch
-size, peak RSS of the process and all its children (and peak GPU memory on CUDA), and the share of padded tokens
+size, peak RSS and peak PSS of the process and all its children (PSS counts a page the workers share with the
+run's process once; RSS counts it in each) and peak GPU memory on CUDA, and the share of padded tokens
 in what was computed (fused passes) next to the share the clients would have padded alone.
 """
 
@@ -42,19 +44,19 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "model": "minilm-l6", "rounds": 3, "clients_per_round": 50,
         "overrides": ["federation.num_clients=1000", "federation.clients_per_round=50", "task.max_train_examples=10000",
                       "train.local_epochs=1"],
-        "per_pass": ["1", "2", "4", "8", "16", "32", "auto"],
+        "per_pass": ["1", "2", "4", "8", "16", "32", "auto", "w2x16", "w2x32", "wautoxauto"],
     },
     "cross-silo-minilm": {
         "model": "minilm-l6", "rounds": 3, "clients_per_round": 4,
         "overrides": ["federation.num_clients=10", "federation.clients_per_round=4", "task.max_train_examples=2000",
                       "train.local_steps=20"],
-        "per_pass": ["1", "2", "4", "auto"],
+        "per_pass": ["1", "2", "4", "auto", "w2", "w2x2", "wautoxauto"],
     },
     "cross-silo-smollm2": {
         "model": "smollm2-135m", "rounds": 2, "clients_per_round": 4,
         "overrides": ["federation.num_clients=10", "federation.clients_per_round=4", "task.max_train_examples=2000",
                       "train.local_steps=20"],
-        "per_pass": ["1", "2", "4", "auto"],
+        "per_pass": ["1", "2", "4", "auto", "w2", "wautoxauto"],
     },
 }
 
@@ -62,9 +64,18 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 EXTRA: list[str] = []  # --set overrides, for every setting
 
 
-def config(scenario: str, per_pass: str, device: str) -> Any:
+def parse_setting(one: str) -> tuple[str, str]:
+    """A setting's (workers, clients per pass): ``K`` -> (1, K); ``wN`` -> (N, 1); ``wNxK`` -> (N, K)."""
+    if not one.startswith("w"):
+        return "1", one
+    workers, _, per_pass = one[1:].partition("x")
+    return workers, per_pass or "1"
+
+
+def config(scenario: str, setting: str, device: str) -> Any:
     from fedpeft.config import load_config
 
+    workers, per_pass = parse_setting(setting)
     s = SCENARIOS[scenario]
     return load_config(None, [
         f"name=clients-per-pass-{scenario}", f"model.name={s['model']}", "task.dataset=mnli",
@@ -72,7 +83,8 @@ def config(scenario: str, per_pass: str, device: str) -> Any:
         "peft.method=lora", "peft.r=8", f"train.batch_size={BATCH}", "train.lr=0.0005", f"federation.rounds={s['rounds']}",
         "eval.every=0", "eval.at_start=false", "eval.max_examples=64", "runtime.progress=false",
         "runtime.flops_sample_steps=0", f"runtime.device={device}", *s["overrides"],
-        *([] if per_pass in ("flower", "limit") else [f"runtime.clients_per_pass={per_pass}"]), *EXTRA,
+        *([] if per_pass in ("flower", "limit") else [f"runtime.clients_per_pass={per_pass}"]),
+        *([] if workers == "1" else [f"runtime.workers={workers}"]), *EXTRA,
     ])
 
 
@@ -90,7 +102,7 @@ def run_setting(scenario: str, per_pass: str, device: str, run_dir: Path) -> dic
         cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={
             "name": "flower", "flower": cfg.runtime.flower.model_copy(update={"engine": "simulation",
                                                                               "client_cpus": 1})})})
-    with PeakRSS() as mem:
+    with PeakRSS(pss=True) as mem:
         t0 = time.perf_counter()
         if per_pass == "flower":
             run_flower(cfg, run_dir, log=lambda m: None)
@@ -104,12 +116,12 @@ def run_setting(scenario: str, per_pass: str, device: str, run_dir: Path) -> dic
                                  for r in rows)
     out: dict[str, Any] = {
         "round_s": round_s, "examples_per_round": examples, "examples_per_s": examples / round_s,
-        "peak_rss_mib": mem.peak / 2**20, "wall_s": wall, "rounds_measured": len(rows),
+        "peak_rss_mib": mem.peak / 2**20, "peak_pss_mib": mem.peak_pss / 2**20, "wall_s": wall, "rounds_measured": len(rows),
         "padded_share": statistics.median(r["fused_padded_share"] for r in rows) if "fused_padded_share" in rows[0]
         else None,
         "alone_padded_share": statistics.median(r["alone_padded_share"] for r in rows) if "alone_padded_share" in
         rows[0] else None,
-        "clients_per_pass": rows[0].get("clients_per_pass"),
+        "clients_per_pass": rows[0].get("clients_per_pass"), "workers": rows[0].get("workers", 1),
     }
     if device == "cuda":
         out["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
@@ -193,8 +205,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="results JSON (merged into an existing file)")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides for every setting (KEY=VALUE)")
     ap.add_argument("--repeats", type=int, default=1, help="with more than 1: run the settings that many times, "
-                    "interleaved (no Flower, no limit), and report each setting's round times and its speed-up "
-                    "over one at a time in the same repeat")
+                    "interleaved (no limit; Flower if listed in --per-pass), and report each setting's round times "
+                    "and its speed-up over one at a time in the same repeat")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--batch-rows", nargs="*", default=[], help=argparse.SUPPRESS)
@@ -224,7 +236,7 @@ def main() -> None:
         if not args.no_flower and args.device == "cpu":
             got["flower"] = in_child(scenario, "flower", args)
             print(scenario, "flower", json.dumps(got["flower"]), flush=True)
-        passes = sorted({min(int(k if k != "auto" else got[k].get("clients_per_pass") or 1), s["clients_per_round"])
+        passes = sorted({min(int(got[k].get("clients_per_pass") or 1), s["clients_per_round"])
                          for k in got if k not in ("flower", "limit")})
         got["limit"] = in_child(scenario, "limit", args, [p * BATCH for p in passes])
         print(scenario, "limit", json.dumps(got["limit"]), flush=True)
@@ -237,15 +249,16 @@ def repeated(scenario: str, settings: list[str], args: argparse.Namespace) -> di
     """Every setting ``args.repeats`` times, interleaved (each repeat starts one setting later, so that a drift
     of the machine does not always fall on the same one): round times, the speed-up over one at a time in the
     same repeat, and the clients per pass in force."""
-    settings = [one for one in settings if one not in ("flower", "limit")]
-    out: dict[str, dict[str, list[Any]]] = {one: {"round_s": [], "vs_one": [], "clients_per_pass": []}
-                                            for one in settings}
+    settings = [one for one in settings if one != "limit"]
+    out: dict[str, dict[str, list[Any]]] = {one: {"round_s": [], "vs_one": [], "clients_per_pass": [],
+                                                  "peak_pss_mib": []} for one in settings}
     for i in range(args.repeats):
         order = settings[i % len(settings):] + settings[:i % len(settings)]
         this = {one: in_child(scenario, one, args) for one in order}
         for one, r in this.items():
             out[one]["round_s"].append(r["round_s"])
             out[one]["clients_per_pass"].append(r.get("clients_per_pass"))
+            out[one]["peak_pss_mib"].append(r.get("peak_pss_mib"))
             if "1" in this:
                 out[one]["vs_one"].append(this["1"]["round_s"] / r["round_s"])
         print(scenario, f"repeat {i + 1}", json.dumps({one: r["round_s"] for one, r in this.items()}), flush=True)
@@ -254,15 +267,18 @@ def repeated(scenario: str, settings: list[str], args: argparse.Namespace) -> di
 
 def print_repeated(scenario: str, got: dict[str, Any]) -> None:
     print(f"\n{scenario}\n")
-    print("| setting | round s, median (min-max) | vs one at a time, mean ± sd (per repeat) | clients per pass |")
-    print("|---|---|---|---|")
+    print("| setting | round s, median (min-max) | vs one at a time, mean ± sd (per repeat) | clients per pass | "
+          "peak PSS MiB, median |")
+    print("|---|---|---|---|---|")
     for one, r in got.items():
         times, ratios = r["round_s"], r["vs_one"]
         ratio = "-" if not ratios else (f"{statistics.mean(ratios):.2f}x ± {statistics.stdev(ratios):.2f} ("
                                         + ", ".join(f"{x:.2f}" for x in ratios) + ")")
         passes = sorted({p for p in r["clients_per_pass"] if p is not None})
+        pss = [x for x in r.get("peak_pss_mib", []) if x]
+        memory = f"{statistics.median(pss):.0f}" if pss else "-"
         print(f"| {one} | {statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f}) | {ratio} | "
-              f"{', '.join(map(str, passes)) or '-'} |")
+              f"{', '.join(map(str, passes)) or '-'} | {memory} |")
 
 
 def print_tables(results: dict[str, Any]) -> None:
@@ -272,22 +288,24 @@ def print_tables(results: dict[str, Any]) -> None:
             continue
         base = got.get("1")
         print(f"\n{scenario}\n")
-        print("| setting | round s | examples/s | vs one at a time | of the limit | peak RSS MiB | padded share "
-              "(alone) |")
-        print("|---|---|---|---|---|---|---|")
+        print("| setting | round s | examples/s | vs one at a time | of the limit | peak RSS MiB | peak PSS MiB | "
+              "padded share (alone) |")
+        print("|---|---|---|---|---|---|---|---|")
         for one, r in got.items():
             if one == "limit":
                 continue
-            per = int(r.get("clients_per_pass") or (1 if one in ("1", "flower") else one if one != "auto" else 1))
+            per = int(r.get("clients_per_pass") or 1)
             limit = got.get("limit", {}).get(str(per * BATCH), {}).get("examples_per_s")
             speed = f"{r['examples_per_s'] / base['examples_per_s']:.2f}x" if base else "-"
             frac = f"{r['examples_per_s'] / limit:.0%}" if limit and one != "flower" else "-"
             pad = "-" if r.get("padded_share") is None else f"{r['padded_share']:.1%} ({r['alone_padded_share']:.1%})"
             gpu = f", GPU {r['peak_gpu_mib']:.0f}" if r.get("peak_gpu_mib") else ""
-            print(f"| {one} | {r['round_s']:.2f} | {r['examples_per_s']:.1f} | {speed} | {frac} | "
-                  f"{r['peak_rss_mib']:.0f}{gpu} | {pad} |")
+            pss = f"{r['peak_pss_mib']:.0f}" if r.get("peak_pss_mib") else "-"
+            label = one if r.get("workers", 1) == 1 else f"{one} ({r['workers']} workers x {per})"
+            print(f"| {label} | {r['round_s']:.2f} | {r['examples_per_s']:.1f} | {speed} | {frac} | "
+                  f"{r['peak_rss_mib']:.0f}{gpu} | {pss} | {pad} |")
         for n, r in got.get("limit", {}).items():
-            print(f"| limit, batches of {n} | - | {r['examples_per_s']:.1f} | - | 100% | - | - |")
+            print(f"| limit, batches of {n} | - | {r['examples_per_s']:.1f} | - | 100% | - | - | - |")
 
 
 if __name__ == "__main__":

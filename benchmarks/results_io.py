@@ -160,10 +160,14 @@ def pm(row: dict[str, Any], key: str, spec: str = ".3f") -> str:
 
 
 class PeakRSS:
-    """Largest total RSS of this process and all its descendants, sampled in a thread every ``interval`` s."""
+    """Largest total RSS of this process and all its descendants, sampled in a thread every ``interval`` s, and
+    (``pss=True``, Linux) their largest total PSS: each page counted once, split among the processes that share
+    it. RSS counts a page shared by two processes (a backbone forked copy-on-write, a library) twice; PSS is what
+    the processes together hold."""
 
-    def __init__(self, interval: float = 0.1):
-        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+    def __init__(self, interval: float = 0.1, pss: bool = False):
+        self.interval, self.peak, self.peak_pss, self._stop = interval, 0, 0, threading.Event()
+        self.pss = pss
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -171,13 +175,17 @@ class PeakRSS:
 
         me = psutil.Process()
         while not self._stop.is_set():
-            total = 0
+            total = shared = 0
             for p in [me, *me.children(recursive=True)]:
                 try:
-                    total += p.memory_info().rss
+                    if self.pss:
+                        full = p.memory_full_info()  # (reads /proc/PID/smaps_rollup)
+                        total, shared = total + full.rss, shared + full.pss
+                    else:
+                        total += p.memory_info().rss
                 except psutil.Error:
                     pass
-            self.peak = max(self.peak, total)
+            self.peak, self.peak_pss = max(self.peak, total), max(self.peak_pss, shared)
             self._stop.wait(self.interval)
 
     def __enter__(self) -> Self:

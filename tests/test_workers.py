@@ -24,7 +24,7 @@ from fedpeft.runtime.workers import WorkerPoolTransport
 # computed from them are estimates that differ between one process and several; the fused passes' figures are
 # summed over the workers' passes
 ESTIMATES = {"flops", "client_flops", "fused_sub_batches", "fused_micro_steps", "fused_padded_share",
-             "alone_padded_share", "clients_per_pass"}
+             "alone_padded_share", "clients_per_pass", "workers", "worker_peak_rss_mb"}  # (and how it ran)
 
 
 def learning(rows):

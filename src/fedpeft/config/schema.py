@@ -282,8 +282,9 @@ class FederationConfig(Section):
         "synchronous rounds (None): clients_per_round clients train at once, each from the global model current when "
         "it started, and every buffer_size arriving updates are aggregated; rounds counts the aggregations.")
     round_timeout_s: float = Field(
-        600.0, gt=0, description="Distributed runtimes: how long the server waits for the selected clients' "
-        "replies; a client that has not replied by then (killed, disconnected) counts as failed for the round.",
+        600.0, gt=0, description="Distributed runtimes (and the embedded runtime's runtime.workers): how long the "
+        "server waits for the selected clients' replies; a client that has not replied by then (killed, "
+        "disconnected, a worker process that hangs) counts as failed for the round.",
     )
 
     @model_validator(mode="after")
@@ -513,11 +514,14 @@ class RuntimeConfig(Section):
         "tensors, each client with its own loss, optimizer, schedule and steps (docs/guide/clients-per-pass.md). "
         "1: one client after another; auto: the number that trains fastest on this device, measured on the first "
         "round's clients (on CUDA within 80% of the memory free).")
-    workers: int = Field(
-        1, ge=1, description="The embedded runtime trains a round's clients on this many worker processes, forked "
+    workers: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        1, description="The embedded runtime trains a round's clients on this many worker processes, forked "
         "once the model is built so that they share its frozen backbone (copy-on-write), each with the torch threads "
         "divided among them and clients_per_pass clients per fused pass (docs/guide/workers.md). 1: in the run's "
-        "process. CPU only for now.")
+        "process; auto: the number (and, with clients_per_pass auto, the clients per pass) whose workers together "
+        "train fastest, measured on the first round's clients. A worker that has not answered within "
+        "federation.round_timeout_s is killed and its clients fail for the round. CPU only for now (auto on CUDA: "
+        "1).")
     max_pass_tokens: int | None = Field(
         None, ge=1, description="Under clients_per_pass, the most padded tokens one sub-batch of a fused pass may "
         "hold (rows beyond it go through the model in another sub-batch, never with more padding). None: 1024 on a "
@@ -669,13 +673,10 @@ class RunConfig(Section):
         if rt.name != "embedded":
             raise ValueError(f"runtime.workers {rt.workers} applies to the embedded runtime; runtime {rt.name} runs "
                              "each client where its messages go: remove runtime.workers")
-        if rt.device == "cuda":
+        if rt.device == "cuda" and rt.workers != "auto":
             raise ValueError(f"runtime.workers {rt.workers} on cuda: the workers are forked processes, which CUDA "
                              "cannot be forked into (one worker per GPU is not built yet); set runtime.workers: 1 or "
                              "runtime.device: cpu")
-        if rt.clients_per_pass == "auto":
-            raise ValueError(f"runtime.workers {rt.workers} with runtime.clients_per_pass: auto (each worker would "
-                             "time its own probe): give clients_per_pass a number")
         if not self.system.simulates_time_only() or self.federation.asynchronous is not None:
             raise ValueError(f"runtime.workers {rt.workers} where the simulated clock decides who trains (a system "
                              "profile or trace, a deadline, over-selection or asynchronous aggregation): each worker "

@@ -107,16 +107,18 @@ class Cohort:
         self.stats = PassStats()
         self.limit: int | None = None  # the most clients in one pass once memory ran out (None: no limit)
         self.chosen: int | None = None  # what runtime.clients_per_pass auto measured
+        self.probe_rate = 0.0  # examples a second of the number the last probe chose
         self.places: dict[tuple[int, tuple[str, ...]], dict[str, list[tuple[torch.nn.Module, str]]]] = {}
         self.modules: dict[tuple[int, tuple[str, ...]], Mapping[torch.nn.Module, RowForward] | str] = {}
         # per model (as _key) of the current wave of requests: the frozen tensors' versions and, for a model of the
         # client half's own, their values (see _same_frozen)
         self.wave: dict[tuple[int, tuple[str, ...]], tuple[dict[str, int], dict[str, torch.Tensor] | None]] = {}
 
-    def probe(self, data: Callable[[int], Any], cids: Sequence[int], seed: int) -> int:
+    def probe(self, data: Callable[[int], Any], cids: Sequence[int], seed: int, only: int | None = None) -> int:
         """The number of clients per pass that trains fastest on this device: the first local step of 1, 2, 4, ...
         of ``cids`` (``data(cid)``: a client's examples) run together and timed (the faster of two), up to all of
-        them; the fastest wins. It stops early when a number trains under 80% as fast as the best so far (larger
+        them; the fastest wins (its examples a second are kept as ``probe_rate``; ``only``: time that number
+        alone, for the worker probe). It stops early when a number trains under 80% as fast as the best so far (larger
         ones will not catch up) or on running out of memory. On CUDA the number is also held to what fits
         in 80% of the memory free when the probe starts, at each client's footprint as measured (the pass's
         peak less what was allocated before it, over its clients). The next number tried is the smallest of
@@ -127,7 +129,7 @@ class Cohort:
         names = owner_names(self.tuned.module, list(self.tuned.params))
         originals = dict(self.tuned.params)
         state = get_rng_state()
-        best, best_rate, k, found = 1, 0.0, 1, []
+        best, best_rate, k, found = 1, 0.0, only or 1, []
         device = self.trainer.device
         cids = [c for c in cids if len(data(c))]
         cuda = device.type == "cuda"
@@ -159,6 +161,8 @@ class Cohort:
                 elif rate < 0.8 * best_rate:
                     break
                 following = min(2 * k, len(cids))
+                if only is not None:
+                    break
                 if cuda:
                     per_client = max(1, peak - held) / k
                     fits = int(room // per_client)
@@ -174,6 +178,7 @@ class Cohort:
             set_rng_state(state)
             if cuda:
                 torch.cuda.empty_cache()
+        self.probe_rate = best_rate
         log.info("runtime.clients_per_pass auto measured %d (probe of one local step: %s)", best, ", ".join(found))
         return best
 

@@ -23,7 +23,7 @@ import torch
 
 from fedpeft import algorithms, checkpoint, tracking, wire
 from fedpeft.algorithms.base import ClientAlgorithm
-from fedpeft.config import RunConfig
+from fedpeft.config import ConfigError, RunConfig
 from fedpeft.durable import is_refused_write, publish_dir, refused_write, staging_dir
 from fedpeft.errors import UserError
 from fedpeft.metrics.accounting import better_or_equal, metric_key, summarize
@@ -113,8 +113,12 @@ class EmbeddedRuntime:
         False. ``observers``: fedpeft.RunObserver instances that watch the run. ``transport``: where the clients
         train (default: in this process, fedpeft.runtime.inprocess)."""
         self.cfg = cfg
+        if transport is not None and cfg.runtime.workers != 1 and not isinstance(transport, WorkerPoolTransport):
+            raise ConfigError(f"runtime.workers {cfg.runtime.workers} with a transport of its own "
+                              f"({type(transport).__name__}), which decides where the clients train: set "
+                              "runtime.workers: 1 or leave out transport=")
         self.transport: Transport = transport if transport is not None else (
-            WorkerPoolTransport(cfg.runtime.workers) if cfg.runtime.workers > 1 else InProcessTransport())
+            WorkerPoolTransport(cfg.runtime.workers) if cfg.runtime.workers != 1 else InProcessTransport())
         if cfg.eval.save_client_adapters:
             _check_personal_state(cfg)
         self.observers = list(observers)

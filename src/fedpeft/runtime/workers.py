@@ -13,14 +13,21 @@ reported to the run's observers (replayed here in client order). A client's upda
 client) and its payload and state, so which worker trains it changes nothing beyond float32 rounding (the
 workers' torch threads reduce in another order).
 
-A worker that dies (killed, out of memory) fails the clients of its share for that round, with the reason, and a new
-worker is forked before the next round. Workers ask the kernel to kill them when the run's process dies
-(PR_SET_PDEATHSIG), so none outlives a killed run.
+A worker that dies (killed, out of memory) or does not answer within ``federation.round_timeout_s`` (it is killed)
+fails the clients of its share for that round, with the reason, and a new worker is forked before the next round.
+Workers ask the kernel to kill them when the run's process dies (PR_SET_PDEATHSIG), so none outlives a killed run.
+
+``workers: auto`` (and ``clients_per_pass: auto`` with workers) is measured on the first round's clients: for each
+candidate number of workers (the divisors of the threads, fewest first), that many probe processes are forked and
+time, at the same time and each with its share of the threads, the first local step of their share of the clients
+(with clients_per_pass auto: Cohort.probe, which picks the clients per pass; else that number of clients per pass,
+or one client at a time). The number whose processes together train the most examples a second wins; the search
+stops at a number under 80% as fast as the best. The choice is kept in the checkpoint.
 
 Why not torch.multiprocessing with spawn: a spawned worker would rebuild the experiment (the model load, the
 tokenisation) and need the tuned model pickled through shared memory; a fork after the build shares it for free.
-CUDA cannot be forked into, so on a GPU machine the workers (one per device) are a later step; they are refused
-there for now.
+CUDA cannot be forked into, so on a GPU machine the workers (one per device) are a later step; a number above 1 is
+refused there for now, and ``auto`` is one worker (the run's process).
 """
 
 from __future__ import annotations
@@ -30,20 +37,28 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import resource
 import signal
+import threading
+import time
 import traceback
+from collections import Counter
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 
 from fedpeft import wire
 from fedpeft.algorithms import runtime_needs
 from fedpeft.config import ConfigError
+from fedpeft.data.batching import collate
 from fedpeft.runtime.cohort import pass_row
 from fedpeft.runtime.inprocess import InProcessTransport
 from fedpeft.runtime.outcome import ClientResult
 from fedpeft.training.fused import PassStats
+from fedpeft.training.local import plan_batches, step_groups
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -79,11 +94,32 @@ def _die_with_parent() -> None:
         pass
 
 
-def _serve(conn: Connection, transport: InProcessTransport, threads: int, parent: int) -> None:
-    """A worker's loop: (round, payloads, states) in, (results, states, reports, pass figures) out; None ends it."""
+def _on_a_new_thread(target: Callable[..., None], *args: Any) -> None:
+    """Run ``target`` in a forked process on a thread of its own. GNU OpenMP (torch's CPU threads) keeps a team of
+    threads per thread that ran a parallel region; in a process forked from it, that thread's team refers to
+    threads that were not copied, and its next parallel region with more than one thread waits for them forever.
+    A new thread starts a new team."""
+    thread = threading.Thread(target=target, args=args, name="fedpeft-worker")
+    thread.start()
+    thread.join()
+
+
+def _own_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _serve(conn: Connection, transport: WorkerPoolTransport, threads: int, parent: int) -> None:
+    """A worker's loop: (round, payloads, states) in, (results, states, reports, pass figures, the cohort's
+    out-of-memory limit, peak RSS) out; None ends it."""
     _die_with_parent()
     if os.getppid() != parent:  # (the parent died before the request above took effect)
         os._exit(0)
+    _on_a_new_thread(_work, conn, transport, threads)
+    conn.close()
+    os._exit(0)  # (no atexit of the parent's: its files and locks are the parent's)
+
+
+def _work(conn: Connection, transport: WorkerPoolTransport, threads: int) -> None:
     torch.set_num_threads(threads)
     run = transport.run
     reports = _Reports()
@@ -112,44 +148,171 @@ def _serve(conn: Connection, transport: InProcessTransport, threads: int, parent
         if cohort is not None and before is not None:
             passes = cohort.stats - before
         conn.send((results, {cid: run.client_states.get(cid, {}) for cid in payloads}, reports.kept,
-                   transport.round_info().get("clients_per_pass"), passes))
+                   transport.round_info().get("clients_per_pass"), passes, cohort.limit if cohort else None,
+                   _own_rss_mb()))
+
+
+def _plain_rate(run: EmbeddedRuntime, cids: list[int]) -> float:
+    """Examples a second of one client at a time: the forward and backward of the first local step of each of up to
+    four of ``cids`` (the faster of two each; the gradients thrown away)."""
+    exp, trainer = run.exp, run.exp.trainer
+    model = exp.tuned.module
+    model.train()
+    examples, seconds = 0, 0.0
+    for cid in cids[:4]:
+        data = exp.client_data(cid)
+        if not len(data):
+            continue
+        group = step_groups(plan_batches(data, trainer.cfg, np.random.default_rng([run.cfg.seed, 0, cid])),
+                            trainer.cfg)[0][0]
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            for idx in group:
+                batch = {k: v.to(exp.device) for k, v in collate(data, idx, trainer.pad_id).items()}
+                model(**batch).loss.backward()
+            best = min(best, time.perf_counter() - start)
+            for param in exp.tuned.params.values():
+                param.grad = None
+        examples, seconds = examples + sum(len(idx) for idx in group), seconds + best
+    return examples / seconds if seconds else 0.0
+
+
+def _probe(conn: Connection, transport: WorkerPoolTransport, share: list[int], threads: int, parent: int,
+           only: int | None) -> None:
+    """A probe process of ``workers: auto``: (clients per pass, examples a second) of its share's first local step
+    (see the module's text); it is thrown away, so what it changes is nobody's."""
+    _die_with_parent()
+    if os.getppid() != parent:
+        os._exit(0)
+    _on_a_new_thread(_time_share, conn, transport, share, threads, only)
     conn.close()
-    os._exit(0)  # (no atexit of the parent's: its files and locks are the parent's)
+    os._exit(0)
+
+
+def _time_share(conn: Connection, transport: WorkerPoolTransport, share: list[int], threads: int,
+                only: int | None) -> None:
+    try:
+        torch.set_num_threads(threads)
+        run, cohort = transport.run, transport.cohort
+        k, rate = 1, 0.0
+        if cohort is not None:
+            k = cohort.probe(run.exp.client_data, share, run.cfg.seed, only=only)
+            rate = cohort.probe_rate
+        if rate == 0.0:  # (no cohort, or the model cannot train clients together)
+            k, rate = 1, _plain_rate(run, share)
+        conn.send((k, rate))
+    except Exception:  # noqa: BLE001 (the run's process raises it)
+        conn.send(("error", traceback.format_exc()))
+
+
+def _even(cids: list[Any], n: int) -> list[list[Any]]:
+    """``cids`` cut into ``n`` contiguous shares as even as they allow."""
+    bounds = [round(j * len(cids) / n) for j in range(n + 1)]
+    return [cids[bounds[j]:bounds[j + 1]] for j in range(n)]
 
 
 class WorkerPoolTransport(InProcessTransport):
     """The clients of a round on ``runtime.workers`` forked worker processes (see the module's text)."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int | Literal["auto"]) -> None:
         super().__init__()
-        self.workers = workers
-        self.procs: list[BaseProcess | None] = [None] * workers
-        self.conns: list[Connection | None] = [None] * workers
+        self.configured = workers
+        self.workers: int | None = None if workers == "auto" else int(workers)  # (auto: once measured)
+        self.procs: list[BaseProcess | None] = []
+        self.conns: list[Connection | None] = []
+        self.settled = False  # the probe ran (workers or clients_per_pass auto), in this run or the checkpoint's
 
     def bind(self, run: EmbeddedRuntime, checkpoint: dict[str, Any] | None) -> None:
         if run.exp.device.type != "cpu":
-            raise ConfigError(f"runtime.workers {self.workers}: the run trains on {run.exp.device.type}, and the "
-                              "workers are forked processes, which CUDA cannot be forked into; set runtime.device: "
-                              "cpu or runtime.workers: 1")
+            if self.configured == "auto":  # (one worker per GPU is not built: the run's process on its device)
+                log.info("runtime.workers auto on %s: one worker, the run's process (workers on CUDA, one per "
+                         "device, are not built yet)", run.exp.device.type)
+                self.workers, self.settled = 1, True
+            else:
+                raise ConfigError(f"runtime.workers {self.workers}: the run trains on {run.exp.device.type}, and the "
+                                  "workers are forked processes, which CUDA cannot be forked into; set "
+                                  "runtime.device: cpu or runtime.workers: 1")
         if runtime_needs(run.cfg.algorithm).server_model:
-            raise ConfigError(f"runtime.workers {self.workers} with algorithm {run.cfg.algorithm.name}: an algorithm "
-                              "that trains a model on the server gives its client halves state built in their own "
-                              "process, which the workers do not share yet; set runtime.workers: 1")
+            raise ConfigError(f"runtime.workers {self.configured} with algorithm {run.cfg.algorithm.name}: an "
+                              "algorithm that trains a model on the server gives its client halves state built in "
+                              "their own process, which the workers do not share yet; set runtime.workers: 1")
         super().bind(run, checkpoint)
-        self.threads = max(1, (run.cfg.runtime.threads or torch.get_num_threads()) // self.workers)
+        self.total_threads = run.cfg.runtime.threads or torch.get_num_threads()
+        kept = (checkpoint or {}).get("workers")
+        if kept is not None:  # (what auto measured: a resumed run trains as before)
+            self.workers, self.settled = kept["workers"], kept["settled"]
+
+    def state(self) -> dict[str, Any]:
+        """What auto measured, and the fused passes' (see InProcessTransport.state)."""
+        return {**super().state(), "workers": {"workers": self.workers, "settled": self.settled}}
+
+    @property
+    def threads(self) -> int:
+        """Each worker's torch threads."""
+        return max(1, self.total_threads // (self.workers or 1))
 
     def start(self) -> None:
-        for i in range(self.workers):
-            self._fork(i)
+        if self.workers is not None and self.workers > 1 and self.ready():
+            for i in range(self.workers):
+                self._fork(i)
+
+    def ready(self) -> bool:
+        """Whether the workers' numbers are known (no probe to run first)."""
+        return self.settled or (self.workers is not None and self.run.cfg.runtime.clients_per_pass != "auto")
 
     def _fork(self, i: int) -> None:
+        while len(self.procs) <= i:
+            self.procs.append(None)
+            self.conns.append(None)
+        self.procs[i], self.conns[i] = self._spawn(_serve, (self.threads, os.getpid()), f"fedpeft-worker-{i}")
+
+    def _spawn(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> tuple[BaseProcess, Connection]:
         ctx = multiprocessing.get_context("fork")
         mine, theirs = ctx.Pipe()
-        proc = ctx.Process(target=_serve, args=(theirs, self, self.threads, os.getpid()), daemon=True,
-                           name=f"fedpeft-worker-{i}")
+        proc = ctx.Process(target=target, args=(theirs, self, *args), daemon=True, name=name)
         proc.start()
         theirs.close()
-        self.procs[i], self.conns[i] = proc, mine
+        return proc, mine
+
+    def measure(self, cids: list[int]) -> None:
+        """``workers`` and/or ``clients_per_pass`` auto, measured on ``cids`` (see the module's text)."""
+        per_pass = self.run.cfg.runtime.clients_per_pass
+        only = None if per_pass == "auto" else int(per_pass)
+        total = self.total_threads
+        candidates = [self.workers] if self.workers is not None else [w for w in range(1, total + 1) if total % w == 0]
+        found: dict[int, tuple[int, float]] = {}
+        for w in candidates:
+            if w > len(cids) and found:
+                break
+            shares = [share for share in _even(cids, min(w, len(cids))) if share]
+            probes = [self._spawn(_probe, (share, max(1, total // w), os.getpid(), only), f"fedpeft-probe-{j}")
+                      for j, share in enumerate(shares)]
+            answers = []
+            for proc, conn in probes:
+                try:
+                    answers.append(conn.recv())
+                except EOFError:
+                    proc.join()
+                    answers.append(("error", f"the probe process died (exit code {proc.exitcode})"))
+                conn.close()
+                proc.join()
+            errors = [a[1] for a in answers if a[0] == "error"]
+            if errors:
+                raise RuntimeError(f"the probe of runtime.workers {w} failed:\n" + "\n".join(errors))
+            ks = Counter(k for k, _ in answers)
+            k = min(ks, key=lambda x: (-ks[x], x))  # (the processes' most frequent choice; the smaller on a tie)
+            found[w] = (k, sum(rate for _, rate in answers))
+            if found[w][1] < 0.8 * max(rate for _, rate in found.values()):
+                break
+        self.workers = max(found, key=lambda w: found[w][1])
+        k = found[self.workers][0]
+        if per_pass == "auto" and self.cohort is not None:
+            self.cohort.chosen = k
+        self.settled = True
+        log.info("runtime.workers %s measured %d workers x %s clients per pass (probe of one local step, examples a "
+                 "second of all the workers together: %s)", self.configured, self.workers, k,
+                 ", ".join(f"{w} x {kw}: {rate:.1f}" for w, (kw, rate) in found.items()))
 
     def close(self) -> None:
         """Stop the workers (the end of a run; safe to call twice)."""
@@ -173,9 +336,15 @@ class WorkerPoolTransport(InProcessTransport):
         cids = list(payloads)
         if not cids:
             return {}
+        if not self.ready():
+            self.measure(cids)
+        if self.workers == 1:  # (auto measured no gain): in this process
+            out = InProcessTransport.run_clients(self, rnd, payloads)
+            self.pass_info["workers"] = 1
+            return out
         shares = self._shares(cids)
         for i in range(len(shares)):
-            proc = self.procs[i]
+            proc = self.procs[i] if i < len(self.procs) else None
             if proc is None or not proc.is_alive():
                 self._fork(i)
         sent: list[int] = []
@@ -192,14 +361,16 @@ class WorkerPoolTransport(InProcessTransport):
         per_pass: list[int] = []
         total = PassStats()
         errors: list[str] = []
+        deadline = time.monotonic() + run.cfg.federation.round_timeout_s
+        worker_rss: list[float] = []
         for i, share in enumerate(shares):
             conn = self.conns[i]
             try:
                 if i not in sent or conn is None:
                     raise EOFError
-                answer = conn.recv()
-            except (EOFError, OSError):
-                why = self._died(i)
+                answer = self._answer(i, conn, deadline)
+            except (EOFError, OSError, TimeoutError) as exc:
+                why = self._died(i, str(exc) if isinstance(exc, TimeoutError) else None)
                 for cid in share:
                     out[cid] = (None, len(wire.encode(payloads[cid])), 0, why)
                 run.progress.clients_done(share)
@@ -207,7 +378,11 @@ class WorkerPoolTransport(InProcessTransport):
             if answer[0] == "error":
                 errors.append(f"worker {i}: {answer[1]}")
                 continue
-            results, states, reports, k, passes = answer
+            results, states, reports, k, passes, limit, rss = answer
+            if limit is not None and (self.cohort is not None) and (self.cohort.limit is None or
+                                                                    limit < self.cohort.limit):
+                self.cohort.limit = limit  # (memory ran out in the worker: the run's checkpoint keeps the halving)
+            worker_rss.append(rss)
             for cid, state in states.items():
                 if state or cid in run.client_states:
                     run.client_states[cid] = state
@@ -222,33 +397,51 @@ class WorkerPoolTransport(InProcessTransport):
             run.progress.clients_done(share)
         if errors:  # (after every worker answered: the pipes hold no stale answer)
             raise RuntimeError("a client's training failed in a worker process:\n" + "\n".join(errors))
-        self.pass_info = {**({"clients_per_pass": max(per_pass)} if per_pass else {}), **pass_row(PassStats(), total)}
+        self.pass_info = {"workers": len(shares), **({"clients_per_pass": max(per_pass)} if per_pass else {}),
+                          **pass_row(PassStats(), total),
+                          **({"worker_peak_rss_mb": max(worker_rss)} if worker_rss else {})}
         return {cid: out[cid] for cid in cids}
+
+    def _answer(self, i: int, conn: Connection, deadline: float) -> Any:
+        """Worker ``i``'s answer; EOFError if it died, TimeoutError past ``deadline`` (federation.round_timeout_s)."""
+        proc = self.procs[i]
+        while not conn.poll(min(1.0, max(0.0, deadline - time.monotonic()))):
+            if proc is None or not proc.is_alive():
+                if conn.poll():  # (it answered, then ended)
+                    break
+                raise EOFError
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"worker {i} did not answer within federation.round_timeout_s "
+                                   f"{self.run.cfg.federation.round_timeout_s:g} s and was killed")
+        return conn.recv()
 
     def _shares(self, cids: list[int]) -> list[list[int]]:
         """The round's clients cut into at most ``workers`` contiguous shares as even as whole fused passes allow
         (a share holds whole groups of clients_per_pass, so the passes are the ones one process would run)."""
         configured = self.run.cfg.runtime.clients_per_pass
-        k = int(configured) if configured != "auto" else 1
+        k = 1
+        if configured != "auto":
+            k = int(configured)
+        elif self.cohort is not None and self.cohort.chosen is not None:
+            k = self.cohort.chosen
         if self.cohort is not None and self.cohort.limit:
             k = min(k, self.cohort.limit)
         groups = [cids[i:i + k] for i in range(0, len(cids), k)]
-        n = min(self.workers, len(groups))
-        bounds = [round(j * len(groups) / n) for j in range(n + 1)]
-        return [[c for g in groups[bounds[j]:bounds[j + 1]] for c in g] for j in range(n)]
+        return [[c for g in share for c in g] for share in _even(groups, min(self.workers or 1, len(groups)))]
 
-    def _died(self, i: int) -> str:
+    def _died(self, i: int, timed_out: str | None = None) -> str:
         """The reason a worker's clients failed; the worker is gone (a new one is forked for the next round)."""
         proc = self.procs[i]
         code = None
         if proc is not None:
-            proc.join(timeout=5)
-            if proc.is_alive():  # (its pipe broke but it runs on: it is not left behind)
+            proc.join(timeout=0 if timed_out else 5)
+            if proc.is_alive():  # (past its time, or its pipe broke but it runs on: it is not left behind)
                 proc.kill()
                 proc.join()
             code = proc.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        why = f"worker {i} died ({how}) while training this client; a new worker takes the next round"
+        why = (f"{timed_out}; a new worker takes the next round" if timed_out else
+               f"worker {i} died ({how}) while training this client; a new worker takes the next round")
         log.warning("round: %s", why)
         if self.conns[i] is not None:
             self.conns[i].close()  # type: ignore[union-attr]
