@@ -48,7 +48,11 @@ def run(tmp_path: Path, name: str, *overrides: str) -> list[dict]:
     ["algorithm={name: hetlora, rank_groups: [{rank: 4, share: 0.5}, {rank: 16, share: 0.5}]}"],
     ["algorithm={name: headprune, sparsity: 0.5}"],  # the clients' head importance reaches the server's observer
     ["federation.attackers={fraction: 0.25, attack: sign_flip}"],
-], ids=["lora", "ia3-fedprox", "houlsby", "prompt_tuning", "fedsa_lora", "hetlora", "headprune", "attackers"])
+    ["algorithm.robust={rule: median}", "federation.attackers={fraction: 0.25, attack: label_flip}",
+     "federation.min_replies=3"],
+    ["algorithm.name=fedpeptao", "peft.method=prefix_tuning", "peft.num_virtual_tokens=4"],  # server momentum
+], ids=["lora", "ia3-fedprox", "houlsby", "prompt_tuning", "fedsa_lora", "hetlora", "headprune", "attackers",
+        "median-label-flip", "fedpeptao"])
 def test_workers_give_the_metrics_of_one_process(tmp_path, method):
     """Against one process with the same clients_per_pass (a fused pass draws its dropout masks for the fused
     batch, so with dropout on clients_per_pass itself changes the metrics; see tests/test_clients_per_pass.py)."""
@@ -58,6 +62,19 @@ def test_workers_give_the_metrics_of_one_process(tmp_path, method):
                    f"runtime.clients_per_pass={per_pass}")
         difference = metrics_difference(learning(rows), learning(one[per_pass]))
         assert difference is None, f"workers={workers} clients_per_pass={per_pass}: {difference}"
+
+
+@pytest.mark.needs_data
+def test_differential_privacy_with_workers_clips_every_update_and_accounts_every_round(tmp_path):
+    """(DP's server samples the clients from a secret generator, so no two runs select the same clients to compare
+    with one process: the workers' updates are checked against the bound instead.)"""
+    rows = run(tmp_path, "dp", "algorithm.dp.noise_multiplier=0.5", "algorithm.dp.clipping_norm=0.5",
+               "runtime.workers=2", "train.local_steps=2")[1:]
+    assert all(r["workers"] == 2 for r in rows)
+    eps = [r["dp_epsilon"] for r in rows]
+    assert all(isinstance(e, float) for e in eps) and eps[0] < eps[-1]
+    assert all(r["rejected"] == {} for r in rows)  # the clients clipped in the workers: every update within the bound
+    assert all(len(r["client_num_examples"]) == 4 and r["agg_update_norm"] > 0 for r in rows)
 
 
 def test_shares_are_even_and_hold_whole_fused_passes():
@@ -152,6 +169,117 @@ def test_no_worker_outlives_a_killed_run(tmp_path):
     assert alive == [], f"workers {alive} outlived the killed run"
 
 
+@pytest.mark.needs_data
+def test_a_run_killed_mid_round_resumes_to_the_same_result(tmp_path):
+    """kill -9 of the run's process while its workers train round 2 (a worker kills it): the resumed run, with new
+    workers, ends where the uninterrupted run does."""
+    overrides = ["federation.rounds=3", "federation.num_clients=6", "federation.clients_per_round=4",
+                 "algorithm.name=fedsa_lora", "eval.personalized=true", "runtime.workers=2"]
+    EmbeddedRuntime(tiny_config(*overrides), tmp_path / "full").run()
+    script = (
+        "import os, signal, sys; sys.path.insert(0, sys.argv[1])\n"
+        "from helpers import tiny_config\n"
+        "from fedpeft.runtime import local_work\n"
+        "from fedpeft.runtime.embedded import EmbeddedRuntime\n"
+        "trained = local_work.train_client\n"
+        "def kill_the_run(exp, client, rnd, cid, *args, **kwargs):\n"
+        "    if rnd == 2:\n"
+        "        os.kill(os.getppid(), signal.SIGKILL)\n"
+        "    return trained(exp, client, rnd, cid, *args, **kwargs)\n"
+        "local_work.train_client = kill_the_run\n"
+        f"EmbeddedRuntime(tiny_config(*{overrides!r}), sys.argv[2]).run()\n")
+    done = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / "cut")],
+                          timeout=300, check=False)
+    assert done.returncode == -signal.SIGKILL
+    assert [r["round"] for r in read_metrics(tmp_path / "cut")] == [0, 1]  # killed in round 2
+    EmbeddedRuntime.resume(tmp_path / "cut").run()
+    difference = metrics_difference(learning(read_metrics(tmp_path / "cut")), learning(read_metrics(tmp_path / "full")))
+    assert difference is None, difference
+
+
+@pytest.mark.needs_data
+def test_workers_auto_measures_both_numbers_once_and_a_resumed_run_keeps_them(tmp_path, monkeypatch):
+    """runtime.threads 4 on any machine: the probe of one worker runs 4 threads in a forked process, and 2 workers
+    2 threads each (GNU OpenMP hung a forked process's first parallel region with more than one thread before the
+    workers trained on a thread of their own); in a subprocess, so that a hang fails the test."""
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from helpers import tiny_config\n"
+        "from fedpeft.runtime.embedded import EmbeddedRuntime\n"
+        "cfg = tiny_config('federation.rounds=2', 'federation.num_clients=8', 'federation.clients_per_round=8', "
+        "'runtime.threads=4', 'runtime.workers=auto', 'runtime.clients_per_pass=auto')\n"
+        "EmbeddedRuntime(cfg, sys.argv[2]).run()\n")
+    subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / "run")], timeout=600,
+                   check=True)
+    events = (tmp_path / "run" / "events.log").read_text()
+    assert events.count("runtime.workers auto measured") == 1
+    measured = next(line for line in events.splitlines() if "runtime.workers auto measured" in line)
+    assert "1 x " in measured and "2 x " in measured  # (the candidates: 1, 2, 4 workers, while not 20% slower)
+    rows = read_metrics(tmp_path / "run")[1:]
+    workers = rows[0]["workers"]
+    assert workers in (1, 2, 4) and all(r["workers"] == workers for r in rows)
+    assert f"measured {workers} workers x" in measured
+
+    def measured_again(self, cids):
+        raise AssertionError("the resumed run measured again")
+
+    monkeypatch.setattr(WorkerPoolTransport, "measure", measured_again)
+    resumed = EmbeddedRuntime.resume(tmp_path / "run", rounds=3)
+    resumed.run()
+    assert resumed.transport.workers == workers
+    assert [r["workers"] for r in read_metrics(tmp_path / "run")[1:]] == [workers] * 3
+
+
+@pytest.mark.needs_data
+def test_a_worker_that_does_not_answer_in_time_is_killed_and_its_clients_fail(tmp_path, monkeypatch):
+    from fedpeft.runtime import local_work
+
+    trained = local_work.train_client
+
+    def hangs_in_round_1(exp, client, rnd, cid, *args, **kwargs):
+        if rnd == 1 and cid in (0, 1):
+            os.kill(os.getpid(), signal.SIGSTOP)  # (alive, never answering: only a kill ends it)
+        return trained(exp, client, rnd, cid, *args, **kwargs)
+
+    monkeypatch.setattr(local_work, "train_client", hangs_in_round_1)
+    cfg = tiny_config("federation.rounds=2", "federation.num_clients=4", "federation.clients_per_round=4",
+                      "federation.min_replies=2", "federation.round_timeout_s=10", "runtime.workers=2")
+    EmbeddedRuntime(cfg, tmp_path / "run").run()
+    first, second = read_metrics(tmp_path / "run")[1:]
+    assert len(first["rejected"]) == 2, first["rejected"]
+    assert all("did not answer within federation.round_timeout_s 10 s and was killed" in why
+               for why in first["rejected"].values())
+    assert len(first["client_num_examples"]) == 2 and len(second["client_num_examples"]) == 4
+
+
+@pytest.mark.needs_data
+def test_memory_running_out_in_a_worker_reaches_the_runs_checkpoint(tmp_path, monkeypatch):
+    """A fused pass that ran out of memory in a worker halves clients_per_pass there; the run's process takes the
+    halving, so its checkpoint keeps it and a worker forked later starts from it."""
+    from fedpeft.runtime.cohort import Cohort
+
+    real = Cohort._train_group
+
+    def out_of_memory_once(self, group, seed):
+        self.limit = 1  # (what FusedTrainer leaves after halving 2 to 1)
+        return real(self, group, seed)
+
+    monkeypatch.setattr(Cohort, "_train_group", out_of_memory_once)
+    rt = EmbeddedRuntime(tiny_config("federation.rounds=1", "federation.num_clients=4",
+                                     "federation.clients_per_round=4", "runtime.workers=2",
+                                     "runtime.clients_per_pass=2"), tmp_path / "run")
+    rt.run()
+    assert rt.transport.cohort.limit == 1
+    assert rt.transport.state()["clients_per_pass"]["limit"] == 1
+
+
+def test_a_transport_of_its_own_with_workers_is_refused():
+    from fedpeft.runtime.inprocess import InProcessTransport
+
+    with pytest.raises(ConfigError, match="a transport of its own"):
+        EmbeddedRuntime(tiny_config("runtime.workers=2"), None, transport=InProcessTransport())
+
+
 def _state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -162,7 +290,8 @@ def _state(pid: int) -> str:
 @pytest.mark.parametrize(("overrides", "needle"), [
     (["runtime.workers=2", "runtime.name=flower"], "applies to the embedded runtime"),
     (["runtime.workers=2", "runtime.device=cuda"], "CUDA cannot be forked into"),
-    (["runtime.workers=2", "runtime.clients_per_pass=auto"], "give clients_per_pass a number"),
+    (["runtime.workers=auto", "runtime.name=flower"], "applies to the embedded runtime"),
+    (["runtime.workers=auto", "system.profile=mobile"], "where the simulated clock decides who trains"),
     (["runtime.workers=0"], "greater than or equal to 1"),
     (["runtime.workers=2", "system.profile=mobile"], "where the simulated clock decides who trains"),
     (["runtime.workers=2", "federation.asynchronous={rule: fedbuff}", "federation.num_clients=20"],
