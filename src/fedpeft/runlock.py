@@ -102,6 +102,23 @@ class RunLock:
             raise
         return lock
 
+    def close_in_child(self) -> None:
+        """In a process forked from the lock's holder: close this process's copies of the lock file's descriptor,
+        without unlocking. A flock lasts while any descriptor of it is open, so a forked worker that kept its copy
+        would hold the run directory after the run's process died, and a resume right after a kill -9 would find it
+        busy. (Linux: the descriptors are found in /proc/self/fd; elsewhere nothing is closed.)"""
+        target = os.path.realpath(self.run_dir / LOCK_FILE)
+        try:
+            names = os.listdir("/proc/self/fd")
+        except OSError:
+            return
+        for name in names:
+            try:
+                if os.readlink(f"/proc/self/fd/{name}") == target:
+                    os.close(int(name))
+            except OSError:
+                pass
+
     def release(self) -> None:
         if not self._lock.is_locked:
             return

@@ -282,9 +282,8 @@ class FederationConfig(Section):
         "synchronous rounds (None): clients_per_round clients train at once, each from the global model current when "
         "it started, and every buffer_size arriving updates are aggregated; rounds counts the aggregations.")
     round_timeout_s: float = Field(
-        600.0, gt=0, description="Distributed runtimes (and the embedded runtime's runtime.workers): how long the "
-        "server waits for the selected clients' replies; a client that has not replied by then (killed, "
-        "disconnected, a worker process that hangs) counts as failed for the round.",
+        600.0, gt=0, description="Distributed runtimes: how long the server waits for the selected clients' "
+        "replies; a client that has not replied by then (killed, disconnected) counts as failed for the round.",
     )
 
     @model_validator(mode="after")
@@ -519,9 +518,11 @@ class RuntimeConfig(Section):
         "once the model is built so that they share its frozen backbone (copy-on-write), each with the torch threads "
         "divided among them and clients_per_pass clients per fused pass (docs/guide/workers.md). 1: in the run's "
         "process; auto: the number (and, with clients_per_pass auto, the clients per pass) whose workers together "
-        "train fastest, measured on the first round's clients. A worker that has not answered within "
-        "federation.round_timeout_s is killed and its clients fail for the round. CPU only for now (auto on CUDA: "
-        "1).")
+        "train fastest, measured on the first round's clients. CPU only for now (auto on CUDA: 1).")
+    worker_timeout_s: float | None = Field(
+        None, gt=0, description="Under runtime.workers, how long a worker (or a probe of auto) may take to answer; "
+        "one that has not answered by then (hung, stopped) is killed and its clients fail for the round. None: no "
+        "limit (a worker that dies is found at once either way).")
     max_pass_tokens: int | None = Field(
         None, ge=1, description="Under clients_per_pass, the most padded tokens one sub-batch of a fused pass may "
         "hold (rows beyond it go through the model in another sub-batch, never with more padding). None: 1024 on a "
@@ -669,6 +670,10 @@ class RunConfig(Section):
     def _check_workers(self) -> None:
         rt = self.runtime
         if rt.workers == 1:
+            if rt.worker_timeout_s is not None:
+                raise ValueError(f"runtime.worker_timeout_s {rt.worker_timeout_s:g} applies to worker processes, and "
+                                 "runtime.workers is 1 (the run's own process): set runtime.workers or remove "
+                                 "runtime.worker_timeout_s")
             return
         if rt.name != "embedded":
             raise ValueError(f"runtime.workers {rt.workers} applies to the embedded runtime; runtime {rt.name} runs "

@@ -123,6 +123,7 @@ class Cohort:
         in 80% of the memory free when the probe starts, at each client's footprint as measured (the pass's
         peak less what was allocated before it, over its clients). The next number tried is the smallest of
         twice the last, the number of clients and (on CUDA) what fits. Nothing is trained."""
+        self.probe_rate = 0.0
         modules = self._row_modules(self.tuned)
         if isinstance(modules, str):
             return 1

@@ -1,7 +1,7 @@
 """A round's clients on several worker processes of this machine (``runtime.workers``), over one frozen backbone.
 
 The workers are forked from the run's process once the experiment is built (model, data, PEFT method), when the run
-starts, and live until it ends. A fork shares the parent's memory copy-on-write: the frozen backbone's weights are
+starts (with ``auto``, once the first round's probe has measured their number), and live until it ends. A fork shares the parent's memory copy-on-write: the frozen backbone's weights are
 never written, so every worker reads the one copy the parent loaded; only what a worker writes (the trainable
 tensors, activations, optimizer state) becomes its own. Each worker runs with ``runtime.threads`` (or the host's
 cores) divided among the workers as torch threads.
@@ -13,16 +13,18 @@ reported to the run's observers (replayed here in client order). A client's upda
 client) and its payload and state, so which worker trains it changes nothing beyond float32 rounding (the
 workers' torch threads reduce in another order).
 
-A worker that dies (killed, out of memory) or does not answer within ``federation.round_timeout_s`` (it is killed)
+A worker that dies (killed, out of memory) or does not answer within ``runtime.worker_timeout_s`` (it is killed)
 fails the clients of its share for that round, with the reason, and a new worker is forked before the next round.
 Workers ask the kernel to kill them when the run's process dies (PR_SET_PDEATHSIG), so none outlives a killed run.
 
 ``workers: auto`` (and ``clients_per_pass: auto`` with workers) is measured on the first round's clients: for each
 candidate number of workers (the divisors of the threads, fewest first), that many probe processes are forked and
-time, at the same time and each with its share of the threads, the first local step of their share of the clients
-(with clients_per_pass auto: Cohort.probe, which picks the clients per pass; else that number of clients per pass,
-or one client at a time). The number whose processes together train the most examples a second wins; the search
-stops at a number under 80% as fast as the best. The choice is kept in the checkpoint.
+time, started together (a barrier) and each with its share of the threads, the first local step of their share of
+the clients (with clients_per_pass auto: Cohort.probe, which picks the clients per pass; else that number of
+clients per pass, or one client at a time). The number whose processes together train the most examples a second
+wins; the search stops at a number under 80% as fast as the best, or one whose probes did not all answer (out of
+memory). The choice is kept in the checkpoint with the device and threads it was measured for; a run resumed with
+others measures again.
 
 Why not torch.multiprocessing with spawn: a spawned worker would rebuild the experiment (the model load, the
 tokenisation) and need the tuned model pickled through shared memory; a fork after the build shares it for free.
@@ -34,10 +36,10 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import gc
 import logging
 import multiprocessing
 import os
-import resource
 import signal
 import threading
 import time
@@ -45,6 +47,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -104,8 +107,21 @@ def _on_a_new_thread(target: Callable[..., None], *args: Any) -> None:
     thread.join()
 
 
-def _own_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+def _private_mb() -> float | None:
+    """This process's private memory (what it does not share with the run's process), from
+    /proc/self/smaps_rollup; None where there is none."""
+    try:
+        lines = Path("/proc/self/smaps_rollup").read_text().splitlines()
+    except OSError:
+        return None
+    kb = sum(int(line.split()[1]) for line in lines if line.startswith(("Private_Clean:", "Private_Dirty:")))
+    return kb / 1024.0
+
+
+def _detach(transport: WorkerPoolTransport) -> None:
+    """What a forked process gives up of the run's: its copy of the run directory lock's descriptor."""
+    if transport.run.lock is not None:
+        transport.run.lock.close_in_child()
 
 
 def _serve(conn: Connection, transport: WorkerPoolTransport, threads: int, parent: int) -> None:
@@ -114,12 +130,23 @@ def _serve(conn: Connection, transport: WorkerPoolTransport, threads: int, paren
     _die_with_parent()
     if os.getppid() != parent:  # (the parent died before the request above took effect)
         os._exit(0)
+    _detach(transport)
     _on_a_new_thread(_work, conn, transport, threads)
     conn.close()
     os._exit(0)  # (no atexit of the parent's: its files and locks are the parent's)
 
 
 def _work(conn: Connection, transport: WorkerPoolTransport, threads: int) -> None:
+    try:
+        _train_shares(conn, transport, threads)
+    except BaseException:  # noqa: BLE001 (outside a client's training, e.g. an answer that cannot be sent)
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except (OSError, ValueError):
+            pass
+
+
+def _train_shares(conn: Connection, transport: WorkerPoolTransport, threads: int) -> None:
     torch.set_num_threads(threads)
     run = transport.run
     reports = _Reports()
@@ -149,7 +176,7 @@ def _work(conn: Connection, transport: WorkerPoolTransport, threads: int) -> Non
             passes = cohort.stats - before
         conn.send((results, {cid: run.client_states.get(cid, {}) for cid in payloads}, reports.kept,
                    transport.round_info().get("clients_per_pass"), passes, cohort.limit if cohort else None,
-                   _own_rss_mb()))
+                   _private_mb()))
 
 
 def _plain_rate(run: EmbeddedRuntime, cids: list[int]) -> float:
@@ -159,6 +186,7 @@ def _plain_rate(run: EmbeddedRuntime, cids: list[int]) -> float:
     model = exp.tuned.module
     model.train()
     examples, seconds = 0, 0.0
+    autocast = trainer._autocast  # (the precision the clients train in)
     for cid in cids[:4]:
         data = exp.client_data(cid)
         if not len(data):
@@ -170,7 +198,9 @@ def _plain_rate(run: EmbeddedRuntime, cids: list[int]) -> float:
             start = time.perf_counter()
             for idx in group:
                 batch = {k: v.to(exp.device) for k, v in collate(data, idx, trainer.pad_id).items()}
-                model(**batch).loss.backward()
+                with autocast():
+                    loss = model(**batch).loss
+                loss.backward()
             best = min(best, time.perf_counter() - start)
             for param in exp.tuned.params.values():
                 param.grad = None
@@ -179,22 +209,25 @@ def _plain_rate(run: EmbeddedRuntime, cids: list[int]) -> float:
 
 
 def _probe(conn: Connection, transport: WorkerPoolTransport, share: list[int], threads: int, parent: int,
-           only: int | None) -> None:
+           only: int | None, start: Any) -> None:
     """A probe process of ``workers: auto``: (clients per pass, examples a second) of its share's first local step
     (see the module's text); it is thrown away, so what it changes is nobody's."""
     _die_with_parent()
     if os.getppid() != parent:
         os._exit(0)
-    _on_a_new_thread(_time_share, conn, transport, share, threads, only)
+    _detach(transport)
+    log.setLevel(logging.WARNING)  # (the run's process logs the choice, once)
+    _on_a_new_thread(_time_share, conn, transport, share, threads, only, start)
     conn.close()
     os._exit(0)
 
 
 def _time_share(conn: Connection, transport: WorkerPoolTransport, share: list[int], threads: int,
-                only: int | None) -> None:
+                only: int | None, start: Any) -> None:
     try:
         torch.set_num_threads(threads)
         run, cohort = transport.run, transport.cohort
+        start.wait(timeout=600)  # (every probe of this candidate times at the same time)
         k, rate = 1, 0.0
         if cohort is not None:
             k = cohort.probe(run.exp.client_data, share, run.cfg.seed, only=only)
@@ -224,28 +257,35 @@ class WorkerPoolTransport(InProcessTransport):
         self.settled = False  # the probe ran (workers or clients_per_pass auto), in this run or the checkpoint's
 
     def bind(self, run: EmbeddedRuntime, checkpoint: dict[str, Any] | None) -> None:
-        if run.exp.device.type != "cpu":
-            if self.configured == "auto":  # (one worker per GPU is not built: the run's process on its device)
-                log.info("runtime.workers auto on %s: one worker, the run's process (workers on CUDA, one per "
-                         "device, are not built yet)", run.exp.device.type)
-                self.workers, self.settled = 1, True
-            else:
-                raise ConfigError(f"runtime.workers {self.workers}: the run trains on {run.exp.device.type}, and the "
-                                  "workers are forked processes, which CUDA cannot be forked into; set "
-                                  "runtime.device: cpu or runtime.workers: 1")
-        if runtime_needs(run.cfg.algorithm).server_model:
+        cuda = run.exp.device.type != "cpu"
+        if cuda and self.configured != "auto":
+            raise ConfigError(f"runtime.workers {self.workers}: the run trains on {run.exp.device.type}, and the "
+                              "workers are forked processes, which CUDA cannot be forked into; set "
+                              "runtime.device: cpu or runtime.workers: 1")
+        if not cuda and runtime_needs(run.cfg.algorithm).server_model:
             raise ConfigError(f"runtime.workers {self.configured} with algorithm {run.cfg.algorithm.name}: an "
                               "algorithm that trains a model on the server gives its client halves state built in "
                               "their own process, which the workers do not share yet; set runtime.workers: 1")
         super().bind(run, checkpoint)
         self.total_threads = run.cfg.runtime.threads or torch.get_num_threads()
+        if cuda:  # (auto; one worker per GPU is not built: the run's process on its device)
+            log.info("runtime.workers auto on %s: one worker, the run's process (workers on CUDA, one per device, "
+                     "are not built yet)", run.exp.device.type)
+            self.workers, self.settled = 1, True
+            return
         kept = (checkpoint or {}).get("workers")
-        if kept is not None:  # (what auto measured: a resumed run trains as before)
+        if kept is None:
+            return
+        if kept["threads"] == self.total_threads:  # (what auto measured: a resumed run trains as before)
             self.workers, self.settled = kept["workers"], kept["settled"]
+        elif kept["settled"]:
+            log.info("runtime.workers %s: measured for %d threads, and this run has %d: measured again",
+                     self.configured, kept["threads"], self.total_threads)
 
     def state(self) -> dict[str, Any]:
         """What auto measured, and the fused passes' (see InProcessTransport.state)."""
-        return {**super().state(), "workers": {"workers": self.workers, "settled": self.settled}}
+        return {**super().state(), "workers": {"workers": self.workers, "settled": self.settled,
+                                               "threads": self.total_threads}}
 
     @property
     def threads(self) -> int:
@@ -271,7 +311,11 @@ class WorkerPoolTransport(InProcessTransport):
         ctx = multiprocessing.get_context("fork")
         mine, theirs = ctx.Pipe()
         proc = ctx.Process(target=target, args=(theirs, self, *args), daemon=True, name=name)
-        proc.start()
+        gc.freeze()  # (the run's objects out of the child's collections, which would write to every one's header and
+        try:         # so copy every page of them; Python's own advice for a fork without exec)
+            proc.start()
+        finally:
+            gc.unfreeze()
         theirs.close()
         return proc, mine
 
@@ -282,24 +326,34 @@ class WorkerPoolTransport(InProcessTransport):
         total = self.total_threads
         candidates = [self.workers] if self.workers is not None else [w for w in range(1, total + 1) if total % w == 0]
         found: dict[int, tuple[int, float]] = {}
+        ctx = multiprocessing.get_context("fork")
         for w in candidates:
             if w > len(cids) and found:
                 break
             shares = [share for share in _even(cids, min(w, len(cids))) if share]
-            probes = [self._spawn(_probe, (share, max(1, total // w), os.getpid(), only), f"fedpeft-probe-{j}")
+            start = ctx.Barrier(len(shares))
+            probes = [self._spawn(_probe, (share, max(1, total // w), os.getpid(), only, start), f"fedpeft-probe-{j}")
                       for j, share in enumerate(shares)]
-            answers = []
-            for proc, conn in probes:
+            deadline = time.monotonic() + (self.run.cfg.runtime.worker_timeout_s or float("inf"))
+            answers: list[Any] = []
+            for j, (proc, conn) in enumerate(probes):
                 try:
-                    answers.append(conn.recv())
-                except EOFError:
+                    answers.append(self._wait(proc, conn, deadline, f"the probe {j} of {w} workers"))
+                except (EOFError, OSError, TimeoutError) as exc:
+                    answers.append(("error", str(exc) if isinstance(exc, TimeoutError) else
+                                    f"the probe {j} of {w} workers died"))
+                finally:
+                    conn.close()
+                    if proc.is_alive():
+                        proc.kill()
                     proc.join()
-                    answers.append(("error", f"the probe process died (exit code {proc.exitcode})"))
-                conn.close()
-                proc.join()
             errors = [a[1] for a in answers if a[0] == "error"]
-            if errors:
+            if errors and not found:
                 raise RuntimeError(f"the probe of runtime.workers {w} failed:\n" + "\n".join(errors))
+            if errors:  # (out of memory, most likely: more workers than this machine holds)
+                log.warning("runtime.workers %s: the probe of %d workers failed, so no more are tried: %s",
+                            self.configured, w, "; ".join(e.strip().splitlines()[-1] for e in errors))
+                break
             ks = Counter(k for k, _ in answers)
             k = min(ks, key=lambda x: (-ks[x], x))  # (the processes' most frequent choice; the smaller on a tie)
             found[w] = (k, sum(rate for _, rate in answers))
@@ -361,14 +415,14 @@ class WorkerPoolTransport(InProcessTransport):
         per_pass: list[int] = []
         total = PassStats()
         errors: list[str] = []
-        deadline = time.monotonic() + run.cfg.federation.round_timeout_s
-        worker_rss: list[float] = []
+        deadline = time.monotonic() + (run.cfg.runtime.worker_timeout_s or float("inf"))
+        worker_private: list[float] = []
         for i, share in enumerate(shares):
             conn = self.conns[i]
             try:
                 if i not in sent or conn is None:
                     raise EOFError
-                answer = self._answer(i, conn, deadline)
+                answer = self._wait(self.procs[i], conn, deadline, f"worker {i}")
             except (EOFError, OSError, TimeoutError) as exc:
                 why = self._died(i, str(exc) if isinstance(exc, TimeoutError) else None)
                 for cid in share:
@@ -378,11 +432,12 @@ class WorkerPoolTransport(InProcessTransport):
             if answer[0] == "error":
                 errors.append(f"worker {i}: {answer[1]}")
                 continue
-            results, states, reports, k, passes, limit, rss = answer
+            results, states, reports, k, passes, limit, private = answer
             if limit is not None and (self.cohort is not None) and (self.cohort.limit is None or
                                                                     limit < self.cohort.limit):
                 self.cohort.limit = limit  # (memory ran out in the worker: the run's checkpoint keeps the halving)
-            worker_rss.append(rss)
+            if private is not None:
+                worker_private.append(private)
             for cid, state in states.items():
                 if state or cid in run.client_states:
                     run.client_states[cid] = state
@@ -399,20 +454,19 @@ class WorkerPoolTransport(InProcessTransport):
             raise RuntimeError("a client's training failed in a worker process:\n" + "\n".join(errors))
         self.pass_info = {"workers": len(shares), **({"clients_per_pass": max(per_pass)} if per_pass else {}),
                           **pass_row(PassStats(), total),
-                          **({"worker_peak_rss_mb": max(worker_rss)} if worker_rss else {})}
+                          **({"worker_private_mb": max(worker_private)} if worker_private else {})}
         return {cid: out[cid] for cid in cids}
 
-    def _answer(self, i: int, conn: Connection, deadline: float) -> Any:
-        """Worker ``i``'s answer; EOFError if it died, TimeoutError past ``deadline`` (federation.round_timeout_s)."""
-        proc = self.procs[i]
+    def _wait(self, proc: BaseProcess | None, conn: Connection, deadline: float, who: str) -> Any:
+        """The answer of ``who``; EOFError if it died, TimeoutError past ``deadline`` (runtime.worker_timeout_s)."""
         while not conn.poll(min(1.0, max(0.0, deadline - time.monotonic()))):
             if proc is None or not proc.is_alive():
                 if conn.poll():  # (it answered, then ended)
                     break
                 raise EOFError
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"worker {i} did not answer within federation.round_timeout_s "
-                                   f"{self.run.cfg.federation.round_timeout_s:g} s and was killed")
+                raise TimeoutError(f"{who} did not answer within runtime.worker_timeout_s "
+                                   f"{self.run.cfg.runtime.worker_timeout_s:g} s and was killed")
         return conn.recv()
 
     def _shares(self, cids: list[int]) -> list[list[int]]:
