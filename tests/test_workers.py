@@ -232,6 +232,35 @@ def test_workers_auto_measures_both_numbers_once_and_a_resumed_run_keeps_them(tm
 
 
 @pytest.mark.needs_data
+def test_a_probe_that_dies_ends_the_search_at_fewer_workers(tmp_path, monkeypatch):
+    """A probe process of 2 workers killed (as by the out-of-memory killer): auto keeps 1 worker, says why, and
+    the run goes on at once (its partner is not left waiting at the barrier)."""
+    import torch
+
+    from fedpeft.runtime import workers
+
+    real = workers._plain_rate
+
+    def dies_among_two(run, cids):
+        if torch.get_num_threads() == 1 and 0 in cids:  # (a probe of 2 workers on 2 threads: 1 thread each)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(run, cids)
+
+    monkeypatch.setattr(workers, "_plain_rate", dies_among_two)
+    cfg = tiny_config("federation.rounds=1", "federation.num_clients=4", "federation.clients_per_round=4",
+                      "runtime.threads=2", "runtime.workers=auto")
+    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    start = time.monotonic()
+    rt.run()
+    assert time.monotonic() - start < 300
+    assert rt.transport.workers == 1
+    events = (tmp_path / "run" / "events.log").read_text()
+    assert "the probe of 2 workers failed, so no more are tried: the probe 0 of 2 workers died" in events
+    assert "measured 1 workers x 1 clients per pass" in events
+    assert read_metrics(tmp_path / "run")[-1]["workers"] == 1
+
+
+@pytest.mark.needs_data
 def test_a_worker_that_does_not_answer_in_time_is_killed_and_its_clients_fail(tmp_path, monkeypatch):
     from fedpeft.runtime import local_work
 

@@ -521,8 +521,9 @@ class RuntimeConfig(Section):
         "train fastest, measured on the first round's clients. CPU only for now (auto on CUDA: 1).")
     worker_timeout_s: float | None = Field(
         None, gt=0, description="Under runtime.workers, how long a worker (or a probe of auto) may take to answer; "
-        "one that has not answered by then (hung, stopped) is killed and its clients fail for the round. None: no "
-        "limit (a worker that dies is found at once either way).")
+        "a worker that has not answered by then (hung, stopped) is killed and its clients fail for the round; a probe "
+        "is killed and counts as failed (the first candidate's failure stops the run, a later one's ends the search). "
+        "None: no limit (a process that dies is found at once either way).")
     max_pass_tokens: int | None = Field(
         None, ge=1, description="Under clients_per_pass, the most padded tokens one sub-batch of a fused pass may "
         "hold (rows beyond it go through the model in another sub-batch, never with more padding). None: 1024 on a "

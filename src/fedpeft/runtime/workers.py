@@ -23,8 +23,8 @@ time, started together (a barrier) and each with its share of the threads, the f
 the clients (with clients_per_pass auto: Cohort.probe, which picks the clients per pass; else that number of
 clients per pass, or one client at a time). The number whose processes together train the most examples a second
 wins; the search stops at a number under 80% as fast as the best, or one whose probes did not all answer (out of
-memory). The choice is kept in the checkpoint with the device and threads it was measured for; a run resumed with
-others measures again.
+memory). The choice is kept in the checkpoint with the device type and threads it was measured for; a run resumed
+with others measures again.
 
 Why not torch.multiprocessing with spawn: a spawned worker would rebuild the experiment (the model load, the
 tokenisation) and need the tuned model pickled through shared memory; a fork after the build shares it for free.
@@ -39,6 +39,7 @@ import dataclasses
 import gc
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import threading
@@ -130,6 +131,7 @@ def _serve(conn: Connection, transport: WorkerPoolTransport, threads: int, paren
     _die_with_parent()
     if os.getppid() != parent:  # (the parent died before the request above took effect)
         os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the run's process's to handle)
     _detach(transport)
     _on_a_new_thread(_work, conn, transport, threads)
     conn.close()
@@ -215,6 +217,7 @@ def _probe(conn: Connection, transport: WorkerPoolTransport, share: list[int], t
     _die_with_parent()
     if os.getppid() != parent:
         os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the run's process's to handle)
     _detach(transport)
     log.setLevel(logging.WARNING)  # (the run's process logs the choice, once)
     _on_a_new_thread(_time_share, conn, transport, share, threads, only, start)
@@ -232,10 +235,13 @@ def _time_share(conn: Connection, transport: WorkerPoolTransport, share: list[in
         if cohort is not None:
             k = cohort.probe(run.exp.client_data, share, run.cfg.seed, only=only)
             rate = cohort.probe_rate
+            if rate == 0.0 and not isinstance(cohort._row_modules(cohort.tuned), str):
+                raise MemoryError(f"out of memory at the first pass the probe tried ({only or 1} clients)")
         if rate == 0.0:  # (no cohort, or the model cannot train clients together)
             k, rate = 1, _plain_rate(run, share)
         conn.send((k, rate))
     except Exception:  # noqa: BLE001 (the run's process raises it)
+        start.abort()  # (the other probes stop waiting for this one)
         conn.send(("error", traceback.format_exc()))
 
 
@@ -276,7 +282,7 @@ class WorkerPoolTransport(InProcessTransport):
         kept = (checkpoint or {}).get("workers")
         if kept is None:
             return
-        if kept["threads"] == self.total_threads:  # (what auto measured: a resumed run trains as before)
+        if (kept["threads"], kept.get("device")) == (self.total_threads, "cpu"):  # (a resumed run trains as before)
             self.workers, self.settled = kept["workers"], kept["settled"]
         elif kept["settled"]:
             log.info("runtime.workers %s: measured for %d threads, and this run has %d: measured again",
@@ -285,7 +291,7 @@ class WorkerPoolTransport(InProcessTransport):
     def state(self) -> dict[str, Any]:
         """What auto measured, and the fused passes' (see InProcessTransport.state)."""
         return {**super().state(), "workers": {"workers": self.workers, "settled": self.settled,
-                                               "threads": self.total_threads}}
+                                               "threads": self.total_threads, "device": self.run.exp.device.type}}
 
     @property
     def threads(self) -> int:
@@ -335,14 +341,10 @@ class WorkerPoolTransport(InProcessTransport):
             probes = [self._spawn(_probe, (share, max(1, total // w), os.getpid(), only, start), f"fedpeft-probe-{j}")
                       for j, share in enumerate(shares)]
             deadline = time.monotonic() + (self.run.cfg.runtime.worker_timeout_s or float("inf"))
-            answers: list[Any] = []
-            for j, (proc, conn) in enumerate(probes):
-                try:
-                    answers.append(self._wait(proc, conn, deadline, f"the probe {j} of {w} workers"))
-                except (EOFError, OSError, TimeoutError) as exc:
-                    answers.append(("error", str(exc) if isinstance(exc, TimeoutError) else
-                                    f"the probe {j} of {w} workers died"))
-                finally:
+            try:
+                answers = self._probe_answers(probes, start, deadline, w)
+            finally:
+                for proc, conn in probes:
                     conn.close()
                     if proc.is_alive():
                         proc.kill()
@@ -367,6 +369,36 @@ class WorkerPoolTransport(InProcessTransport):
         log.info("runtime.workers %s measured %d workers x %s clients per pass (probe of one local step, examples a "
                  "second of all the workers together: %s)", self.configured, self.workers, k,
                  ", ".join(f"{w} x {kw}: {rate:.1f}" for w, (kw, rate) in found.items()))
+
+    def _probe_answers(self, probes: list[tuple[BaseProcess, Connection]], start: Any, deadline: float,
+                       w: int) -> list[Any]:
+        """Every probe's answer, or ("error", why) for one that died or passed ``deadline``. The first to die
+        breaks the barrier, so that the others stop waiting for it and answer at once."""
+        answers: dict[int, Any] = {}
+        while len(answers) < len(probes):
+            waiting = [j for j in range(len(probes)) if j not in answers]
+            multiprocessing.connection.wait([probes[j][1] for j in waiting],
+                                            timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+            for j in waiting:
+                proc, conn = probes[j]
+                try:
+                    if conn.poll():
+                        answers[j] = conn.recv()
+                        continue
+                except (EOFError, OSError):
+                    pass
+                else:
+                    if proc.is_alive():
+                        if time.monotonic() < deadline:
+                            continue
+                        limit = self.run.cfg.runtime.worker_timeout_s
+                        why = f"the probe {j} of {w} workers did not answer within runtime.worker_timeout_s {limit:g} s"
+                        answers[j] = ("error", why)
+                        start.abort()
+                        continue
+                answers[j] = ("error", f"the probe {j} of {w} workers died")
+                start.abort()
+        return [answers[j] for j in range(len(probes))]
 
     def close(self) -> None:
         """Stop the workers (the end of a run; safe to call twice)."""
@@ -400,6 +432,9 @@ class WorkerPoolTransport(InProcessTransport):
         for i in range(len(shares)):
             proc = self.procs[i] if i < len(self.procs) else None
             if proc is None or not proc.is_alive():
+                if proc is not None:  # (it died after its last answer: its pipe and process are let go)
+                    proc.join()
+                    self.conns[i].close()  # type: ignore[union-attr]
                 self._fork(i)
         sent: list[int] = []
         for i, share in enumerate(shares):
