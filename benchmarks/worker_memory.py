@@ -14,7 +14,9 @@ import argparse
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -35,6 +37,17 @@ def private_by_mapping(pid: int, top: int = 8) -> list[tuple[str, int]]:
     return sorted(totals.items(), key=lambda item: -item[1])[:top]
 
 
+def per_process(procs: list[psutil.Process], read: Callable[[int], Any]) -> dict[int, Any]:
+    """``read(pid)`` of each process that still exists."""
+    out = {}
+    for q in procs:
+        try:
+            out[q.pid] = read(q.pid)
+        except OSError:
+            pass
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--setting", required=True, help="the clients_per_pass.py setting to watch, e.g. w2x16")
@@ -49,21 +62,10 @@ def main() -> None:
             if f"--one {args.setting}" not in cmd or "--child" not in cmd:
                 continue
             procs = [p, *p.children()]
-            snap = {}
-            for q in procs:
-                try:
-                    snap[q.pid] = rollup(q.pid)
-                except OSError:
-                    pass
+            snap = per_process(procs, rollup)
             total = sum(s["Pss"] for s in snap.values())
             if total > best["tot"]:
-                detail = {}
-                for q in procs:
-                    try:
-                        detail[q.pid] = private_by_mapping(q.pid)
-                    except OSError:
-                        pass
-                best = {"tot": total, "snap": snap, "detail": detail}
+                best = {"tot": total, "snap": snap, "detail": per_process(procs, private_by_mapping)}
                 Path(args.out).write_text(json.dumps(best, indent=1))
         time.sleep(2)
 

@@ -119,8 +119,13 @@ def _private_mb() -> float | None:
     return kb / 1024.0
 
 
-def _detach(transport: WorkerPoolTransport) -> None:
-    """What a forked process gives up of the run's: its copy of the run directory lock's descriptor."""
+def _enter_child(transport: WorkerPoolTransport, parent: int) -> None:
+    """The start of a forked worker or probe: it dies with the run's process (and ends at once if that died
+    already), leaves Ctrl-C to it, and gives up its copy of the run directory lock's descriptor."""
+    _die_with_parent()
+    if os.getppid() != parent:  # (the parent died before the request above took effect)
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if transport.run.lock is not None:
         transport.run.lock.close_in_child()
 
@@ -128,11 +133,7 @@ def _detach(transport: WorkerPoolTransport) -> None:
 def _serve(conn: Connection, transport: WorkerPoolTransport, threads: int, parent: int) -> None:
     """A worker's loop: (round, payloads, states) in, (results, states, reports, pass figures, the cohort's
     out-of-memory limit, peak RSS) out; None ends it."""
-    _die_with_parent()
-    if os.getppid() != parent:  # (the parent died before the request above took effect)
-        os._exit(0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the run's process's to handle)
-    _detach(transport)
+    _enter_child(transport, parent)
     _on_a_new_thread(_work, conn, transport, threads)
     conn.close()
     os._exit(0)  # (no atexit of the parent's: its files and locks are the parent's)
@@ -214,11 +215,7 @@ def _probe(conn: Connection, transport: WorkerPoolTransport, share: list[int], t
            only: int | None, start: Any) -> None:
     """A probe process of ``workers: auto``: (clients per pass, examples a second) of its share's first local step
     (see the module's text); it is thrown away, so what it changes is nobody's."""
-    _die_with_parent()
-    if os.getppid() != parent:
-        os._exit(0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the run's process's to handle)
-    _detach(transport)
+    _enter_child(transport, parent)
     log.setLevel(logging.WARNING)  # (the run's process logs the choice, once)
     _on_a_new_thread(_time_share, conn, transport, share, threads, only, start)
     conn.close()
