@@ -335,3 +335,33 @@ def test_what_workers_cannot_do_is_refused_with_the_reason(overrides, needle):
     with pytest.raises(ConfigError) as err:
         load_config(None, overrides)
     assert needle in str(err.value)
+
+
+ALLOCATOR_PROBE = """
+import ctypes, sys
+import torch
+from fedpeft.runtime.workers import _return_large_frees
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+torch.ones(4 << 20)  # 16 MiB, mapped and freed: glibc raises its threshold for mapping a block to 16 MiB
+if sys.argv[1] == "worker":
+    _return_large_frees()
+before = libc.mallinfo2().hblks
+kept = torch.ones(512 << 10)  # 2 MiB
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_a_worker_maps_large_blocks_so_that_freeing_them_returns_the_memory():
+    """Without _return_large_frees a 2 MiB tensor comes from the allocator's heap once a larger block was freed (and
+    stays there when freed); a worker maps it (and unmaps it when freed)."""
+    mapped = {who: subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE, who], capture_output=True, text=True,
+                                  check=True).stdout.strip() for who in ("plain", "worker")}
+    assert mapped == {"plain": "0", "worker": "1"}

@@ -72,6 +72,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("fedpeft")
 
 PR_SET_PDEATHSIG = 1
+M_MMAP_THRESHOLD = -3  # (glibc's mallopt parameter)
+WORKER_MMAP_THRESHOLD = 1 << 20  # bytes: a worker's allocations from this size up are mapped, and unmapped when freed
 
 
 class _Reports:
@@ -98,6 +100,21 @@ def _die_with_parent() -> None:
         pass
 
 
+def _return_large_frees() -> None:
+    """Make this process's C allocator give a freed block of ``WORKER_MMAP_THRESHOLD`` bytes or more back to the
+    system at once (glibc's mallopt(M_MMAP_THRESHOLD), which also stops glibc from raising that threshold as
+    large blocks are freed). Otherwise the tensors of a pass are freed into the allocator's heap and kept there,
+    fragmented by the next pass's other sizes: measured on MiniLM-L6, a worker's peak memory held several hundred
+    MiB of free blocks, and two workers 1.6x one process's; with it, 1.1x (docs/benchmarks/workers.md). A
+    threshold the user set (GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...) is kept; not glibc: nothing to do."""
+    if "glibc.malloc.mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, WORKER_MMAP_THRESHOLD)
+    except (OSError, AttributeError):
+        pass
+
+
 def _on_a_new_thread(target: Callable[..., None], *args: Any) -> None:
     """Run ``target`` in a forked process on a thread of its own. GNU OpenMP (torch's CPU threads) keeps a team of
     threads per thread that ran a parallel region; in a process forked from it, that thread's team refers to
@@ -121,11 +138,13 @@ def _private_mb() -> float | None:
 
 def _enter_child(transport: WorkerPoolTransport, parent: int) -> None:
     """The start of a forked worker or probe: it dies with the run's process (and ends at once if that died
-    already), leaves Ctrl-C to it, and gives up its copy of the run directory lock's descriptor."""
+    already), leaves Ctrl-C to it, returns large freed blocks to the system, and gives up its copy of the run
+    directory lock's descriptor."""
     _die_with_parent()
     if os.getppid() != parent:  # (the parent died before the request above took effect)
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _return_large_frees()
     if transport.run.lock is not None:
         transport.run.lock.close_in_child()
 
