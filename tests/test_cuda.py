@@ -33,3 +33,22 @@ def test_a_4bit_backbone_on_cuda_trains_clients_together(tmp_path):
     EmbeddedRuntime(cfg, tmp_path / "run").run()
     rows = read_metrics(tmp_path / "run")
     assert all(r["clients_per_pass"] >= 1 and not r["rejected"] for r in rows[1:])
+
+
+def test_spawned_workers_on_cuda_give_the_metrics_of_one_process(tmp_path):
+    """runtime.workers on CUDA: spawned workers (two, so that one device has two where the machine has one GPU),
+    each with its own copy of the model, against the run's process alone; and auto, one per device."""
+    import torch
+    from helpers import metrics_difference
+    from test_workers import learning
+
+    base = ("runtime.device=cuda", "federation.num_clients=6", "federation.clients_per_round=4")
+    EmbeddedRuntime(tiny_config(*base), tmp_path / "one").run()
+    EmbeddedRuntime(tiny_config(*base, "runtime.workers=2"), tmp_path / "two").run()
+    rows = read_metrics(tmp_path / "two")
+    assert all(r["workers"] == 2 and not r["rejected"] for r in rows[1:])
+    difference = metrics_difference(learning(rows), learning(read_metrics(tmp_path / "one")))
+    assert difference is None, difference
+    auto = EmbeddedRuntime(tiny_config(*base, "runtime.workers=auto"), tmp_path / "auto")
+    auto.run()
+    assert auto.transport.workers == torch.cuda.device_count()

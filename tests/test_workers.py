@@ -10,11 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import pytest
 from helpers import crash_at_round, metrics_difference, tiny_config, without_timings
 
+from fedpeft.config.adversarial import RobustRule
 from fedpeft.config.load import ConfigError, load_config
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import EmbeddedRuntime
@@ -62,6 +64,61 @@ def test_workers_give_the_metrics_of_one_process(tmp_path, method):
                    f"runtime.clients_per_pass={per_pass}")
         difference = metrics_difference(learning(rows), learning(one[per_pass]))
         assert difference is None, f"workers={workers} clients_per_pass={per_pass}: {difference}"
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("method", [
+    ["runtime.clients_per_pass=1"],
+    ["algorithm={name: headprune, sparsity: 0.5}", "runtime.clients_per_pass=2"],  # reports to the observer
+    ["algorithm.name=fedsa_lora", "eval.personalized=true", "runtime.clients_per_pass=2"],  # the parent's state
+], ids=["lora", "headprune-fused", "fedsa_lora-fused"])
+def test_spawned_workers_give_the_metrics_of_one_process(tmp_path, method):
+    """Workers started as on CUDA, where they cannot be forked: spawned, each rebuilding the experiment from the
+    run's config (here on a CPU)."""
+    one = run(tmp_path, "one", *method)
+    cfg = tiny_config("federation.rounds=2", "federation.num_clients=6", "federation.clients_per_round=4", *method,
+                      "runtime.workers=2")
+    rt = EmbeddedRuntime(cfg, tmp_path / "spawned", transport=WorkerPoolTransport(2, start="spawn"))
+    rt.run()
+    rows = read_metrics(tmp_path / "spawned")
+    assert all(r["workers"] == 2 for r in rows[1:])
+    difference = metrics_difference(learning(rows), learning(one))
+    assert difference is None, difference
+
+
+@pytest.mark.needs_data
+def test_spawned_workers_measure_clients_per_pass_in_the_runs_process(tmp_path):
+    cfg = tiny_config("federation.rounds=1", "federation.num_clients=8", "federation.clients_per_round=8",
+                      "runtime.workers=2", "runtime.clients_per_pass=auto")
+    rt = EmbeddedRuntime(cfg, tmp_path / "run", transport=WorkerPoolTransport(2, start="spawn"))
+    rt.run()
+    events = (tmp_path / "run" / "events.log").read_text()
+    assert "runtime.workers 2: 2 workers x" in events and "measured by the run's process" in events
+    row = read_metrics(tmp_path / "run")[-1]
+    assert row["workers"] == 2 and row["clients_per_pass"] == rt.transport.cohort.chosen
+    assert len(row["client_num_examples"]) == 8
+
+
+@pytest.mark.needs_data
+def test_spawned_workers_on_a_cpu_need_a_number(tmp_path):
+    cfg = tiny_config("runtime.workers=auto")
+    with pytest.raises(ConfigError, match="runtime.workers auto with spawned workers on a CPU: give their number"):
+        EmbeddedRuntime(cfg, tmp_path / "run", transport=WorkerPoolTransport("auto", start="spawn"))
+
+
+ROBUST_RULES = [rule.model_fields["rule"].default for rule in typing.get_args(typing.get_args(RobustRule)[0])]
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("rule", ROBUST_RULES)
+def test_every_robust_rule_gives_the_metrics_of_one_process_with_workers(tmp_path, rule):
+    """The server's rule sees the updates of 2 workers as those of one process (attackers among the clients)."""
+    options = ", trim_fraction: 0.2" if rule == "trimmed_mean" else ""  # (one of 5 updates trimmed at each end)
+    both = (f"algorithm.robust={{rule: {rule}{options}}}", "federation.attackers={fraction: 0.2, attack: sign_flip}",
+            "federation.num_clients=8", "federation.clients_per_round=5", "federation.min_replies=5")  # (Krum: n > 2f + 2)
+    difference = metrics_difference(learning(run(tmp_path, "w2", *both, "runtime.workers=2")),
+                                    learning(run(tmp_path, "one", *both)))
+    assert difference is None, difference
 
 
 @pytest.mark.needs_data
@@ -261,6 +318,32 @@ def test_a_probe_that_dies_ends_the_search_at_fewer_workers(tmp_path, monkeypatc
 
 
 @pytest.mark.needs_data
+def test_a_probe_with_its_figure_trains_on_until_every_probe_has_one(tmp_path, monkeypatch):
+    """Probes are timed under the same load: a probe of 2 workers whose figure comes first goes on training while
+    its partner (made slow here) is still timing, instead of leaving it the whole machine."""
+    import torch
+
+    from fedpeft.runtime import workers
+
+    real, calls = workers._plain_rate, tmp_path / "calls"
+
+    def slow_partner(run, cids):
+        if torch.get_num_threads() == 1:  # (a probe of 2 workers on 2 threads: 1 thread each)
+            with calls.open("a") as f:
+                f.write(f"{0 in cids}\n")
+            if 0 not in cids:
+                time.sleep(3)
+        return real(run, cids)
+
+    monkeypatch.setattr(workers, "_plain_rate", slow_partner)
+    cfg = tiny_config("federation.rounds=1", "federation.num_clients=4", "federation.clients_per_round=4",
+                      "runtime.threads=2", "runtime.workers=auto")
+    EmbeddedRuntime(cfg, tmp_path / "run").run()
+    made = calls.read_text().split()
+    assert "False" in made and made.count("True") >= 2, made
+
+
+@pytest.mark.needs_data
 def test_a_worker_that_does_not_answer_in_time_is_killed_and_its_clients_fail(tmp_path, monkeypatch):
     from fedpeft.runtime import local_work
 
@@ -283,27 +366,34 @@ def test_a_worker_that_does_not_answer_in_time_is_killed_and_its_clients_fail(tm
 
 
 @pytest.mark.needs_data
-def test_memory_running_out_in_a_worker_reaches_the_runs_checkpoint(tmp_path, monkeypatch):
-    """A fused pass that ran out of memory in a worker halves clients_per_pass there; the run's process takes the
-    halving, so its checkpoint keeps it."""
+def test_memory_running_out_in_a_worker_reaches_the_runs_checkpoint_and_every_worker(tmp_path, monkeypatch):
+    """A fused pass that ran out of memory in one worker halves clients_per_pass there; the run's process takes the
+    halving, so its checkpoint keeps it, and every worker trains with it from the next round."""
     from fedpeft import checkpoint
     from fedpeft.runtime.cohort import Cohort
 
-    real = Cohort._train_group
+    real, first = Cohort._train_group, tmp_path / "first"
 
-    def out_of_memory_in_round_1(self, group, seed):
+    def out_of_memory_in_one_worker_in_round_1(self, group, seed):
         if seed[1] == 1 and self.limit is None:
-            self.limit = 1  # (what FusedTrainer leaves after halving 2 to 1)
+            try:
+                first.open("x").close()  # (the first worker there; the other trains on with 2)
+            except FileExistsError:
+                pass
+            else:
+                self.limit = 1  # (what FusedTrainer leaves after halving 2 to 1)
         return real(self, group, seed)
 
-    monkeypatch.setattr(Cohort, "_train_group", out_of_memory_in_round_1)
-    rt = EmbeddedRuntime(tiny_config("federation.rounds=1", "federation.num_clients=4",
-                                     "federation.clients_per_round=4", "runtime.workers=2",
+    monkeypatch.setattr(Cohort, "_train_group", out_of_memory_in_one_worker_in_round_1)
+    rt = EmbeddedRuntime(tiny_config("federation.rounds=2", "federation.num_clients=8",
+                                     "federation.clients_per_round=8", "runtime.workers=2",
                                      "runtime.clients_per_pass=2"), tmp_path / "run")
     assert rt.transport.cohort.limit is None
     rt.run()
     assert rt.transport.cohort.limit == 1
     assert checkpoint.load(tmp_path / "run")[1]["clients_per_pass"]["limit"] == 1
+    rows = read_metrics(tmp_path / "run")
+    assert rows[1]["clients_per_pass"] == 2 and rows[2]["clients_per_pass"] == 1
 
 
 def test_a_transport_of_its_own_with_workers_is_refused():
@@ -322,7 +412,6 @@ def _state(pid: int) -> str:
 
 @pytest.mark.parametrize(("overrides", "needle"), [
     (["runtime.workers=2", "runtime.name=flower"], "applies to the embedded runtime"),
-    (["runtime.workers=2", "runtime.device=cuda"], "CUDA cannot be forked into"),
     (["runtime.workers=auto", "runtime.name=flower"], "applies to the embedded runtime"),
     (["runtime.workers=auto", "system.profile=mobile"], "where the simulated clock decides who trains"),
     (["runtime.workers=0"], "greater than or equal to 1"),

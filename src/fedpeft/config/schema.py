@@ -518,7 +518,8 @@ class RuntimeConfig(Section):
         "once the model is built so that they share its frozen backbone (copy-on-write), each with the torch threads "
         "divided among them and clients_per_pass clients per fused pass (docs/guide/workers.md). 1: in the run's "
         "process; auto: the number (and, with clients_per_pass auto, the clients per pass) whose workers together "
-        "train fastest, measured on the first round's clients. CPU only for now (auto on CUDA: 1).")
+        "train fastest, measured on the first round's clients. On CUDA the workers are spawned, each building its "
+        "own copy of the model on device i modulo the devices (auto: one per device).")
     worker_timeout_s: float | None = Field(
         None, gt=0, description="Under runtime.workers, how long a worker (or a probe of auto) may take to answer; "
         "a worker that has not answered by then (hung, stopped) is killed and its clients fail for the round; a probe "
@@ -679,10 +680,6 @@ class RunConfig(Section):
         if rt.name != "embedded":
             raise ValueError(f"runtime.workers {rt.workers} applies to the embedded runtime; runtime {rt.name} runs "
                              "each client where its messages go: remove runtime.workers")
-        if rt.device == "cuda" and rt.workers != "auto":
-            raise ValueError(f"runtime.workers {rt.workers} on cuda: the workers are forked processes, which CUDA "
-                             "cannot be forked into (one worker per GPU is not built yet); set runtime.workers: 1 or "
-                             "runtime.device: cpu")
         if not self.system.simulates_time_only() or self.federation.asynchronous is not None:
             raise ValueError(f"runtime.workers {rt.workers} where the simulated clock decides who trains (a system "
                              "profile or trace, a deadline, over-selection or asynchronous aggregation): each worker "

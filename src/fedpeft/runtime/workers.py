@@ -21,15 +21,21 @@ Workers ask the kernel to kill them when the run's process dies (PR_SET_PDEATHSI
 candidate number of workers (the divisors of the threads, fewest first), that many probe processes are forked and
 time, started together (a barrier) and each with its share of the threads, the first local step of their share of
 the clients (with clients_per_pass auto: Cohort.probe, which picks the clients per pass; else that number of
-clients per pass, or one client at a time). The number whose processes together train the most examples a second
+clients per pass, or one client at a time). A probe that has its figure trains on until every probe has one, so
+that each is timed under the same load. The number whose processes together train the most examples a second
 wins; the search stops at a number under 80% as fast as the best, or one whose probes did not all answer (out of
 memory). The choice is kept in the checkpoint with the device type and threads it was measured for; a run resumed
 with others measures again.
 
-Why not torch.multiprocessing with spawn: a spawned worker would rebuild the experiment (the model load, the
-tokenisation) and need the tuned model pickled through shared memory; a fork after the build shares it for free.
-CUDA cannot be forked into, so on a GPU machine the workers (one per device) are a later step; a number above 1 is
-refused there for now, and ``auto`` is one worker (the run's process).
+On a CPU the workers are forked, not spawned: a spawned worker would rebuild the experiment (the model load, the
+tokenisation) and hold its own copy of the backbone, where a fork after the build shares the parent's for free.
+CUDA cannot be forked into, so on CUDA the workers are spawned (PyTorch's guidance for CUDA in subprocesses), one
+per device unless ``runtime.workers`` says otherwise (worker i on device i modulo the devices; ``auto``: one per
+device, with clients_per_pass auto measured by the run's process on its own device). A spawned worker is told its
+device (``CUDA_VISIBLE_DEVICES``) before torch starts CUDA, rebuilds the experiment from the run's config (the
+installed plugins and those the config lists are loaded, as ``fedpeft run --resume`` loads them; plugins registered
+only in the run's process are not there) and then serves rounds exactly as a forked worker does. Tests spawn
+workers on a CPU (``WorkerPoolTransport(n, start="spawn")``) to check them against one process.
 """
 
 from __future__ import annotations
@@ -136,16 +142,16 @@ def _private_mb() -> float | None:
     return kb / 1024.0
 
 
-def _enter_child(transport: WorkerPoolTransport, parent: int) -> None:
-    """The start of a forked worker or probe: it dies with the run's process (and ends at once if that died
-    already), leaves Ctrl-C to it, returns large freed blocks to the system, and gives up its copy of the run
+def _enter_child(transport: WorkerPoolTransport | None, parent: int) -> None:
+    """The start of a worker or probe: it dies with the run's process (and ends at once if that died already),
+    leaves Ctrl-C to it, returns large freed blocks to the system, and (forked) gives up its copy of the run
     directory lock's descriptor."""
     _die_with_parent()
     if os.getppid() != parent:  # (the parent died before the request above took effect)
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _return_large_frees()
-    if transport.run.lock is not None:
+    if transport is not None and transport.run.lock is not None:
         transport.run.lock.close_in_child()
 
 
@@ -158,7 +164,58 @@ def _serve(conn: Connection, transport: WorkerPoolTransport, threads: int, paren
     os._exit(0)  # (no atexit of the parent's: its files and locks are the parent's)
 
 
-def _work(conn: Connection, transport: WorkerPoolTransport, threads: int) -> None:
+@dataclasses.dataclass
+class _SpawnedRun:
+    """What a client's training reads of its run (InProcessTransport.run_client), rebuilt in a spawned worker."""
+
+    cfg: Any
+    exp: Any
+    client: Any
+    max_payload: int
+    client_states: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    observers: list[Any] = dataclasses.field(default_factory=list)
+    progress: Any = dataclasses.field(default_factory=_Silent)
+    lock: None = None
+
+
+def _serve_spawned(conn: Connection, spec: dict[str, Any], threads: int, parent: int, gpu: str | None) -> None:
+    """A spawned worker (see the module's text): its device, the experiment rebuilt from the run's config, then
+    the rounds as a forked worker serves them; a build that fails answers every request with its traceback."""
+    _enter_child(None, parent)
+    if gpu is not None:  # (before torch starts CUDA in this process: the worker's device is its cuda:0)
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    try:
+        from fedpeft import algorithms
+        from fedpeft.config.load import validate_config
+        from fedpeft.runtime.setup import build_experiment
+
+        cfg = validate_config(spec["config"], trust_plugins=True, quiet=True)
+        run = _SpawnedRun(cfg, build_experiment(cfg), algorithms.make_client(cfg.algorithm), spec["max_payload"],
+                          observers=[_Reports()] if spec["reports"] else [])
+        transport = InProcessTransport()
+        transport.bind(run, None)  # type: ignore[arg-type]
+    except BaseException:  # noqa: BLE001 (the run's process raises it, with the first round's request)
+        failure = traceback.format_exc()
+        while _answer_with(conn, ("error", f"the worker could not build the experiment:\n{failure}")):
+            pass
+        os._exit(1)
+    _on_a_new_thread(_work, conn, transport, threads)
+    conn.close()
+    os._exit(0)
+
+
+def _answer_with(conn: Connection, answer: Any) -> bool:
+    """Wait for a request and send ``answer``; False once the run's process has closed the pipe or ends."""
+    try:
+        if conn.recv() is None:
+            return False
+        conn.send(answer)
+    except (EOFError, OSError):
+        return False
+    return True
+
+
+def _work(conn: Connection, transport: InProcessTransport, threads: int) -> None:
     try:
         _train_shares(conn, transport, threads)
     except BaseException:  # noqa: BLE001 (outside a client's training, e.g. an answer that cannot be sent)
@@ -168,7 +225,7 @@ def _work(conn: Connection, transport: WorkerPoolTransport, threads: int) -> Non
             pass
 
 
-def _train_shares(conn: Connection, transport: WorkerPoolTransport, threads: int) -> None:
+def _train_shares(conn: Connection, transport: InProcessTransport, threads: int) -> None:
     torch.set_num_threads(threads)
     run = transport.run
     reports = _Reports()
@@ -182,8 +239,10 @@ def _train_shares(conn: Connection, transport: WorkerPoolTransport, threads: int
             break
         if request is None:
             break
-        rnd, payloads, states = request
+        rnd, payloads, states, per_pass = request
         run.client_states = dict(states)
+        if per_pass is not None and transport.cohort is not None:  # (the run's: auto's number, a halving)
+            transport.cohort.chosen, transport.cohort.limit = per_pass
         reports.kept = []
         run.observers = [reports] if wants_reports else []
         cohort = transport.cohort
@@ -253,12 +312,22 @@ def _time_share(conn: Connection, transport: WorkerPoolTransport, share: list[in
             rate = cohort.probe_rate
             if rate == 0.0 and not isinstance(cohort._row_modules(cohort.tuned), str):
                 raise MemoryError(f"out of memory at the first pass the probe tried ({only or 1} clients)")
-        if rate == 0.0:  # (no cohort, or the model cannot train clients together)
+        plain = rate == 0.0  # (no cohort, or the model cannot train clients together)
+        if plain:
             k, rate = 1, _plain_rate(run, share)
         conn.send((k, rate))
     except Exception:  # noqa: BLE001 (the run's process raises it)
         start.abort()  # (the other probes stop waiting for this one)
         conn.send(("error", traceback.format_exc()))
+        return
+    try:  # the same work again until the run's process has every answer and kills this probe: a probe whose
+        while True:  # search ended first must not leave the others the whole machine (their figures would rise)
+            if plain or cohort is None:
+                _plain_rate(run, share)
+            else:
+                cohort.probe(run.exp.client_data, share, run.cfg.seed, only=k)
+    except Exception:  # noqa: BLE001 (e.g. out of memory: this probe's figure is sent already)
+        return
 
 
 def _even(cids: list[Any], n: int) -> list[list[Any]]:
@@ -270,39 +339,43 @@ def _even(cids: list[Any], n: int) -> list[list[Any]]:
 class WorkerPoolTransport(InProcessTransport):
     """The clients of a round on ``runtime.workers`` forked worker processes (see the module's text)."""
 
-    def __init__(self, workers: int | Literal["auto"]) -> None:
+    def __init__(self, workers: int | Literal["auto"], *, start: Literal["fork", "spawn"] | None = None) -> None:
+        """``start``: how the workers start (default: fork on a CPU, spawn on CUDA, which cannot be forked
+        into); spawn on a CPU rebuilds the experiment in each worker, as on CUDA (for tests)."""
         super().__init__()
         self.configured = workers
+        self.start_method = start
         self.workers: int | None = None if workers == "auto" else int(workers)  # (auto: once measured)
         self.procs: list[BaseProcess | None] = []
         self.conns: list[Connection | None] = []
         self.settled = False  # the probe ran (workers or clients_per_pass auto), in this run or the checkpoint's
 
     def bind(self, run: EmbeddedRuntime, checkpoint: dict[str, Any] | None) -> None:
-        cuda = run.exp.device.type != "cpu"
-        if cuda and self.configured != "auto":
-            raise ConfigError(f"runtime.workers {self.workers}: the run trains on {run.exp.device.type}, and the "
-                              "workers are forked processes, which CUDA cannot be forked into; set "
-                              "runtime.device: cpu or runtime.workers: 1")
-        if not cuda and runtime_needs(run.cfg.algorithm).server_model:
+        device = run.exp.device.type
+        if self.start_method is None:
+            self.start_method = "fork" if device == "cpu" else "spawn"
+        if self.start_method == "fork" and device != "cpu":
+            raise ConfigError(f"runtime.workers {self.configured}: the run trains on {device}, which cannot be "
+                              "forked into; spawn the workers (the default there)")
+        if runtime_needs(run.cfg.algorithm).server_model:
             raise ConfigError(f"runtime.workers {self.configured} with algorithm {run.cfg.algorithm.name}: an "
                               "algorithm that trains a model on the server gives its client halves state built in "
                               "their own process, which the workers do not share yet; set runtime.workers: 1")
         super().bind(run, checkpoint)
         self.total_threads = run.cfg.runtime.threads or torch.get_num_threads()
-        if cuda:  # (auto; one worker per GPU is not built: the run's process on its device)
-            log.info("runtime.workers auto on %s: one worker, the run's process (workers on CUDA, one per device, "
-                     "are not built yet)", run.exp.device.type)
-            self.workers, self.settled = 1, True
-            return
+        if self.start_method == "spawn" and self.configured == "auto":
+            if device != "cuda":
+                raise ConfigError("runtime.workers auto with spawned workers on a CPU: give their number (auto "
+                                  "measures forked workers on a CPU, and is one worker per device on CUDA)")
+            self.workers = torch.cuda.device_count()
         kept = (checkpoint or {}).get("workers")
         if kept is None:
             return
-        if (kept["threads"], kept.get("device")) == (self.total_threads, "cpu"):  # (a resumed run trains as before)
+        if (kept["threads"], kept.get("device")) == (self.total_threads, device):  # (a resumed run trains as before)
             self.workers, self.settled = kept["workers"], kept["settled"]
         elif kept["settled"]:
-            log.info("runtime.workers %s: measured for %d threads, and this run has %d: measured again",
-                     self.configured, kept["threads"], self.total_threads)
+            log.info("runtime.workers %s: measured for %d threads on %s, and this run has %d on %s: measured again",
+                     self.configured, kept["threads"], kept.get("device"), self.total_threads, device)
 
     def state(self) -> dict[str, Any]:
         """What auto measured, and the fused passes' (see InProcessTransport.state)."""
@@ -311,11 +384,13 @@ class WorkerPoolTransport(InProcessTransport):
 
     @property
     def threads(self) -> int:
-        """Each worker's torch threads."""
+        """Each worker's torch threads (on CUDA, its CPU threads)."""
         return max(1, self.total_threads // (self.workers or 1))
 
     def start(self) -> None:
-        if self.workers is not None and self.workers > 1 and self.ready():
+        """Start the workers once their number is known (spawned ones at once: they build the experiment while
+        the run's process measures clients_per_pass auto)."""
+        if self.workers is not None and self.workers > 1 and (self.ready() or self.start_method == "spawn"):
             for i in range(self.workers):
                 self._fork(i)
 
@@ -327,12 +402,29 @@ class WorkerPoolTransport(InProcessTransport):
         while len(self.procs) <= i:
             self.procs.append(None)
             self.conns.append(None)
-        self.procs[i], self.conns[i] = self._spawn(_serve, (self.threads, os.getpid()), f"fedpeft-worker-{i}")
+        if self.start_method == "spawn":
+            run = self.run
+            spec = {"config": run.cfg.model_dump(mode="json"), "max_payload": run.max_payload,
+                    "reports": bool(run.observers)}
+            self.procs[i], self.conns[i] = self._spawn(_serve_spawned, (spec, self.threads, os.getpid(),
+                                                                        self._device_of(i)),
+                                                       f"fedpeft-worker-{i}", "spawn")
+            return
+        self.procs[i], self.conns[i] = self._spawn(_serve, (self, self.threads, os.getpid()), f"fedpeft-worker-{i}")
 
-    def _spawn(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> tuple[BaseProcess, Connection]:
-        ctx = multiprocessing.get_context("fork")
+    def _device_of(self, i: int) -> str | None:
+        """Worker ``i``'s CUDA device (as CUDA_VISIBLE_DEVICES names it; i modulo the devices); None on a CPU."""
+        if self.run.exp.device.type != "cuda":
+            return None
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [d.strip() for d in visible.split(",")] if visible else [str(d) for d in range(torch.cuda.device_count())]
+        return ids[i % len(ids)]
+
+    def _spawn(self, target: Callable[..., None], args: tuple[Any, ...], name: str,
+               start: Literal["fork", "spawn"] = "fork") -> tuple[BaseProcess, Connection]:
+        ctx = multiprocessing.get_context(start)
         mine, theirs = ctx.Pipe()
-        proc = ctx.Process(target=target, args=(theirs, self, *args), daemon=True, name=name)
+        proc = ctx.Process(target=target, args=(theirs, *args), daemon=True, name=name)
         gc.freeze()  # (the run's objects out of the child's collections, which would write to every one's header and
         try:         # so copy every page of them; Python's own advice for a fork without exec)
             proc.start()
@@ -344,6 +436,9 @@ class WorkerPoolTransport(InProcessTransport):
     def measure(self, cids: list[int]) -> None:
         """``workers`` and/or ``clients_per_pass`` auto, measured on ``cids`` (see the module's text)."""
         per_pass = self.run.cfg.runtime.clients_per_pass
+        if self.start_method == "spawn":  # (workers: a number, or one per device): clients_per_pass auto, here
+            self._measure_per_pass_here(cids)
+            return
         only = None if per_pass == "auto" else int(per_pass)
         total = self.total_threads
         candidates = [self.workers] if self.workers is not None else [w for w in range(1, total + 1) if total % w == 0]
@@ -354,8 +449,8 @@ class WorkerPoolTransport(InProcessTransport):
                 break
             shares = [share for share in _even(cids, min(w, len(cids))) if share]
             start = ctx.Barrier(len(shares))
-            probes = [self._spawn(_probe, (share, max(1, total // w), os.getpid(), only, start), f"fedpeft-probe-{j}")
-                      for j, share in enumerate(shares)]
+            probes = [self._spawn(_probe, (self, share, max(1, total // w), os.getpid(), only, start),
+                                  f"fedpeft-probe-{j}") for j, share in enumerate(shares)]
             deadline = time.monotonic() + (self.run.cfg.runtime.worker_timeout_s or float("inf"))
             try:
                 answers = self._probe_answers(probes, start, deadline, w)
@@ -385,6 +480,16 @@ class WorkerPoolTransport(InProcessTransport):
         log.info("runtime.workers %s measured %d workers x %s clients per pass (probe of one local step, examples a "
                  "second of all the workers together: %s)", self.configured, self.workers, k,
                  ", ".join(f"{w} x {kw}: {rate:.1f}" for w, (kw, rate) in found.items()))
+
+    def _measure_per_pass_here(self, cids: list[int]) -> None:
+        """Spawned workers: clients_per_pass auto measured by the run's process, on its device (each worker's is
+        another of the same kind), on the share of ``cids`` that one worker trains."""
+        share = _even(cids, min(self.workers or 1, len(cids)))[0]
+        if self.cohort is not None and self.cohort.chosen is None:
+            self.cohort.chosen = self.cohort.probe(self.run.exp.client_data, share, self.run.cfg.seed)
+        self.settled = True
+        log.info("runtime.workers %s: %d workers x %s clients per pass (measured by the run's process on a share of "
+                 "%d clients)", self.configured, self.workers, self.cohort.chosen if self.cohort else 1, len(share))
 
     def _probe_answers(self, probes: list[tuple[BaseProcess, Connection]], start: Any, deadline: float,
                        w: int) -> list[Any]:
@@ -458,7 +563,8 @@ class WorkerPoolTransport(InProcessTransport):
             conn = self.conns[i]
             assert conn is not None
             try:
-                conn.send((rnd, {c: payloads[c] for c in share}, {c: run.client_states.get(c, {}) for c in share}))
+                conn.send((rnd, {c: payloads[c] for c in share}, {c: run.client_states.get(c, {}) for c in share},
+                           (self.cohort.chosen, self.cohort.limit) if self.cohort is not None else None))
                 sent.append(i)
             except (BrokenPipeError, OSError):
                 pass
