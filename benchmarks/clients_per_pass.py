@@ -124,7 +124,8 @@ def run_setting(scenario: str, per_pass: str, device: str, run_dir: Path) -> dic
         "clients_per_pass": rows[0].get("clients_per_pass"), "workers": rows[0].get("workers", 1),
     }
     if device == "cuda":
-        out["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        out["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20  # (the run's process)
+        out["worker_gpu_mib"] = max((r.get("worker_accelerator_mb") or 0.0 for r in rows), default=0.0) or None
     return out
 
 
@@ -200,6 +201,7 @@ def main() -> None:
     ap.add_argument("--scenario", nargs="*", default=list(SCENARIOS), choices=list(SCENARIOS))
     ap.add_argument("--per-pass", nargs="*", default=None, help="settings to run (default: each scenario's)")
     ap.add_argument("--no-flower", action="store_true", help="leave out Flower's simulation engine")
+    ap.add_argument("--no-limit", action="store_true", help="leave out the one-model limit")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--runs", default="runs/clients_per_pass")
     ap.add_argument("--out", default=None, help="results JSON (merged into an existing file)")
@@ -238,8 +240,9 @@ def main() -> None:
             print(scenario, "flower", json.dumps(got["flower"]), flush=True)
         passes = sorted({min(int(got[k].get("clients_per_pass") or 1), s["clients_per_round"])
                          for k in got if k not in ("flower", "limit")})
-        got["limit"] = in_child(scenario, "limit", args, [p * BATCH for p in passes])
-        print(scenario, "limit", json.dumps(got["limit"]), flush=True)
+        if not args.no_limit:
+            got["limit"] = in_child(scenario, "limit", args, [p * BATCH for p in passes])
+            print(scenario, "limit", json.dumps(got["limit"]), flush=True)
         if args.out:
             save(args.out, results)
     print_tables(results)
@@ -300,6 +303,8 @@ def print_tables(results: dict[str, Any]) -> None:
             frac = f"{r['examples_per_s'] / limit:.0%}" if limit and one != "flower" else "-"
             pad = "-" if r.get("padded_share") is None else f"{r['padded_share']:.1%} ({r['alone_padded_share']:.1%})"
             gpu = f", GPU {r['peak_gpu_mib']:.0f}" if r.get("peak_gpu_mib") else ""
+            if r.get("worker_gpu_mib"):
+                gpu += f" (+ {r['worker_gpu_mib']:.0f} per worker)"
             pss = f"{r['peak_pss_mib']:.0f}" if r.get("peak_pss_mib") else "-"
             label = one if r.get("workers", 1) == 1 else f"{one} ({r['workers']} workers x {per})"
             print(f"| {label} | {r['round_s']:.2f} | {r['examples_per_s']:.1f} | {speed} | {frac} | "

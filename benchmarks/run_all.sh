@@ -30,7 +30,7 @@ $PY benchmarks/clients_per_pass.py --scenario cross-device cross-silo-minilm --o
 W=benchmarks/results/clients_per_pass_workers
 $PY benchmarks/clients_per_pass.py --scenario cross-silo-minilm --per-pass 1 2 w2 w2x2 wautoxauto --out $W.json 2>&1 \
   | grep -v -i -E "warn|Loading weights" | tee $W.log
-$PY benchmarks/clients_per_pass.py --scenario cross-silo-minilm --per-pass 1 w2 flower --repeats 3 --out $W.json 2>&1 \
+$PY benchmarks/clients_per_pass.py --scenario cross-silo-minilm --per-pass 1 w2 w2x2 flower --repeats 3 --out $W.json 2>&1 \
   | grep -v -i -E "warn|Loading weights" | tee -a $W.log
 $PY benchmarks/clients_per_pass.py --scenario cross-device --per-pass 32 auto w2x16 wautoxauto --no-flower --out $W.json \
   2>&1 | grep -v -i -E "warn|Loading weights" | tee -a $W.log

@@ -44,9 +44,13 @@ def test_spawned_workers_on_cuda_give_the_metrics_of_one_process(tmp_path):
 
     base = ("runtime.device=cuda", "federation.num_clients=6", "federation.clients_per_round=4")
     EmbeddedRuntime(tiny_config(*base), tmp_path / "one").run()
-    EmbeddedRuntime(tiny_config(*base, "runtime.workers=2"), tmp_path / "two").run()
+    two = EmbeddedRuntime(tiny_config(*base, "runtime.workers=2"), tmp_path / "two")
+    two.run()
+    visible = sorted(name.rsplit("CUDA_VISIBLE_DEVICES=", 1)[1] for name in two.transport.devices.values())
+    count = torch.cuda.device_count()
+    assert visible == sorted(f"{i % count})" for i in range(2)), two.transport.devices  # (worker i on device i mod n)
     rows = read_metrics(tmp_path / "two")
-    assert all(r["workers"] == 2 and not r["rejected"] for r in rows[1:])
+    assert all(r["workers"] == 2 and not r["rejected"] and r["worker_accelerator_mb"] > 0 for r in rows[1:])
     difference = metrics_difference(learning(rows), learning(read_metrics(tmp_path / "one")))
     assert difference is None, difference
     auto = EmbeddedRuntime(tiny_config(*base, "runtime.workers=auto"), tmp_path / "auto")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import crash_at_round, metrics_difference, tiny_config, without_timings
 
+from fedpeft.algorithms.fedavg.options import FedAvgOptions
 from fedpeft.config.adversarial import RobustRule
 from fedpeft.config.load import ConfigError, load_config
 from fedpeft.rundir import read_metrics
@@ -97,6 +98,52 @@ def test_spawned_workers_measure_clients_per_pass_in_the_runs_process(tmp_path):
     row = read_metrics(tmp_path / "run")[-1]
     assert row["workers"] == 2 and row["clients_per_pass"] == rt.transport.cohort.chosen
     assert len(row["client_num_examples"]) == 8
+
+
+@pytest.mark.needs_data
+def test_a_spawned_worker_that_died_is_replaced(tmp_path):
+    cfg = tiny_config("federation.rounds=1", "federation.num_clients=4", "federation.clients_per_round=4",
+                      "runtime.workers=2")
+    rt = EmbeddedRuntime(cfg, tmp_path / "run", transport=WorkerPoolTransport(2, start="spawn"))
+    rt.transport.procs[0].kill()  # (while it builds)
+    rt.run()
+    row = read_metrics(tmp_path / "run")[-1]
+    assert row["workers"] == 2 and row["rejected"] == {} and len(row["client_num_examples"]) == 4
+    assert sorted(rt.transport.devices) == [0, 1] and set(rt.transport.devices.values()) == {"cpu"}
+
+
+class ScriptOptions(FedAvgOptions):
+    name: typing.Literal["script_fedavg"] = "script_fedavg"  # type: ignore[assignment]
+
+
+@pytest.mark.needs_data
+def test_a_spawned_worker_that_cannot_build_the_experiment_stops_the_run_with_why(tmp_path):
+    """An algorithm registered only in the run's process (a script's, not a listed plugin) is not in a spawned
+    worker, which says so."""
+    import fedpeft
+    from fedpeft.algorithms import ALGORITHMS
+    from fedpeft.algorithms.fedavg.halves import FedAvgClient, FedAvgServer
+
+    fedpeft.register_algorithm("script_fedavg", options=ScriptOptions, server=FedAvgServer,
+                               client=lambda options: FedAvgClient())
+    try:
+        cfg = tiny_config("federation.rounds=1", "runtime.workers=2", "algorithm.name=script_fedavg")
+        rt = EmbeddedRuntime(cfg, tmp_path / "run", transport=WorkerPoolTransport(2, start="spawn"))
+        with pytest.raises(RuntimeError, match="worker 0: the worker could not build the experiment"):
+            rt.run()
+    finally:
+        ALGORITHMS.remove("script_fedavg")
+    assert all(p is None for p in rt.transport.procs)  # (closed: none left behind)
+
+
+@pytest.mark.needs_data
+def test_spawned_workers_with_an_experiment_of_the_callers_are_refused(tmp_path):
+    from fedpeft.runtime.setup import build_experiment
+
+    cfg = tiny_config("runtime.workers=2")
+    with pytest.raises(ConfigError, match="spawned workers build the experiment from the run's config"):
+        EmbeddedRuntime(cfg, tmp_path / "run", experiment=build_experiment(cfg),
+                        transport=WorkerPoolTransport(2, start="spawn"))
 
 
 @pytest.mark.needs_data
@@ -447,10 +494,20 @@ print(libc.mallinfo2().hblks - before)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def _has_mallinfo2() -> bool:
+    import ctypes
+
+    try:
+        return hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_mallinfo2(), reason="glibc 2.33 or later (mallinfo2)")
 def test_a_worker_maps_large_blocks_so_that_freeing_them_returns_the_memory():
     """Without _return_large_frees a 2 MiB tensor comes from the allocator's heap once a larger block was freed (and
     stays there when freed); a worker maps it (and unmaps it when freed)."""
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     mapped = {who: subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE, who], capture_output=True, text=True,
-                                  check=True).stdout.strip() for who in ("plain", "worker")}
+                                  check=True, env=env).stdout.strip() for who in ("plain", "worker")}
     assert mapped == {"plain": "0", "worker": "1"}

@@ -113,6 +113,7 @@ class EmbeddedRuntime:
         False. ``observers``: fedpeft.RunObserver instances that watch the run. ``transport``: where the clients
         train (default: in this process, fedpeft.runtime.inprocess)."""
         self.cfg = cfg
+        self.experiment_given = experiment is not None  # (spawned workers build their own from the config)
         if transport is not None and cfg.runtime.workers != 1 and not isinstance(transport, WorkerPoolTransport):
             raise ConfigError(f"runtime.workers {cfg.runtime.workers} with a transport of its own "
                               f"({type(transport).__name__}), which decides where the clients train: set "

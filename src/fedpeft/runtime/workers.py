@@ -111,7 +111,7 @@ def _return_large_frees() -> None:
     system at once (glibc's mallopt(M_MMAP_THRESHOLD), which also stops glibc from raising that threshold as
     large blocks are freed). Otherwise the tensors of a pass are freed into the allocator's heap and kept there,
     fragmented by the next pass's other sizes: measured on MiniLM-L6, a worker's peak memory held several hundred
-    MiB of free blocks, and two workers 1.6x one process's; with it, 1.1x (docs/benchmarks/workers.md). A
+    MiB of free blocks, and two workers 1.5-1.6x one process's; with it, 1.2x (docs/benchmarks/workers.md). A
     threshold the user set (GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...) is kept; not glibc: nothing to do."""
     if "glibc.malloc.mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
         return
@@ -178,41 +178,34 @@ class _SpawnedRun:
     lock: None = None
 
 
-def _serve_spawned(conn: Connection, spec: dict[str, Any], threads: int, parent: int, gpu: str | None) -> None:
-    """A spawned worker (see the module's text): its device, the experiment rebuilt from the run's config, then
-    the rounds as a forked worker serves them; a build that fails answers every request with its traceback."""
+def _serve_spawned(conn: Connection, spec: dict[str, Any], threads: int, parent: int) -> None:
+    """A spawned worker (see the module's text; its CUDA_VISIBLE_DEVICES came with its environment): the experiment
+    rebuilt from the run's config, ("ready", its device) or ("error", why) sent, then the rounds as a forked worker
+    serves them."""
     _enter_child(None, parent)
-    if gpu is not None:  # (before torch starts CUDA in this process: the worker's device is its cuda:0)
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     try:
         from fedpeft import algorithms
         from fedpeft.config.load import validate_config
         from fedpeft.runtime.setup import build_experiment
 
-        cfg = validate_config(spec["config"], trust_plugins=True, quiet=True)
+        cfg = validate_config({**spec["config"], "plugins": spec["plugins"]}, trust_plugins=True, quiet=True)
         run = _SpawnedRun(cfg, build_experiment(cfg), algorithms.make_client(cfg.algorithm), spec["max_payload"],
                           observers=[_Reports()] if spec["reports"] else [])
         transport = InProcessTransport()
         transport.bind(run, None)  # type: ignore[arg-type]
-    except BaseException:  # noqa: BLE001 (the run's process raises it, with the first round's request)
-        failure = traceback.format_exc()
-        while _answer_with(conn, ("error", f"the worker could not build the experiment:\n{failure}")):
-            pass
+        device = run.exp.device
+        if device.type == "cuda":
+            name = f"{torch.cuda.get_device_name(device)} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})"
+        else:
+            name = device.type
+        conn.send(("ready", name))
+    except BaseException:  # noqa: BLE001 (the run's process raises it)
+        conn.send(("error", f"the worker could not build the experiment:\n{traceback.format_exc()}"))
+        conn.close()
         os._exit(1)
     _on_a_new_thread(_work, conn, transport, threads)
     conn.close()
     os._exit(0)
-
-
-def _answer_with(conn: Connection, answer: Any) -> bool:
-    """Wait for a request and send ``answer``; False once the run's process has closed the pipe or ends."""
-    try:
-        if conn.recv() is None:
-            return False
-        conn.send(answer)
-    except (EOFError, OSError):
-        return False
-    return True
 
 
 def _work(conn: Connection, transport: InProcessTransport, threads: int) -> None:
@@ -255,9 +248,11 @@ def _train_shares(conn: Connection, transport: InProcessTransport, threads: int)
         passes = None
         if cohort is not None and before is not None:
             passes = cohort.stats - before
+        device = run.exp.device
+        accelerator = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
         conn.send((results, {cid: run.client_states.get(cid, {}) for cid in payloads}, reports.kept,
                    transport.round_info().get("clients_per_pass"), passes, cohort.limit if cohort else None,
-                   _private_mb()))
+                   _private_mb(), accelerator))
 
 
 def _plain_rate(run: EmbeddedRuntime, cids: list[int]) -> float:
@@ -349,6 +344,8 @@ class WorkerPoolTransport(InProcessTransport):
         self.procs: list[BaseProcess | None] = []
         self.conns: list[Connection | None] = []
         self.settled = False  # the probe ran (workers or clients_per_pass auto), in this run or the checkpoint's
+        self.building: set[int] = set()  # spawned workers not yet ready (still building the experiment)
+        self.devices: dict[int, str] = {}  # spawned worker -> the device it reported
 
     def bind(self, run: EmbeddedRuntime, checkpoint: dict[str, Any] | None) -> None:
         device = run.exp.device.type
@@ -357,6 +354,10 @@ class WorkerPoolTransport(InProcessTransport):
         if self.start_method == "fork" and device != "cpu":
             raise ConfigError(f"runtime.workers {self.configured}: the run trains on {device}, which cannot be "
                               "forked into; spawn the workers (the default there)")
+        if self.start_method == "spawn" and getattr(run, "experiment_given", False):
+            raise ConfigError(f"runtime.workers {self.configured} on {device}: spawned workers build the experiment "
+                              "from the run's config, not the one passed as experiment=; leave it out or set "
+                              "runtime.workers: 1")
         if runtime_needs(run.cfg.algorithm).server_model:
             raise ConfigError(f"runtime.workers {self.configured} with algorithm {run.cfg.algorithm.name}: an "
                               "algorithm that trains a model on the server gives its client halves state built in "
@@ -371,7 +372,9 @@ class WorkerPoolTransport(InProcessTransport):
         kept = (checkpoint or {}).get("workers")
         if kept is None:
             return
-        if (kept["threads"], kept.get("device")) == (self.total_threads, device):  # (a resumed run trains as before)
+        if self.start_method == "spawn":  # (the number given, or this machine's devices; auto's clients per pass)
+            self.settled = kept["settled"] and kept.get("device") == device
+        elif (kept["threads"], kept.get("device")) == (self.total_threads, device):  # (trains as before)
             self.workers, self.settled = kept["workers"], kept["settled"]
         elif kept["settled"]:
             log.info("runtime.workers %s: measured for %d threads on %s, and this run has %d on %s: measured again",
@@ -403,12 +406,26 @@ class WorkerPoolTransport(InProcessTransport):
             self.procs.append(None)
             self.conns.append(None)
         if self.start_method == "spawn":
+            from fedpeft.plugins import is_loaded
+
             run = self.run
             spec = {"config": run.cfg.model_dump(mode="json"), "max_payload": run.max_payload,
-                    "reports": bool(run.observers)}
-            self.procs[i], self.conns[i] = self._spawn(_serve_spawned, (spec, self.threads, os.getpid(),
-                                                                        self._device_of(i)),
-                                                       f"fedpeft-worker-{i}", "spawn")
+                    "reports": bool(run.observers),
+                    "plugins": [p for p in run.cfg.plugins if is_loaded(p)]}  # (what this process trusted)
+            gpu = self._device_of(i)
+            before = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if gpu is not None:  # (in the worker's environment from its start, before anything there sees CUDA)
+                os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+            try:
+                self.procs[i], self.conns[i] = self._spawn(_serve_spawned, (spec, self.threads, os.getpid()),
+                                                           f"fedpeft-worker-{i}", "spawn")
+            finally:
+                if gpu is not None:
+                    if before is None:
+                        del os.environ["CUDA_VISIBLE_DEVICES"]
+                    else:
+                        os.environ["CUDA_VISIBLE_DEVICES"] = before
+            self.building.add(i)
             return
         self.procs[i], self.conns[i] = self._spawn(_serve, (self, self.threads, os.getpid()), f"fedpeft-worker-{i}")
 
@@ -437,6 +454,7 @@ class WorkerPoolTransport(InProcessTransport):
         """``workers`` and/or ``clients_per_pass`` auto, measured on ``cids`` (see the module's text)."""
         per_pass = self.run.cfg.runtime.clients_per_pass
         if self.start_method == "spawn":  # (workers: a number, or one per device): clients_per_pass auto, here
+            self._await_built()  # (not while a worker builds on this process's device)
             self._measure_per_pass_here(cids)
             return
         only = None if per_pass == "auto" else int(per_pass)
@@ -491,6 +509,27 @@ class WorkerPoolTransport(InProcessTransport):
         log.info("runtime.workers %s: %d workers x %s clients per pass (measured by the run's process on a share of "
                  "%d clients)", self.configured, self.workers, self.cohort.chosen if self.cohort else 1, len(share))
 
+    def _await_built(self) -> None:
+        """Wait for every spawned worker still building; a build that failed stops the run with its traceback (the
+        config or the machine is at fault, and every worker would fail alike). Each worker's clock of
+        runtime.worker_timeout_s starts with its first request, after this."""
+        for i in sorted(self.building):
+            proc, conn = self.procs[i], self.conns[i]
+            assert conn is not None
+            try:
+                answer = self._wait(proc, conn, float("inf"), f"worker {i}")
+            except EOFError:
+                code = proc.exitcode if proc is not None else None
+                raise RuntimeError(f"runtime.workers: worker {i} died while building the experiment (exit code "
+                                   f"{code}); out of memory, most likely") from None
+            if answer[0] == "error":
+                raise RuntimeError(f"runtime.workers: worker {i}: {answer[1]}")
+            self.devices[i] = answer[1]
+            self.building.discard(i)
+            if len(self.devices) == (self.workers or 1):
+                log.info("runtime.workers %s: %s", self.configured, ", ".join(
+                    f"worker {j} on {name}" for j, name in sorted(self.devices.items())))
+
     def _probe_answers(self, probes: list[tuple[BaseProcess, Connection]], start: Any, deadline: float,
                        w: int) -> list[Any]:
         """Every probe's answer, or ("error", why) for one that died or passed ``deadline``. The first to die
@@ -536,6 +575,7 @@ class WorkerPoolTransport(InProcessTransport):
                     proc.kill()
                     proc.join()
             self.procs[i], self.conns[i] = None, None
+        self.building.clear()
 
     def run_clients(self, rnd: int, payloads: dict[int, wire.Payload]) -> dict[int, ClientResult]:
         """Every client's result: the round's clients in ``workers`` contiguous shares, trained at once."""
@@ -557,6 +597,7 @@ class WorkerPoolTransport(InProcessTransport):
                     proc.join()
                     self.conns[i].close()  # type: ignore[union-attr]
                 self._fork(i)
+        self._await_built()
         sent: list[int] = []
         for i, share in enumerate(shares):
             run.progress.clients_training(share)
@@ -574,6 +615,7 @@ class WorkerPoolTransport(InProcessTransport):
         errors: list[str] = []
         deadline = time.monotonic() + (run.cfg.runtime.worker_timeout_s or float("inf"))
         worker_private: list[float] = []
+        worker_accelerator: list[float] = []
         for i, share in enumerate(shares):
             conn = self.conns[i]
             try:
@@ -589,12 +631,14 @@ class WorkerPoolTransport(InProcessTransport):
             if answer[0] == "error":
                 errors.append(f"worker {i}: {answer[1]}")
                 continue
-            results, states, reports, k, passes, limit, private = answer
+            results, states, reports, k, passes, limit, private, accelerator = answer
             if limit is not None and (self.cohort is not None) and (self.cohort.limit is None or
                                                                     limit < self.cohort.limit):
                 self.cohort.limit = limit  # (memory ran out in the worker: the run's checkpoint keeps the halving)
             if private is not None:
                 worker_private.append(private)
+            if accelerator is not None:
+                worker_accelerator.append(accelerator)
             for cid, state in states.items():
                 if state or cid in run.client_states:
                     run.client_states[cid] = state
@@ -611,7 +655,8 @@ class WorkerPoolTransport(InProcessTransport):
             raise RuntimeError("a client's training failed in a worker process:\n" + "\n".join(errors))
         self.pass_info = {"workers": len(shares), **({"clients_per_pass": max(per_pass)} if per_pass else {}),
                           **pass_row(PassStats(), total),
-                          **({"worker_private_mb": max(worker_private)} if worker_private else {})}
+                          **({"worker_private_mb": max(worker_private)} if worker_private else {}),
+                          **({"worker_accelerator_mb": max(worker_accelerator)} if worker_accelerator else {})}
         return {cid: out[cid] for cid in cids}
 
     def _wait(self, proc: BaseProcess | None, conn: Connection, deadline: float, who: str) -> Any:
@@ -657,4 +702,6 @@ class WorkerPoolTransport(InProcessTransport):
         if self.conns[i] is not None:
             self.conns[i].close()  # type: ignore[union-attr]
         self.procs[i], self.conns[i] = None, None
+        self.building.discard(i)
+        self.devices.pop(i, None)
         return why
