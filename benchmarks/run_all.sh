@@ -26,16 +26,14 @@ done
 echo "== clients per pass"
 $PY benchmarks/clients_per_pass.py --scenario cross-device cross-silo-minilm --out benchmarks/results/clients_per_pass.json \
   2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/clients_per_pass.log
-# worker processes (docs/benchmarks/workers.md): about 75 min on 2 cores
-W=benchmarks/results/clients_per_pass_workers
-$PY benchmarks/clients_per_pass.py --scenario cross-silo-minilm --per-pass 1 2 w2 w2x2 wautoxauto --out $W.json 2>&1 \
-  | grep -v -i -E "warn|Loading weights" | tee $W.log
+# worker processes (docs/benchmarks/workers.md, its current figures): about an hour on 2 cores
+W=benchmarks/results/clients_per_pass_workers_mmap
 $PY benchmarks/clients_per_pass.py --scenario cross-silo-minilm --per-pass 1 w2 w2x2 flower --repeats 3 --out $W.json 2>&1 \
-  | grep -v -i -E "warn|Loading weights" | tee -a $W.log
-$PY benchmarks/clients_per_pass.py --scenario cross-device --per-pass 32 auto w2x16 wautoxauto --no-flower --out $W.json \
-  2>&1 | grep -v -i -E "warn|Loading weights" | tee -a $W.log
+  | grep -v -i -E "warn|Loading weights" | tee $W.log
 $PY benchmarks/clients_per_pass.py --scenario cross-silo-smollm2 --per-pass 1 w2 --out $W.json 2>&1 \
   | grep -v -i -E "warn|Loading weights" | tee -a $W.log
+$PY benchmarks/clients_per_pass.py --scenario cross-device --per-pass 32 w2x16 wautoxauto --no-flower --out $W.json \
+  2>&1 | grep -v -i -E "warn|Loading weights" | tee -a $W.log
 # Paper 000: each experiment reuses the runs the earlier ones trained (runs/paper000/)
 for e in table1 fig4 table5 fig5 table3; do
   echo "== paper000 $e"

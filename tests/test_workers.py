@@ -101,9 +101,10 @@ def test_spawned_workers_measure_clients_per_pass_in_the_runs_process(tmp_path):
 
 
 @pytest.mark.needs_data
-def test_a_spawned_worker_that_died_is_replaced(tmp_path):
+@pytest.mark.parametrize("per_pass", ["1", "auto"])  # (auto: the run's process measures once every worker is built)
+def test_a_spawned_worker_that_died_is_replaced(tmp_path, per_pass):
     cfg = tiny_config("federation.rounds=1", "federation.num_clients=4", "federation.clients_per_round=4",
-                      "runtime.workers=2")
+                      "runtime.workers=2", f"runtime.clients_per_pass={per_pass}")
     rt = EmbeddedRuntime(cfg, tmp_path / "run", transport=WorkerPoolTransport(2, start="spawn"))
     rt.transport.procs[0].kill()  # (while it builds)
     rt.run()

@@ -33,8 +33,8 @@ CUDA cannot be forked into, so on CUDA the workers are spawned (PyTorch's guidan
 per device unless ``runtime.workers`` says otherwise (worker i on device i modulo the devices; ``auto``: one per
 device, with clients_per_pass auto measured by the run's process on its own device). A spawned worker is told its
 device (``CUDA_VISIBLE_DEVICES``) before torch starts CUDA, rebuilds the experiment from the run's config (the
-installed plugins and those the config lists are loaded, as ``fedpeft run --resume`` loads them; plugins registered
-only in the run's process are not there) and then serves rounds exactly as a forked worker does. Tests spawn
+installed plugins, and of those the config lists the ones the run's process loaded; plugins registered only in the
+run's process are not there), reports ready, and then serves rounds exactly as a forked worker does. Tests spawn
 workers on a CPU (``WorkerPoolTransport(n, start="spawn")``) to check them against one process.
 """
 
@@ -234,6 +234,8 @@ def _train_shares(conn: Connection, transport: InProcessTransport, threads: int)
             break
         rnd, payloads, states, per_pass = request
         run.client_states = dict(states)
+        if run.exp.device.type == "cuda":  # (worker_accelerator_mb: this request's peak)
+            torch.cuda.reset_peak_memory_stats(run.exp.device)
         if per_pass is not None and transport.cohort is not None:  # (the run's: auto's number, a halving)
             transport.cohort.chosen, transport.cohort.limit = per_pass
         reports.kept = []
@@ -374,6 +376,8 @@ class WorkerPoolTransport(InProcessTransport):
             return
         if self.start_method == "spawn":  # (the number given, or this machine's devices; auto's clients per pass)
             self.settled = kept["settled"] and kept.get("device") == device
+            if not self.settled and self.cohort is not None and run.cfg.runtime.clients_per_pass == "auto":
+                self.cohort.chosen = None  # (measured on another device: measured again)
         elif (kept["threads"], kept.get("device")) == (self.total_threads, device):  # (trains as before)
             self.workers, self.settled = kept["workers"], kept["settled"]
         elif kept["settled"]:
@@ -510,18 +514,30 @@ class WorkerPoolTransport(InProcessTransport):
                  "%d clients)", self.configured, self.workers, self.cohort.chosen if self.cohort else 1, len(share))
 
     def _await_built(self) -> None:
-        """Wait for every spawned worker still building; a build that failed stops the run with its traceback (the
-        config or the machine is at fault, and every worker would fail alike). Each worker's clock of
+        """Wait for every spawned worker still building (no time limit: a large model may take long to load); a
+        build that failed stops the run with its traceback (the config or the machine is at fault, and every
+        worker would fail alike), a worker that died while building is spawned again once. Each worker's clock of
         runtime.worker_timeout_s starts with its first request, after this."""
         for i in sorted(self.building):
-            proc, conn = self.procs[i], self.conns[i]
-            assert conn is not None
-            try:
-                answer = self._wait(proc, conn, float("inf"), f"worker {i}")
-            except EOFError:
-                code = proc.exitcode if proc is not None else None
-                raise RuntimeError(f"runtime.workers: worker {i} died while building the experiment (exit code "
-                                   f"{code}); out of memory, most likely") from None
+            answer = None
+            for attempt in (1, 2):  # (a worker that died while building is spawned again, once)
+                proc, conn = self.procs[i], self.conns[i]
+                assert conn is not None
+                try:
+                    answer = self._wait(proc, conn, float("inf"), f"worker {i}")
+                    break
+                except EOFError:
+                    code = proc.exitcode if proc is not None else None
+                    if attempt == 2:
+                        raise RuntimeError(f"runtime.workers: worker {i} died twice while building the experiment "
+                                           f"(exit code {code}); out of memory, most likely") from None
+                    log.warning("runtime.workers: worker %d died while building the experiment (exit code %s); "
+                                "starting it again", i, code)
+                    if proc is not None:
+                        proc.join()
+                    conn.close()
+                    self._fork(i)
+            assert answer is not None
             if answer[0] == "error":
                 raise RuntimeError(f"runtime.workers: worker {i}: {answer[1]}")
             self.devices[i] = answer[1]
@@ -592,7 +608,7 @@ class WorkerPoolTransport(InProcessTransport):
         shares = self._shares(cids)
         for i in range(len(shares)):
             proc = self.procs[i] if i < len(self.procs) else None
-            if proc is None or not proc.is_alive():
+            if proc is None or (not proc.is_alive() and i not in self.building):  # (a building one: _await_built)
                 if proc is not None:  # (it died after its last answer: its pipe and process are let go)
                     proc.join()
                     self.conns[i].close()  # type: ignore[union-attr]
