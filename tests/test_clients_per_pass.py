@@ -527,6 +527,24 @@ def test_the_gpu_check_script_is_ready():
     assert cfg.federation.clients_per_round == 50 and cfg.federation.num_clients == 1000
 
 
+def test_the_benchmark_gives_each_settings_share_of_the_best_limit(capsys):
+    """benchmarks/clients_per_pass.py's table: a setting's examples a second against the fastest batch size of
+    the bare loop timed in the same run, not the one at its own batch size (which read 431% for 32 per pass)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import clients_per_pass
+
+    row = {"round_s": 1.0, "examples_per_s": 30.0, "peak_rss_mib": 1.0, "clients_per_pass": 32}
+    clients_per_pass.print_tables({"cross-device": {
+        "32": row, "limit": {"32": {"examples_per_s": 40.0}, "256": {"examples_per_s": 7.0}}}})
+    lines = capsys.readouterr().out.splitlines()
+    assert "of the best limit (32 rows)" in lines[2]
+    assert lines[4].split(" | ")[4] == "75%"
+    assert [line.split(" | ")[4] for line in lines[5:7]] == ["100%", "18%"]
+
+
 @pytest.mark.parametrize("overrides", [
     ["algorithm.robust={rule: median}", "federation.attackers={fraction: 0.25, attack: label_flip}",
      "federation.min_replies=3"],

@@ -154,6 +154,34 @@ def test_every_docs_page_is_in_the_site_nav():
         assert str(page.relative_to(REPO / "docs")) in nav, f"{page} is in no mkdocs.yml nav entry"
 
 
+def test_the_docs_site_loads_nothing_from_another_site():
+    """The site works offline: mkdocs.yml names no remote script or style and no web font, and the build's hook
+    (docs/hooks.py) turns the equations of every docs page into MathML that browsers draw without a script."""
+    import importlib.util
+
+    site = (REPO / "mkdocs.yml").read_text()
+    assert "font: false" in site
+    assert not re.search(r"^\s*-\s*https?://", site, re.MULTILINE), "mkdocs.yml loads an asset from another site"
+    assert "extra_javascript" not in site and "extra_css" not in site
+    spec = importlib.util.spec_from_file_location("docs_hooks", REPO / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    page = ('<p>a <span class="arithmatex">\\(\\eta &lt; 1\\)</span> and</p>'
+            '<div class="arithmatex">\\[\\theta_{t+1} = \\theta_t - \\eta g_t\\]</div>')
+    out = hooks.as_mathml(page)
+    assert "arithmatex" not in out and out.count("<math") == 2 and 'display="block"' in out
+    assert "<mi>&#x003B7;</mi><mo>&#x0003C;</mo><mn>1</mn>" in out  # (the escaped < read as <)
+    equations = 0
+    for md in sorted((REPO / "docs").rglob("*.md")):  # (every equation of the docs converts)
+        for match in re.finditer(r"\\\((.+?)\\\)|\\\[(.+?)\\\]", md.read_text(), re.DOTALL):
+            hooks.convert(match.group(1) or match.group(2))
+            equations += 1
+    assert equations > 50
+    with pytest.raises(ValueError, match="latex2mathml cannot read"):
+        hooks.as_mathml('<span class="arithmatex">\\(\\left( x\\)</span>', "docs/x.md")
+
+
 def test_the_readme_test_command_is_the_one_ci_runs():
     ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci.startswith("bash scripts/install.sh test && ") and "mkdocs build --strict" in ci

@@ -4,8 +4,9 @@ each client's drift under non-IID data. Written against ``import fedpeft`` only.
 Server: global state x and control variate c. Each selected client gets (x, c), starts from x, and takes
 SGD steps on the corrected gradient, y <- y - lr (g(y) - c_i + c) (the paper's local step), where c_i is its
 own control variate (kept in the client's state between its rounds). The correction is added to the gradient
-before ``train.max_grad_norm`` clips it, so a clipped step is lr times the clipped corrected gradient (set
-``train.max_grad_norm: null`` for the paper's step exactly). It then updates c_i <- c_i - c + (x - y) / (K lr) (the paper's
+before ``train.max_grad_norm`` clips it, so a clipped step is lr times the clipped corrected gradient
+(``train.max_grad_norm: null``, as in this example's config, takes the paper's step exactly; fedpeft's default
+1.0 clips). It then updates c_i <- c_i - c + (x - y) / (K lr) (the paper's
 option II; y: its trained state, K: its steps) and sends y and the change of c_i. The server moves x along
 the mean change of y and c by the sum of the control changes over all N clients. The options refuse what the
 correction cannot account for: another optimizer or schedule, momentum, weight decay and fp16.

@@ -1,5 +1,6 @@
 """One client's local work for a round, the same in every runtime (in this process, or in a Flower ClientApp):
-seeded by (seed, round, client) only, so a client gives the same update wherever and whenever it runs."""
+seeded by (seed, round, client) only, so a client gives the same update wherever and whenever it runs: bit for bit
+with the same torch threads on the same kind of machine, to float32 rounding elsewhere (other threads, a fused pass)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def train_client(exp: Experiment, client: algorithms.ClientAlgorithm, rnd: int, 
                  state: dict[str, Any], report: Callable[[str, Any], None] | None = None, *, tuned: Any = None,
                  trainer: Callable[..., Any] | None = None) -> wire.Payload:
     """One client's local work for round ``rnd``, the same in every runtime: seeded by (seed, round, client)
-    only, so a client gives the same update wherever and whenever it runs. ``state`` is the client's
+    only, so a client gives the same update wherever and whenever it runs (to float32 rounding across thread
+    counts and fused passes; see the module's text). ``state`` is the client's
     algorithm state, updated in place. ``tuned`` (default: the shared ``exp.tuned``) is the model the client
     half gets; ``trainer(tuned, data, rng, **options)`` (default: ``exp.trainer.train``) trains it (a cohort
     passes its own, see fedpeft.runtime.cohort)."""
