@@ -26,7 +26,10 @@ done
 echo "== clients per pass"
 $PY benchmarks/clients_per_pass.py --scenario cross-device cross-silo-minilm --out benchmarks/results/clients_per_pass.json \
   2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/clients_per_pass.log
-# worker processes (docs/benchmarks/workers.md, its current figures): about an hour on 2 cores
+# how far fused passes are from one client at a time (docs/guide/clients-per-pass.md, "Same results")
+$PY benchmarks/fused_exactness.py --out benchmarks/results/fused_exactness.json 2>&1 \
+  | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/fused_exactness.log
+# worker processes (docs/benchmarks/workers.md, its current figures): about two hours on 2 cores
 W=benchmarks/results/clients_per_pass_workers_mmap
 $PY benchmarks/clients_per_pass.py --scenario cross-silo-minilm --per-pass 1 w2 w2x2 flower --repeats 3 --out $W.json 2>&1 \
   | grep -v -i -E "warn|Loading weights" | tee $W.log
@@ -34,6 +37,11 @@ $PY benchmarks/clients_per_pass.py --scenario cross-silo-smollm2 --per-pass 1 w2
   | grep -v -i -E "warn|Loading weights" | tee -a $W.log
 $PY benchmarks/clients_per_pass.py --scenario cross-device --per-pass 32 w2x16 wautoxauto --no-flower --out $W.json \
   2>&1 | grep -v -i -E "warn|Loading weights" | tee -a $W.log
+S=benchmarks/results/clients_per_pass_workers_smollm2  # (its page's second SmolLM2-135M run)
+$PY benchmarks/clients_per_pass.py --scenario cross-silo-smollm2 --per-pass 1 w2 w2x2 --out $S.json 2>&1 \
+  | grep -v -i -E "warn|Loading weights" | tee $S.log
+$PY benchmarks/clients_per_pass.py --scenario cross-silo-smollm2 --per-pass w2x2 --no-flower --no-limit \
+  --set runtime.max_pass_tokens=512 --out ${S}_512.json 2>&1 | grep -v -i -E "warn|Loading weights" | tee -a $S.log
 # Paper 000: each experiment reuses the runs the earlier ones trained (runs/paper000/)
 for e in table1 fig4 table5 fig5 table3; do
   echo "== paper000 $e"
