@@ -6,7 +6,8 @@ and ``<!-- fedpeft:options peft -->`` (or ``algorithm``) where their options mod
 
 It also turns the equations that pymdownx.arithmatex marks (``\\( ... \\)`` inline, ``\\[ ... \\]`` displayed)
 into MathML with latex2mathml, which browsers draw themselves: the pages load no script or font from another
-site, so the docs work offline. An equation latex2mathml cannot read fails the build, naming the page.
+site, so the docs work offline. An equation latex2mathml cannot read, or would show in part as text (an
+environment or a command it does not know), fails the build, naming the page.
 """
 
 from __future__ import annotations
@@ -40,10 +41,15 @@ def as_mathml(page_html: str, where: str = "a page") -> str:
     def one(match: re.Match[str]) -> str:
         latex = html.unescape(match.group(2)).strip()
         try:
-            return convert(latex, display="block" if match.group(1) == "div" else "inline")
+            mathml = convert(latex, display="block" if match.group(1) == "div" else "inline")
         except Exception as exc:
             raise ValueError(f"{where}: latex2mathml cannot read the equation {latex!r} ({exc}); write it "
                              "in the LaTeX it reads") from exc
+        if "<mi>&</mi>" in mathml or "<mi>\\" in mathml:  # (an environment or a command it passes through as text)
+            raise ValueError(f"{where}: latex2mathml does not know an environment or command of the equation "
+                             f"{latex!r} (it would show as text); write it in the LaTeX it reads (e.g. align* "
+                             "for aligned)")
+        return mathml
 
     return EQUATION.sub(one, page_html)
 

@@ -173,13 +173,16 @@ def test_the_docs_site_loads_nothing_from_another_site():
     assert "arithmatex" not in out and out.count("<math") == 2 and 'display="block"' in out
     assert "<mi>&#x003B7;</mi><mo>&#x0003C;</mo><mn>1</mn>" in out  # (the escaped < read as <)
     equations = 0
-    for md in sorted((REPO / "docs").rglob("*.md")):  # (every equation of the docs converts)
+    for md in sorted((REPO / "docs").rglob("*.md")):  # (every equation of the docs converts, none in part as text)
         for match in re.finditer(r"\\\((.+?)\\\)|\\\[(.+?)\\\]", md.read_text(), re.DOTALL):
-            hooks.convert(match.group(1) or match.group(2))
+            hooks.as_mathml(f'<div class="arithmatex">\\[{match.group(1) or match.group(2)}\\]</div>', str(md))
             equations += 1
     assert equations > 50
     with pytest.raises(ValueError, match="latex2mathml cannot read"):
         hooks.as_mathml('<span class="arithmatex">\\(\\left( x\\)</span>', "docs/x.md")
+    for unknown in ("\\begin{aligned} a &= b \\end{aligned}", "\\notacommand x"):
+        with pytest.raises(ValueError, match="does not know"):
+            hooks.as_mathml(f'<div class="arithmatex">\\[{unknown}\\]</div>', "docs/x.md")
 
 
 def test_the_readme_test_command_is_the_one_ci_runs():

@@ -26,11 +26,12 @@ def comparable(rows):
     return [{k: v for k, v in r.items() if k not in ESTIMATES and "sim_" not in k} for r in without_timings(rows)]
 
 
-# An update's JSON metadata carries the client's measured loss at full precision. The ClientApps train with fewer
-# math threads than the embedded runtime, so the loss's last bits, and with them the length of its shortest text,
-# can differ; safetensors pads the header to a multiple of 8 bytes, so an upload's size moves by 0 or 8 bytes
-# (measured: HetLoRA's 15064 against 15056). Every upload counts to one alignment step per update it sums; the
-# rounds' tensors and every download are byte-identical and compared exactly.
+# An update's JSON metadata carries the client's measured loss at full precision (its time and FLOPs are written
+# at a fixed width: wire.clock_text). The ClientApps train with fewer math threads than the embedded runtime, so
+# the loss's last bits, and with them the length of its shortest text (by a few characters, never 8), can differ;
+# safetensors pads the header to a multiple of 8 bytes, so an upload's size moves by 0 or 8 bytes (seen: HetLoRA's
+# 15064 against 15056). Every upload count may differ by one alignment step per update it sums; the rounds'
+# tensors and every download are byte-identical and compared exactly.
 ALIGNMENT = 8
 
 
@@ -45,21 +46,21 @@ def upload_slack(rows: list[dict]) -> list[dict[str, int]]:
     return out
 
 
-def assert_same_metrics(a, b, rel=1e-5, slack=0, uploads=None):
+def assert_same_metrics(a, b, rel=1e-5, slack=0, uploads=None, top=True):
     """Equal structure and values; floats to a relative tolerance (the ClientApps train with fewer math
-    threads than the embedded runtime, so sums are reduced in another order); upload counts to
-    ``upload_slack`` (given a list of metrics rows)."""
+    threads than the embedded runtime, so sums are reduced in another order); given a list of metrics rows
+    (``top``), upload counts to ``upload_slack``."""
     if isinstance(a, float) or isinstance(b, float):
         assert math.isclose(a, b, rel_tol=rel, abs_tol=1e-7), (a, b)
     elif isinstance(a, dict):
         assert a.keys() == b.keys()
         for k in a:
-            assert_same_metrics(a[k], b[k], rel, (uploads or {}).get(k, slack))
+            assert_same_metrics(a[k], b[k], rel, (uploads or {}).get(k, slack), top=False)
     elif isinstance(a, list):
         assert len(a) == len(b)
-        rows = upload_slack(a) if uploads is None and all(isinstance(r, dict) for r in a) else None
+        rows = upload_slack(a) if top and all(isinstance(r, dict) for r in a) else None
         for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_metrics(x, y, rel, slack, rows[i] if rows else None)
+            assert_same_metrics(x, y, rel, slack, rows[i] if rows else None, top=False)
     elif slack and isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool):
         assert abs(a - b) <= slack, (a, b)
     else:
