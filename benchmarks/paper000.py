@@ -91,7 +91,7 @@ class Bench:
         self.runs = Path(args.runs)
         self.common = [f"federation.rounds={args.rounds}", f"eval.every={args.eval_every}", *args.set]
 
-    def run(self, key: str, overrides: list[str]) -> dict[str, Any]:
+    def run(self, key: str, overrides: list[str]) -> dict[str, Any] | None:
         """Train (or reuse) one run at every ``--seeds`` seed (each its own run directory, ``<key>-seed<s>``
         except seed 0); return its per-client-round accounting, every number averaged over the seeds (with
         ``<field>_std`` and ``<field>_seeds``; see results_io.over_seeds). The curve, the run directory and

@@ -116,7 +116,7 @@ class Bench:
         return load_config(self.a.config, [*DATASETS[dataset], *self.common, *overrides, *sets,
                                            f"name=paper003-{dataset}-{key}"])
 
-    def run(self, dataset: str, key: str, overrides: list[str]) -> dict[str, Any]:
+    def run(self, dataset: str, key: str, overrides: list[str]) -> dict[str, Any] | None:
         """One row: the run at the config's seed, or at every ``--seeds`` seed (``<key>-seed<s>`` except seed 0),
         averaged."""
         return seeded_runs(lambda k, o: self.run_one(dataset, k, o), key, overrides, parse_seeds(self.a.seeds))
