@@ -25,18 +25,17 @@ from results_io import (  # benchmarks/results_io.py
     config_digest,
     earlier_rows,
     kept_row,
+    load_config,
     over_seeds,
     parse_seeds,
     pm,
     print_table,
-    reuse_or_clear,
     save,
+    train_or_reuse,
     welch_t,
 )
 
-from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics
-from fedpeft.runtime.embedded import run
 
 CONFIG = "configs/headprune_news4.yaml"
 GROUPS = ("comp.graphics", "rec.sport.hockey", "sci.space", "talk.politics.mideast")
@@ -108,14 +107,12 @@ def main() -> None:
         raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)} (comma-separated)")
     for variant in variants:
         for seed in seeds:
-            cfg = load_config(CONFIG, [*VARIANTS[variant], f"task.dataset={args.data}", f"seed={seed}",
-                                       "runtime.progress=false"])
+            cfg = load_config(CONFIG, [*VARIANTS[variant], f"task.dataset={args.data}", f"seed={seed}"])
             label, digest = {"variant": variant, "seed": seed}, config_digest(cfg)
             run_dir = Path(args.runs) / variant.replace(" ", "_").replace("%", "") / f"seed{seed}"
             row = None if run_dir.exists() else kept_row(earlier, label, digest, f"{variant} {seed}")
             if row is None:
-                if not reuse_or_clear(run_dir, cfg, f"{variant} {seed}"):
-                    run(cfg, run_dir)
+                train_or_reuse(cfg, run_dir, f"{variant} {seed}")
                 row = {**measure(run_dir, label), "config_digest": digest}
             print({k: v for k, v in row.items() if k not in ("run_dir", "config_digest")}, flush=True)
             rows.append(row)

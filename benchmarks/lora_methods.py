@@ -33,17 +33,16 @@ from results_io import (  # benchmarks/results_io.py
     config_digest,
     earlier_rows,
     kept_row,
+    load_config,
     parse_seeds,
     print_table,
-    reuse_or_clear,
     save,
+    train_or_reuse,
     welch_t,
     with_earlier,
 )
 
-from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics
-from fedpeft.runtime.embedded import run
 
 E2E_SKEW = "federation.partition={scheme: dirichlet_column, column: eat_type, alpha: 0.5}"
 SUITES = {
@@ -81,8 +80,7 @@ def cell_sets(suite: str, partition: str, method: str) -> list[str] | None:
 
 def cell_config(suite: str, sets: list[str], seed: int | None, extra: list[str]):
     seed_sets = [] if seed is None else [f"seed={seed}"]
-    return load_config(SUITES[suite]["config"], [*SUITES[suite]["sets"], *sets, *seed_sets, "runtime.progress=false",
-                                                 *extra])
+    return load_config(SUITES[suite]["config"], [*SUITES[suite]["sets"], *sets, *seed_sets, *extra])
 
 
 def cell_digest(row: dict, extra: list[str]) -> str | None:
@@ -173,8 +171,7 @@ def main() -> None:
             digest, label = config_digest(cfg), {**label, "seed": cfg.seed}
             row = None if run_dir.exists() else kept_row(earlier, label, digest, f"{suite}/{name}")
             if row is None:
-                if not reuse_or_clear(run_dir, cfg, f"{suite}/{name}"):
-                    run(cfg, run_dir)
+                train_or_reuse(cfg, run_dir, f"{suite}/{name}")
                 row = {**describe(run_dir, label, cfg.task_metric()), "config_digest": digest}
             rows.append(row)
             print({k: v for k, v in rows[-1].items() if k not in ("run_dir", "config_digest")}, flush=True)

@@ -35,7 +35,6 @@ import argparse
 import math
 import statistics
 import time
-from functools import partial
 from pathlib import Path
 
 from results_io import (  # benchmarks/
@@ -43,20 +42,17 @@ from results_io import (  # benchmarks/
     config_digest,
     earlier_rows,
     kept_row,
+    load_config,
     parse_seeds,
     print_table,
-    reuse_or_clear,
     save,
+    train_or_reuse,
     welch_t,
     with_earlier,
 )
 
-from fedpeft.config import load_config as read_config
 from fedpeft.metrics.accounting import metric_key
 from fedpeft.rundir import read_metrics
-from fedpeft.runtime.embedded import run
-
-load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
 
 ADAPTERS = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
 SCALES = [3e-3, 1e-2, 3e-2, 1e-1]  # IA3's scaling vectors and BitFit's biases
@@ -99,7 +95,7 @@ ROWS: dict[str, tuple[str, str, list[str], list[float]]] = {
 
 def cell_config(row: str, lr: float, extra: list[str]):
     _, path, sets, _ = ROWS[row]
-    return load_config(path, [*sets, f"train.lr={lr:g}", "runtime.progress=false", *extra])
+    return load_config(path, [*sets, f"train.lr={lr:g}", *extra])
 
 
 def measure(run_dir: Path, label: dict, cfg) -> dict:
@@ -179,9 +175,7 @@ def cell(name: str, lr: float, seed: int | None, args, earlier: list[dict]) -> d
         return kept
     run_dir = Path(args.runs) / name / (f"lr{lr:g}" if own_seed else f"lr{lr:g}_seed{cfg.seed}")
     start = time.perf_counter()
-    if not reuse_or_clear(run_dir, cfg, where):
-        print(f"[{where}] training", flush=True)
-        run(cfg, run_dir)
+    train_or_reuse(cfg, run_dir, where, note="")
     row = {**measure(run_dir, label, cfg), "config_digest": digest, "wall_s": round(time.perf_counter() - start, 1)}
     print(f"[{where}] {row['scored_by']} {row['score']:.3f}", flush=True)
     return row

@@ -28,24 +28,20 @@ import io
 import json
 import statistics
 import time
-from functools import partial
 from pathlib import Path
 
 from results_io import (  # benchmarks/results_io.py
+    load_config,
     over_seeds,
     parse_seeds,
     pm,
     print_table,
-    reuse_or_clear,
     save,
+    train_or_reuse,
     welch_t,
 )
 
-from fedpeft.config import load_config as read_config
 from fedpeft.rundir import read_metrics
-from fedpeft.runtime.embedded import run
-
-load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
 
 MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist" / "test.parquet"
 WORK = Path("runs/mnist_vit")
@@ -127,14 +123,10 @@ def prepare(work: Path, mnist: Path, epochs: int = 6, seed: int = 0, max_steps: 
 
 
 def run_one(config: str, sets: list[str], run_dir: Path, label: dict) -> dict:
-    cfg = load_config(config, [*sets, "runtime.progress=false"])
+    cfg = load_config(config, [*sets, "runtime.progress=false"])  # last too: after the --set in sets, as before
     start = time.perf_counter()
-    if reuse_or_clear(run_dir, cfg, str(label)):
-        summary = json.loads((run_dir / "summary.json").read_text())
-        wall = None
-    else:
-        summary = run(cfg, run_dir)
-        wall = time.perf_counter() - start
+    wall = None if train_or_reuse(cfg, run_dir, str(label)) else time.perf_counter() - start
+    summary = json.loads((run_dir / "summary.json").read_text())
     metrics = [r for r in read_metrics(run_dir) if r["round"] > 0]
     per_client = [s for r in metrics for s in r["client_train_seconds"].values()]
     return {**label,

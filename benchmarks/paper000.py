@@ -37,26 +37,23 @@ import json
 import statistics
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from results_io import (  # benchmarks/results_io.py
-    over_seeds,
+    load_config,
     parse_seeds,
     pm,
     print_table,
-    reuse_or_clear,
     save,
+    seeded_runs,
+    train_or_reuse,
 )
 
 import fedpeft
-from fedpeft.config import load_config as read_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
-
-load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
 
 CONFIG = "configs/paper000_mnli_heads.yaml"
 B1 = ["algorithm.pruning=none", "algorithm.aggregation=fedavg"]
@@ -92,35 +89,20 @@ class Bench:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.runs = Path(args.runs)
-        self.common = [f"federation.rounds={args.rounds}", f"eval.every={args.eval_every}",
-                       "runtime.progress=false", *args.set]
+        self.common = [f"federation.rounds={args.rounds}", f"eval.every={args.eval_every}", *args.set]
 
-    def run(self, key: str, overrides: list[str]) -> dict[str, Any]:
+    def run(self, key: str, overrides: list[str]) -> dict[str, Any] | None:
         """Train (or reuse) one run at every ``--seeds`` seed (each its own run directory, ``<key>-seed<s>``
         except seed 0); return its per-client-round accounting, every number averaged over the seeds (with
         ``<field>_std`` and ``<field>_seeds``; see results_io.over_seeds). The curve, the run directory and
         so the plots are seed 0's."""
-        seeds = parse_seeds(self.args.seeds)
-        if seeds is None:
-            return self.run_one(key, overrides)
-        rows = [self.run_one(key if s == 0 else f"{key}-seed{s}", [*overrides, f"seed={s}"]) for s in seeds]
-        return over_seeds(rows, seeds)
+        return seeded_runs(self.run_one, key, overrides, parse_seeds(self.args.seeds))
 
     def run_one(self, key: str, overrides: list[str]) -> dict[str, Any]:
         """Train (or reuse) one run; return its per-client-round accounting and curves."""
         cfg = load_config(self.args.config, [*self.common, *overrides, f"name=paper000-{key}"])
         run_dir = self.runs / key
-        alphas_path = run_dir / "importance_first_rounds.json"
-        if not reuse_or_clear(run_dir, cfg, key):
-            print(f"[{key}] training: {' '.join(overrides)}", flush=True)
-            importance = ImportanceRecorder()
-            rt = EmbeddedRuntime(cfg, run_dir, observers=[importance])
-            rt.run()
-            records = importance.records
-            layout = rt.exp.head_layout
-            alphas_path.write_text(json.dumps({
-                "modules": layout.module_names if layout else [], "heads_per_module": layout.heads_per_module if layout else 0,
-                "records": records}))
+        train_or_reuse(cfg, run_dir, key, train=train_recording_importance, note=" ".join(overrides))
         return self.describe(key, cfg, run_dir)
 
     def describe(self, key: str, cfg, run_dir: Path) -> dict[str, Any]:
@@ -148,6 +130,18 @@ class Bench:
             "eval_curve": evals,
             "wall_s": summary.get("wall_s") or (rows[-1]["wall_s"] if rows else None),
         }
+
+
+def train_recording_importance(cfg, run_dir: Path) -> None:
+    """Train one run in this process, with the clients' importance scores of the first rounds written to
+    ``importance_first_rounds.json`` in its run directory (fig5 reads them)."""
+    importance = ImportanceRecorder()
+    rt = EmbeddedRuntime(cfg, run_dir, observers=[importance])
+    rt.run()
+    layout = rt.exp.head_layout
+    (run_dir / "importance_first_rounds.json").write_text(json.dumps({
+        "modules": layout.module_names if layout else [], "heads_per_module": layout.heads_per_module if layout else 0,
+        "records": importance.records}))
 
 
 def _fmt(x: float | None, spec: str = ".4f") -> str:
@@ -413,14 +407,15 @@ TABLE2_TASKS: dict[str, tuple[str, list[str], list[str]]] = {  # config, task ov
 
 def _run_process(b: Bench, key: str, config: str, overrides: list[str]) -> Path:
     """Train (or reuse) one run in its own `fedpeft run` process."""
-    cfg = load_config(config, [*b.common, *overrides, f"name=paper000-{key}"])
+    sets = [*b.common, *overrides, f"name=paper000-{key}"]
+
+    def train(cfg, run_dir: Path) -> None:
+        flags = [x for o in sets for x in ("--set", o)]
+        subprocess.run([sys.executable, "-m", "fedpeft.cli", "run", config, *flags, "--run-dir", str(run_dir),
+                        "--no-progress"], check=True)
+
     run_dir = b.runs / key
-    if reuse_or_clear(run_dir, cfg, key):
-        return run_dir
-    print(f"[{key}] training: {' '.join(overrides)}", flush=True)
-    sets = [x for o in [*b.common, *overrides, f"name=paper000-{key}"] for x in ("--set", o)]
-    subprocess.run([sys.executable, "-m", "fedpeft.cli", "run", config, *sets, "--run-dir", str(run_dir), "--no-progress"],
-                   check=True)
+    train_or_reuse(load_config(config, sets), run_dir, key, train=train, note=" ".join(overrides))
     return run_dir
 
 

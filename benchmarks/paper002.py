@@ -55,27 +55,24 @@ from __future__ import annotations
 
 import argparse
 import json
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from results_io import (  # benchmarks/results_io.py
     is_finished_run,
-    over_seeds,
+    load_config,
     parse_seeds,
     pm,
     print_table,
-    reuse_or_clear,
     save,
+    seeded_runs,
+    train_or_reuse,
 )
 
 import fedpeft
-from fedpeft.config import load_config as read_config
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
-
-load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
 
 CONFIG = "configs/fedpeptao_rte.yaml"
 TASKS = {  # dataset overrides, primary metric, the paper's Table 2 target
@@ -130,7 +127,7 @@ class Bench:
         self.not_run: list[str] = []  # with --reuse-only: the runs of the plan that do not exist yet
         self.common = [f"federation.rounds={a.rounds}", f"algorithm.selection_round={a.selection_round}",
                        f"model.name={a.model}", f"peft.num_virtual_tokens={a.prefix_tokens}", f"train.lr={a.client_lr}",
-                       "runtime.progress=false", "eval.every=1"]
+                       "eval.every=1"]
 
     def hessian(self, overrides: list[str]) -> list[str]:
         """``--hessian-steps`` for the runs that measure the Hessian ratio (layer selection by score or order)."""
@@ -140,11 +137,7 @@ class Bench:
     def run(self, task: str, key: str, overrides: list[str]) -> dict[str, Any] | None:
         """One row: the run at the config's seed, or at every ``--seeds`` seed (``<key>-seed<s>`` except seed 0),
         averaged; None if a run is missing under --reuse-only."""
-        seeds = parse_seeds(self.a.seeds)
-        if seeds is None:
-            return self.run_one(task, key, overrides)
-        rows = [self.run_one(task, key if s == 0 else f"{key}-seed{s}", [*overrides, f"seed={s}"]) for s in seeds]
-        return None if any(r is None for r in rows) else over_seeds(rows, seeds)
+        return seeded_runs(lambda k, o: self.run_one(task, k, o), key, overrides, parse_seeds(self.a.seeds))
 
     def run_one(self, task: str, key: str, overrides: list[str]) -> dict[str, Any] | None:
         data, metric, target = TASKS[task]
@@ -157,17 +150,8 @@ class Bench:
             print(f"[{task}/{key}] not run yet: left out of this table (--reuse-only)", flush=True)
             self.not_run.append(f"{task}/{key}")
             return None
-        if reuse_or_clear(run_dir, cfg, f"{task}/{key}"):
-            exchanged = read_summary(run_dir).get("bench_params_exchanged")
-        else:
-            print(f"[{task}/{key}] training: {' '.join(overrides)}", flush=True)
-            counter = ExchangedParameters()
-            EmbeddedRuntime(cfg, run_dir, observers=[counter]).run()
-            exchanged = counter.last_min
-            summary = read_summary(run_dir)
-            summary["bench_params_exchanged"] = exchanged
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        return describe(task, key, run_dir, metric, target, exchanged)
+        train_or_reuse(cfg, run_dir, f"{task}/{key}", train=train_counting_exchanged, note=" ".join(overrides))
+        return describe(task, key, run_dir, metric, target, read_summary(run_dir).get("bench_params_exchanged"))
 
 
 class ExchangedParameters(fedpeft.RunObserver):
@@ -177,6 +161,16 @@ class ExchangedParameters(fedpeft.RunObserver):
 
     def on_configure(self, rnd: int, payloads: dict[int, fedpeft.Payload]) -> None:
         self.last_min = min(sum(int(v.size) for v in p.arrays.values()) for p in payloads.values())
+
+
+def train_counting_exchanged(cfg, run_dir: Path) -> None:
+    """Train one run in this process, with the fewest parameters the server sent one client in its last round
+    added to its summary.json (``bench_params_exchanged``; a reused run reads it there)."""
+    counter = ExchangedParameters()
+    EmbeddedRuntime(cfg, run_dir, observers=[counter]).run()
+    summary = read_summary(run_dir)
+    summary["bench_params_exchanged"] = counter.last_min
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
 def describe(task: str, key: str, run_dir: Path, metric: str, target: float, exchanged: int | None) -> dict[str, Any]:

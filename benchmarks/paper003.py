@@ -40,26 +40,22 @@ from __future__ import annotations
 
 import argparse
 import json
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from results_io import (  # benchmarks/results_io.py
-    over_seeds,
+    load_config,
     parse_seeds,
     pm,
     print_table,
-    reuse_or_clear,
     save,
+    seeded_runs,
+    train_or_reuse,
 )
 
 from fedpeft.config import dump_config
-from fedpeft.config import load_config as read_config
 from fedpeft.rundir import read_metrics, read_summary
-from fedpeft.runtime.embedded import EmbeddedRuntime
-
-load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
 
 CONFIG = "configs/fedsp_arc_easy.yaml"
 DATASETS = {  # train part, evaluation part (disjoint slices of one split where no train split exists here)
@@ -110,7 +106,7 @@ class Bench:
                        f"federation.clients_per_round={a.clients}", f"train.local_steps={a.local_steps}",
                        f"algorithm.distill_steps={a.distill_steps}", f"algorithm.server_steps={a.server_steps}",
                        f"eval.max_examples={a.eval_examples}", f"algorithm.client_trains={a.client_trains}",
-                       "eval.every=0", "eval.at_start=false", "runtime.progress=false"]
+                       "eval.every=0", "eval.at_start=false"]
 
     def config(self, dataset: str, key: str, overrides: list[str]):
         # the method's options come last: algorithm={name: fedavg} replaces the fedsp section and its options,
@@ -120,21 +116,15 @@ class Bench:
         return load_config(self.a.config, [*DATASETS[dataset], *self.common, *overrides, *sets,
                                            f"name=paper003-{dataset}-{key}"])
 
-    def run(self, dataset: str, key: str, overrides: list[str]) -> dict[str, Any]:
+    def run(self, dataset: str, key: str, overrides: list[str]) -> dict[str, Any] | None:
         """One row: the run at the config's seed, or at every ``--seeds`` seed (``<key>-seed<s>`` except seed 0),
         averaged."""
-        seeds = parse_seeds(self.a.seeds)
-        if seeds is None:
-            return self.run_one(dataset, key, overrides)
-        return over_seeds([self.run_one(dataset, key if s == 0 else f"{key}-seed{s}", [*overrides, f"seed={s}"])
-                           for s in seeds], seeds)
+        return seeded_runs(lambda k, o: self.run_one(dataset, k, o), key, overrides, parse_seeds(self.a.seeds))
 
     def run_one(self, dataset: str, key: str, overrides: list[str]) -> dict[str, Any]:
         cfg = self.config(dataset, key, overrides)
         run_dir = self.runs / dataset / key
-        if not reuse_or_clear(run_dir, cfg, f"{dataset}/{key}"):
-            print(f"[{dataset}/{key}] training: {' '.join(overrides)}", flush=True)
-            EmbeddedRuntime(cfg, run_dir).run()
+        train_or_reuse(cfg, run_dir, f"{dataset}/{key}", note=" ".join(overrides))
         return describe(dataset, key, run_dir)
 
     def zero_shot(self, dataset: str) -> dict[str, Any]:

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from functools import partial
 from pathlib import Path
 
-from results_io import save  # benchmarks/results_io.py
+from results_io import load_config, save  # benchmarks/results_io.py
 
-from fedpeft.config import load_config as read_config
 from fedpeft.metrics.accounting import total_transmission
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import run
-
-load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
 
 METHODS = {
     "full": ["peft={method: full}", "train.lr=0.0001"],
@@ -45,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for method in args.methods.split(","):
-        cfg = load_config(args.config, [*METHODS[method], f"name=paper004-{method}", "runtime.progress=false", *args.set])
+        cfg = load_config(args.config, [*METHODS[method], f"name=paper004-{method}", *args.set])
         run_dir = Path(args.runs) / method
         summary = run(cfg, run_dir)
         metrics = [r for r in read_metrics(run_dir) if r["round"] > 0]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +32,11 @@ from mnist_vit import METHODS as VIT_METHODS  # benchmarks/mnist_vit.py
 from paper000 import B1, METHOD, SELECTIONS  # benchmarks/paper000.py
 from paper000 import CONFIG as PAPER000_CONFIG
 from paper004 import METHODS as TEXT_METHODS  # benchmarks/paper004.py
-from results_io import print_table, reuse_or_clear, save  # benchmarks/results_io.py
+from results_io import load_config, print_table, save, train_or_reuse  # benchmarks/results_io.py
 
-from fedpeft.config import load_config as read_config
 from fedpeft.rundir import read_metrics
-from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.runtime.simclock import replay
 from fedpeft.system.devices import MBIT, draw_profile
-
-load_config = partial(read_config, trust_plugins=True)  # a benchmark runs its config, plugins included
 
 PAPER004 = {  # the configs and learning rates of benchmarks/paper004.py and benchmarks/mnist_vit.py
     "text": ("configs/paper004_20news.yaml", TEXT_METHODS),
@@ -62,10 +57,8 @@ CLAIMS = {
 
 
 def train(config: str, overrides: list[str], run_dir: Path, label: str):
-    cfg = load_config(config, [*overrides, "runtime.progress=false"])
-    if not reuse_or_clear(run_dir, cfg, label):
-        print(f"[{label}] training: {' '.join(overrides)}", flush=True)
-        EmbeddedRuntime(cfg, run_dir).run()
+    cfg = load_config(config, [*overrides, "runtime.progress=false"])  # last too: after the --set in overrides, as before
+    train_or_reuse(cfg, run_dir, label, note=" ".join(overrides))
     return cfg, read_metrics(run_dir)
 
 

@@ -1,4 +1,6 @@
-"""What every benchmark script shares: a description of the machine, the results file, a markdown table."""
+"""What every benchmark script shares: a description of the machine, the results file, a markdown table, the
+config of a run (:func:`load_config`), training it or reusing its finished run (:func:`train_or_reuse`) and one
+row over several seeds (:func:`seeded_runs`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import platform
 import shutil
 import statistics
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Self
 
@@ -53,6 +55,33 @@ def reuse_or_clear(run_dir: Path, cfg: Any, label: str) -> bool:
     if run_dir.exists():
         print(f"[{label}] replacing the unfinished run in {run_dir}", flush=True)
         shutil.rmtree(run_dir)
+    return False
+
+
+def load_config(path: str | Path | None, sets: Iterable[str] = ()) -> Any:
+    """A benchmark run's config: ``path`` with the overrides ``sets``, the plugins it lists imported (a benchmark
+    runs its config, plugins included) and no progress bar. ``runtime.progress=false`` comes before ``sets``, so
+    that a script's --set given in them can still turn the bar back on."""
+    from fedpeft.config import load_config as read_config
+
+    return read_config(path, ["runtime.progress=false", *sets], trust_plugins=True)
+
+
+def train_or_reuse(cfg: Any, run_dir: Path, label: str, train: Callable[[Any, Path], object] | None = None,
+                   note: str | None = None) -> bool:
+    """True if ``run_dir`` holds a finished run of exactly ``cfg``, to be reused (:func:`reuse_or_clear`).
+    Otherwise ``train(cfg, run_dir)`` trains it (default: the embedded runtime, in this process) and False is
+    returned; before that, a ``note`` is printed as ``[label] training: note`` (an empty one as
+    ``[label] training``; None prints nothing)."""
+    if reuse_or_clear(run_dir, cfg, label):
+        return True
+    if note is not None:
+        print(f"[{label}] training: {note}" if note else f"[{label}] training", flush=True)
+    if train is None:
+        from fedpeft.runtime.embedded import run
+
+        train = run
+    train(cfg, run_dir)
     return False
 
 
@@ -139,6 +168,17 @@ def over_seeds(rows: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         out[key] = float(np.mean(numbers)) if full else None
         out[f"{key}_std"] = float(np.std(numbers, ddof=1)) if full else None
     return out
+
+
+def seeded_runs(run_one: Callable[[str, list[str]], dict[str, Any] | None], key: str, overrides: list[str],
+                seeds: list[int] | None) -> dict[str, Any] | None:
+    """One row from ``run_one(key, overrides)`` at the config's own seed (``seeds`` None), or from one run per
+    seed of ``seeds`` (``run_one("<key>-seed<s>", [*overrides, "seed=<s>"])``, seed 0 keeping ``key``)
+    averaged by :func:`over_seeds`; None if a run gives None."""
+    if seeds is None:
+        return run_one(key, overrides)
+    rows = [run_one(key if s == 0 else f"{key}-seed{s}", [*overrides, f"seed={s}"]) for s in seeds]
+    return None if any(r is None for r in rows) else over_seeds(rows, seeds)
 
 
 def welch_t(a: list[float | None], b: list[float | None]) -> str:

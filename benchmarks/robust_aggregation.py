@@ -33,16 +33,15 @@ from results_io import (  # benchmarks/results_io.py
     config_digest,
     earlier_rows,
     kept_row,
+    load_config,
     parse_seeds,
     print_table,
-    reuse_or_clear,
     save,
+    train_or_reuse,
     with_earlier,
 )
 
-from fedpeft.config import load_config
 from fedpeft.rundir import read_metrics
-from fedpeft.runtime.embedded import run
 
 CONFIG = "configs/robust_sst2.yaml"
 RULES = {
@@ -68,7 +67,7 @@ def conditions(attacks: list[str], fractions: list[float]) -> dict[str, list[str
 
 def cell_config(rule: str, attack_sets: list[str], seed: int | None, extra: list[str]):
     seed_sets = [] if seed is None else [f"seed={seed}"]
-    return load_config(CONFIG, [*RULES[rule], *attack_sets, *seed_sets, "runtime.progress=false", *extra])
+    return load_config(CONFIG, [*RULES[rule], *attack_sets, *seed_sets, *extra])
 
 
 def cell_digest(row: dict, every_condition: dict[str, list[str]], extra: list[str]) -> str | None:
@@ -121,8 +120,7 @@ def main() -> None:
                 digest, label = config_digest(cfg), {"condition": cond, "rule": rule, "seed": cfg.seed}
                 row = None if run_dir.exists() else kept_row(earlier, label, digest, name)
                 if row is None:
-                    if not reuse_or_clear(run_dir, cfg, name):
-                        run(cfg, run_dir)
+                    train_or_reuse(cfg, run_dir, name)
                     row = {**describe(run_dir, label, args.target), "config_digest": digest}
                 rows.append(row)
                 print({k: v for k, v in rows[-1].items() if k not in ("run_dir", "curve", "config_digest")}, flush=True)
