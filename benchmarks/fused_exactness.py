@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from results_io import print_table, save  # benchmarks/results_io.py
+from results_io import load_config, print_table, save  # benchmarks/results_io.py
 
-from fedpeft.config import load_config
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.tuners import PEFT_METHODS
 
