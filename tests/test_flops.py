@@ -1,0 +1,80 @@
+"""Measured FLOPs count the CPU's fused attention (fedpeft.metrics.flops), so a run's counted work, and the
+simulated clock built on it, do not depend on whether the host's attention kernel is fused or not."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from fedpeft.metrics.flops import flop_counter
+from fedpeft.models import registry
+
+
+def attention_inputs(masked: bool) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 10, 8, generator=g, requires_grad=True) for _ in range(3))
+    mask = torch.zeros(2, 1, 10, 10)
+    if masked:
+        mask[..., 7:] = float("-inf")
+    return q, k, v, mask
+
+
+def math_attention_flops(q, k, v) -> int:
+    """What the counter gives attention written out as products (``eager`` attention; the math kernel)."""
+    with flop_counter() as counter:
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        (scores.softmax(-1) @ v).sum().backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_cpu_fused_attention_counts_what_its_products_count(masked, causal):
+    q, k, v, mask = attention_inputs(masked)
+    with flop_counter() as counter:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if masked and not causal else None,
+                                             is_causal=causal)
+        out.sum().backward()
+    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    forward = 4 * 2 * 3 * 10 * 10 * 8  # two batched products of (10 x 8)(8 x 10), 2 FLOPs a multiply-add
+    assert counts == {"aten._scaled_dot_product_flash_attention_for_cpu": forward,
+                      "aten._scaled_dot_product_flash_attention_for_cpu_backward": 2 * forward}
+    assert counter.get_total_flops() == math_attention_flops(q, k, v) == 3 * forward
+    # torch's own counter, for comparison: nothing (the gap this closes); and its global table is untouched
+    with FlopCounterMode(display=False) as plain:
+        F.scaled_dot_product_attention(q, k, v).sum().backward()
+    assert plain.get_total_flops() == 0
+
+
+def test_every_fused_attention_backward_torch_knows_is_counted_as_the_model_s_products():
+    # CUDA's kernels cannot run here: their formulas are checked on shapes. torch counts their backward with
+    # the scores recomputed (2.5x the forward); the model's products are 2x, as the math kernel counts them
+    from torch.utils.flop_counter import flop_registry
+
+    from fedpeft.metrics.flops import _attention_formulas, attention_backward_flops
+
+    formulas = _attention_formulas()
+    fused_backward = {op for op in flop_registry if "scaled_dot_product" in str(op) and "backward" in str(op)}
+    assert fused_backward and fused_backward <= set(formulas), sorted(map(str, fused_backward - set(formulas)))
+    q, kv = (2, 8, 16, 64), (2, 2, 24, 64)  # grouped-query: 8 query heads on 2 key/value heads
+    forward = sdpa_flop_count(q, kv, kv)
+    assert forward == 2 * (2 * 8 * 16 * 24 * 64) * 2
+    assert attention_backward_flops(q, q, kv, kv) == 2 * forward
+    assert sdpa_backward_flop_count(q, q, kv, kv) == 2.5 * forward  # torch's count, with the recomputation
+
+
+def train_step_flops(attn_implementation: str, dropout: bool) -> int:
+    tok = registry.load_tokenizer("minilm-l6")
+    model = registry.load_model("minilm-l6", "classification", num_labels=2, tokenizer=tok, seed=0,
+                                attn_implementation=attn_implementation)
+    model.train(dropout)  # without dropout the CPU takes its fused kernel; with it, the math kernel
+    batch = tok(["a short one", "a longer sentence with a few more words in it"], padding=True, return_tensors="pt")
+    with flop_counter() as counter:
+        model(**batch, labels=torch.tensor([0, 1])).loss.backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_a_real_backbone_counts_the_same_training_flops_with_fused_and_eager_attention(dropout):
+    # before the CPU's kernel was counted, sdpa without dropout gave the backbone's attention as 0 FLOPs
+    assert train_step_flops("sdpa", dropout) == train_step_flops("eager", dropout) > 0
