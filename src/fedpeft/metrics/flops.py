@@ -1,5 +1,5 @@
-"""Measured FLOPs that do not depend on the attention kernel: torch's ``FlopCounterMode`` with attention counted
-as the model's FLOPs, the same whichever kernel ran it.
+"""Measured FLOPs that do not depend on which attention kernel torch picks: torch's ``FlopCounterMode`` with
+scaled-dot-product attention counted as the model's products on each of torch's kernels.
 
 The simulated clock turns counted FLOPs into time, so the count must not depend on the host. torch's counter
 falls short of that in two ways:
@@ -8,15 +8,23 @@ falls short of that in two ways:
   backward), so on a CPU a backbone whose ``scaled_dot_product_attention`` takes that kernel (transformers'
   ``sdpa``, the default, without attention dropout) counts its attention as 0 FLOPs;
 * its formulas for CUDA's fused kernels (flash, memory-efficient, cuDNN) count the backward as the kernel executes
-  it, recomputing the attention scores (five batched products), where the math kernel (the CPU's with dropout,
-  ``eager`` attention, CUDA's fallback) is counted by its products, four in the backward.
+  it, recomputing the attention scores (five batched products, 2.5x the forward), where the math kernel (the
+  CPU's with dropout, ``eager`` attention, CUDA's fallback) is counted by its products, four in the backward.
 
-:func:`flop_counter` counts every one of them as the model's FLOPs, the convention of model-FLOPs utilisation:
-forward, the two batched products (scores = Q K^T, then scores V); backward, the two products that each of
-those takes (the gradients of both its factors), so twice the forward; no recomputation. A kernel that recomputes
-does more work on the device than is counted, and that is the point: the count is the model's, not the kernel's.
+:func:`flop_counter` counts them as the model's FLOPs, the convention of model-FLOPs utilisation: forward, the two
+batched products (scores = Q K^T, then scores V; torch's own forward formula); backward, the product giving each
+factor's gradient, twice the forward, with no recomputation. Two limits:
+
+* a fused kernel computes the gradients of query, key and value whether or not they are needed, and its backward
+  is counted so; autograd on the math kernel skips the product of a factor that needs no gradient (e.g. the key
+  of the first layer when LoRA adapts only the query and the value there), so there the math kernel counts one
+  product less in that layer;
+* attention outside torch's kernels is not counted: ``attn_implementation: flash_attention_2`` (the flash-attn
+  package's own ops) counts 0 FLOPs, and torch's varlen entry points (``_flash_attention_backward``,
+  ``_efficient_attention_backward``, for nested inputs, which fedpeft's padded batches never are) keep torch's
+  2.5x.
+
 The formulas are passed as the counter's ``custom_mapping``, so torch's global formula table is left as it is.
-Nested (jagged) attention inputs are not covered (fedpeft's batches are padded dense tensors).
 """
 from __future__ import annotations
 
@@ -42,15 +50,18 @@ def attention_backward_flops(grad_out_shape: Any, query_shape: Any, key_shape: A
     return 2 * attention_forward_flops(query_shape, key_shape, value_shape)
 
 
+_FORWARD = ("_scaled_dot_product_flash_attention_for_cpu",)
+_BACKWARD = ("_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_flash_attention_backward",
+             "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward")
+
+
 def _attention_formulas() -> dict[Any, Any]:
-    ops = torch.ops.aten
-    return {ops._scaled_dot_product_flash_attention_for_cpu: attention_forward_flops,
-            ops._scaled_dot_product_flash_attention_for_cpu_backward: attention_backward_flops,
-            ops._scaled_dot_product_flash_attention_backward: attention_backward_flops,
-            ops._scaled_dot_product_efficient_attention_backward: attention_backward_flops,
-            ops._scaled_dot_product_cudnn_attention_backward: attention_backward_flops}
+    """op -> formula for the attention kernels this torch has (an older torch may lack one of them)."""
+    formulas = {**dict.fromkeys(_FORWARD, attention_forward_flops), **dict.fromkeys(_BACKWARD, attention_backward_flops)}
+    return {getattr(torch.ops.aten, name): formula for name, formula in formulas.items()
+            if hasattr(torch.ops.aten, name)}
 
 
 def flop_counter() -> FlopCounterMode:
-    """A silent ``FlopCounterMode`` that counts attention as the model's FLOPs on every kernel (see the module)."""
+    """A silent ``FlopCounterMode`` that counts attention as the model's FLOPs on torch's kernels (see the module)."""
     return FlopCounterMode(display=False, custom_mapping=_attention_formulas())

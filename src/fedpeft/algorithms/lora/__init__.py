@@ -2,4 +2,4 @@
 (``import fedpeft``), as a user's plugin does: FFA-LoRA (:mod:`.ffa`), FedSA-LoRA (:mod:`.fedsa`), FLoRA
 (:mod:`.flora`), FedEx-LoRA (:mod:`.fedex`), HetLoRA and FlexLoRA (:mod:`.hetero`). What they share:
 :mod:`.options` (option bases and the config check), :mod:`.common` (the FedAvg-style server step),
-:mod:`.factors` (the pure factor maths) and :mod:`.merge` (merging products into the backbone)."""
+:mod:`fedpeft.tuners.lora.factors` (the pure factor maths, with the LoRA method) and :mod:`.merge` (merging products into the backbone)."""
