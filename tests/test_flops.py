@@ -4,7 +4,6 @@ simulated clock built on it, do not depend on whether the host's attention kerne
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import sdpa_flop_count
 
 from fedpeft.metrics.flops import flop_counter
 from fedpeft.models import registry
@@ -37,7 +36,7 @@ def test_the_cpu_fused_attention_counts_what_its_products_count(masked, causal):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if masked else None, is_causal=causal)
         out.sum().backward()
     counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
-    forward = 4 * 2 * 3 * 10 * 10 * 8  # two batched products of (10 x 8)(8 x 10), 2 FLOPs a multiply-add
+    forward = 4 * 2 * 3 * 10 * 10 * 8  # (10 x 8)(8 x 10) and (10 x 10)(10 x 8) per head, 2 FLOPs a multiply-add
     assert counts == {"aten._scaled_dot_product_flash_attention_for_cpu": forward,
                       "aten._scaled_dot_product_flash_attention_for_cpu_backward": 2 * forward}
     assert counter.get_total_flops() == math_attention_flops(q, k, v) == 3 * forward
@@ -46,13 +45,19 @@ def test_the_cpu_fused_attention_counts_what_its_products_count(masked, causal):
 
 def test_a_factor_without_gradient_costs_the_math_kernel_one_product_but_not_the_fused_kernel():
     # the documented limit: a fused kernel computes (and is counted for) all three gradients
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     q, k, v, _ = attention_inputs(False)
     k = k.detach()
-    with flop_counter() as counter:
-        F.scaled_dot_product_attention(q, k, v).sum().backward()
     forward = 4 * 2 * 3 * 10 * 10 * 8
-    assert counter.get_total_flops() == 3 * forward
-    assert math_attention_flops(q, k, v) == forward + 3 * forward // 2
+    with flop_counter() as fused:
+        F.scaled_dot_product_attention(q, k, v).sum().backward()
+    assert {str(op) for op in fused.get_flop_counts()["Global"]} == {
+        "aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_flash_attention_for_cpu_backward"}
+    assert fused.get_total_flops() == 3 * forward
+    with flop_counter() as math, sdpa_kernel(SDPBackend.MATH):
+        F.scaled_dot_product_attention(q, k, v).sum().backward()
+    assert math.get_total_flops() == math_attention_flops(q, k, v) == forward + 3 * forward // 2 == 48_000
 
 
 def test_every_fused_attention_backward_torch_knows_is_counted_as_the_model_s_products():
@@ -60,14 +65,18 @@ def test_every_fused_attention_backward_torch_knows_is_counted_as_the_model_s_pr
     # forward, as the math kernel counts them; torch's own formulas add the scores' recomputation)
     from torch.utils.flop_counter import flop_registry
 
-    from fedpeft.metrics.flops import _attention_formulas, attention_backward_flops
+    from fedpeft.metrics.flops import (
+        _attention_formulas,
+        attention_backward_flops,
+        attention_forward_flops,
+    )
 
     formulas = _attention_formulas()
     fused_backward = {op for op in flop_registry if "scaled_dot_product" in str(op) and "backward" in str(op)}
     assert fused_backward and fused_backward <= set(formulas), sorted(map(str, fused_backward - set(formulas)))
     q, kv = (2, 8, 16, 64), (2, 2, 24, 64)  # grouped-query: 8 query heads on 2 key/value heads
-    forward = sdpa_flop_count(q, kv, kv)
-    assert forward == 2 * (2 * 8 * 16 * 24 * 64) * 2
+    forward = attention_forward_flops(q, kv, kv)
+    assert forward == 2 * (2 * 8 * 16 * 24 * 64) * 2  # two products per query head, 2 FLOPs a multiply-add
     assert attention_backward_flops(q, q, kv, kv) == 2 * forward
 
 

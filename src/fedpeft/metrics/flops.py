@@ -12,13 +12,13 @@ falls short of that in two ways:
   CPU's with dropout, ``eager`` attention, CUDA's fallback) is counted by its products, four in the backward.
 
 :func:`flop_counter` counts them as the model's FLOPs, the convention of model-FLOPs utilisation: forward, the two
-batched products (scores = Q K^T, then scores V; torch's own forward formula); backward, the product giving each
+batched products (scores = Q K^T, then scores V; what torch counts for its fused forward); backward, the product giving each
 factor's gradient, twice the forward, with no recomputation. Two limits:
 
 * a fused kernel computes the gradients of query, key and value whether or not they are needed, and its backward
-  is counted so; autograd on the math kernel skips the product of a factor that needs no gradient (e.g. the key
-  of the first layer when LoRA adapts only the query and the value there), so there the math kernel counts one
-  product less in that layer;
+  is counted so; autograd on the math kernel skips the products of a factor that needs no gradient (e.g. the key
+  of the first layer when LoRA adapts only the query and the value there): one product less for each such factor,
+  up to three of the four;
 * attention outside torch's kernels is not counted: ``attn_implementation: flash_attention_2`` (the flash-attn
   package's own ops) counts 0 FLOPs, and torch's varlen entry points (``_flash_attention_backward``,
   ``_efficient_attention_backward``, for nested inputs, which fedpeft's padded batches never are) keep torch's
@@ -31,16 +31,20 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode
 
 __all__ = ["attention_backward_flops", "attention_forward_flops", "flop_counter"]
 
 
 def attention_forward_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None,
                             **kwargs: Any) -> int:
-    """Forward FLOPs of attention with query/key/value of shape (batch, heads, length, head dim): its two batched
-    products at 2 FLOPs a multiply-add (torch's own formula for the fused kernels' forward)."""
-    return int(sdpa_flop_count(query_shape, key_shape, value_shape))
+    """Forward FLOPs of attention with query (batch, heads, length, head dim) and key/value (batch, key/value heads,
+    key length, head dim): scores = Q K^T and scores V, 2 FLOPs a multiply-add, every query head counted (grouped
+    key/value heads are shared, not fewer products). Written here rather than taken from torch's private
+    ``sdpa_flop_count``, which older torch releases refuse for grouped-query shapes."""
+    b, heads, q_len, q_dim = query_shape
+    k_len, v_dim = key_shape[2], value_shape[3]
+    return 2 * b * heads * q_len * k_len * (q_dim + v_dim)
 
 
 def attention_backward_flops(grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,
@@ -57,7 +61,8 @@ _BACKWARD = ("_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_do
 
 def _attention_formulas() -> dict[Any, Any]:
     """op -> formula for the attention kernels this torch has (an older torch may lack one of them)."""
-    formulas = {**dict.fromkeys(_FORWARD, attention_forward_flops), **dict.fromkeys(_BACKWARD, attention_backward_flops)}
+    formulas = {**dict.fromkeys(_FORWARD, attention_forward_flops),
+                **dict.fromkeys(_BACKWARD, attention_backward_flops)}
     return {getattr(torch.ops.aten, name): formula for name, formula in formulas.items()
             if hasattr(torch.ops.aten, name)}
 

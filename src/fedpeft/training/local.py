@@ -3,8 +3,9 @@
 The optimizer and learning-rate schedule are created fresh every round over the trainable parameters
 only (stateless clients); an algorithm that keeps a client's optimizer moments between rounds passes
 them in and gets them back through ``optimizer_state``. FLOPs are measured with
-``torch.utils.flop_counter.FlopCounterMode`` (:func:`fedpeft.metrics.flops.flop_counter`: attention counted as the
-model's products on every torch kernel) on sampled steps: the first step of each client training until the run's budget of
+``torch.utils.flop_counter.FlopCounterMode`` (:func:`fedpeft.metrics.flops.flop_counter`: attention counted
+as the model's products on torch's kernels) on sampled steps: the first step of each client training until the
+run's budget of
 ``flops_sample_steps`` is used (counting costs about two extra steps' time, so it is not done on every
 step). Every step is then charged (measured FLOPs / measured tokens) x its padded tokens; the rate
 depends only on the model and method, so a few samples suffice. Analytic OPs (paper 000, Appendix A)
