@@ -81,6 +81,10 @@ $PY benchmarks/async_time.py fedbuff --only FedBuff --seeds 0 --steps 60 --out b
   | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/async_fedbuff_60.log
 $PY benchmarks/async_time.py fedbuff --only FedBuff --seeds 1,2 --steps 60 --out benchmarks/results/async_fedbuff_60_s12.json \
   2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/async_fedbuff_60_s12.log
+# attention's share of the counted FLOPs (the CPU's fused kernel, which torch's own counter counts as 0)
+$PY benchmarks/mnist_vit.py prepare --max-steps 1 --work runs/attention_flops_vit 2>&1 | grep -v -i -E "warn|Writing model"
+$PY benchmarks/attention_flops.py --vit-work runs/attention_flops_vit --out benchmarks/results/attention_flops.json 2>&1 \
+  | grep -v -i -E "warn|Loading weights|Writing model" | tee benchmarks/results/attention_flops.log
 # the papers in simulated time: paper 004 (ViT; after mnist_vit.py prepare above) and paper 000 on phones and data-centre links
 $PY benchmarks/papers_time.py paper004 --data vit 2>&1 | grep -v -i -E "warn|Loading weights" | tee benchmarks/results/papers_time_paper004_vit.log
 for s in 1 2; do

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedpeft.data.batching import Encoded, collate
-from fedpeft.models import registry
-from fedpeft.models.auxiliary import (
+from fedpeft.algorithms.fedsp.auxiliary import (
     auxiliary_from_config,
     block_stack,
     build_auxiliary,
     chosen_blocks,
     public_config,
 )
-from fedpeft.training.distill import distill_hidden_states, last_hidden, masked_mse
+from fedpeft.algorithms.fedsp.distill import distill_hidden_states, last_hidden, masked_mse
+from fedpeft.data.batching import Encoded, collate
+from fedpeft.models import registry
 from fedpeft.tuners.tuned import apply_tuner, method_options
 
 

@@ -8,17 +8,17 @@ from helpers import crash_at_round, tiny_config, without_timings
 from fedpeft import checkpoint
 from fedpeft.algorithms import make_server
 from fedpeft.algorithms.lora.common import assign_ranks
-from fedpeft.algorithms.lora.factors import (
+from fedpeft.algorithms.lora.hetero.options import FlexLoraOptions, HetLoraOptions, RankGroup
+from fedpeft.config import ConfigError
+from fedpeft.rundir import read_metrics
+from fedpeft.runtime.embedded import EmbeddedRuntime
+from fedpeft.tuners.lora.factors import (
     aggregation_error,
     lora_pairs,
     pad_rank,
     svd_factors,
     truncate_rank,
 )
-from fedpeft.algorithms.lora.hetero.options import FlexLoraOptions, HetLoraOptions, RankGroup
-from fedpeft.config import ConfigError
-from fedpeft.rundir import read_metrics
-from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.wire import Payload
 
 A, B = "m.lora_A.default.weight", "m.lora_B.default.weight"
@@ -494,7 +494,7 @@ def test_stacking_is_the_weighted_sum_of_the_products():
     rng = np.random.default_rng(5)
     blocks = [(0.25, rng.normal(size=(6, 2)), rng.normal(size=(2, 5))), (0.75, rng.normal(size=(6, 3)),
                                                                            rng.normal(size=(3, 5)))]
-    from fedpeft.algorithms.lora.factors import stack
+    from fedpeft.tuners.lora.factors import stack
 
     b, a, err = stack(blocks)
     assert b.shape == (6, 5) and a.shape == (5, 5)  # ranks 2 + 3 stacked
@@ -506,7 +506,7 @@ def test_stacking_is_the_weighted_sum_of_the_products():
 
 
 def base_weights(tuned):
-    from fedpeft.algorithms.lora.factors import lora_pairs
+    from fedpeft.tuners.lora.factors import lora_pairs
 
     return {p.module: tuned.module.get_submodule(p.module).base_layer.weight.detach().clone().numpy()
             for p in lora_pairs(tuned.params)}

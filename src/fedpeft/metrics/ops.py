@@ -31,8 +31,8 @@ not reproduce the paper's own figures (T5-small, LoRA r16, T = 512: 13,691 G aga
 :func:`paper000_macs` is the counting convention that does reproduce them (multiply-accumulates per
 sequence; every printed figure of Tables 1, 3 and 4 within 0.4%). Runs report the Appendix-A transcription as
 ``ops_analytic`` (``client_ops_analytic`` in metrics.jsonl), unchanged so that earlier runs stay
-comparable; ``fedpeft model`` prints both. Measured FLOPs come from ``torch.utils.flop_counter`` (see
-training.local).
+comparable; ``fedpeft model`` prints both. Measured FLOPs come from ``torch.utils.flop_counter`` with
+attention counted alike on torch's kernels (:mod:`fedpeft.metrics.flops`; see training.local).
 
 Pruned training (head pruning, paper 000 Sec. 4.3): the paper reports 3.9x fewer OPs at 90% sparsity
 but does not say how sparsity enters Table 6. Our reading, ``head_fraction`` = kept heads / all heads:

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from fedpeft.data.batching import Encoded, ImageEncoded, collate
 from fedpeft.errors import first_line
+from fedpeft.metrics.flops import flop_counter
 from fedpeft.training.fused_loss import ClientLosses, client_losses
 from fedpeft.training.local import (
     LocalTrainer,
@@ -301,7 +301,7 @@ class FusedTrainer:
             saved = [(c.examples, c.tokens, c.ops, c.failed, c.request.error) for c in active]
             stats, slack = dataclasses.astuple(self.stats), self.slack
             try:
-                counter = FlopCounterMode(display=False) if measure else contextlib.nullcontext()
+                counter = flop_counter() if measure else contextlib.nullcontext()
                 with counter:
                     tokens = self._step(s, active, rows, shifted)
                 return tokens, counter.get_total_flops() if measure else None

@@ -2,8 +2,10 @@
 
 The optimizer and learning-rate schedule are created fresh every round over the trainable parameters
 only (stateless clients); an algorithm that keeps a client's optimizer moments between rounds passes
-them in and gets them back through ``optimizer_state``. FLOPs are measured with ``torch.utils.flop_counter.FlopCounterMode``
-on sampled steps: the first step of each client training until the run's budget of
+them in and gets them back through ``optimizer_state``. FLOPs are measured with
+``torch.utils.flop_counter.FlopCounterMode`` (:func:`fedpeft.metrics.flops.flop_counter`: attention counted
+as the model's products on torch's kernels) on sampled steps: the first step of each client training until the
+run's budget of
 ``flops_sample_steps`` is used (counting costs about two extra steps' time, so it is not done on every
 step). Every step is then charged (measured FLOPs / measured tokens) x its padded tokens; the rate
 depends only on the model and method, so a few samples suffice. Analytic OPs (paper 000, Appendix A)
@@ -20,7 +22,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from fedpeft.config.schema import TrainConfig
 from fedpeft.data.batching import (
@@ -30,6 +31,7 @@ from fedpeft.data.batching import (
     length_grouped_batches,
     shuffled_batches,
 )
+from fedpeft.metrics.flops import flop_counter
 from fedpeft.wire import clock_text
 
 
@@ -262,7 +264,7 @@ class LocalTrainer:
                     width = int(lengths[idx].max())  # the padded batch's length (an image: its tokens)
                     n_tok = len(idx) * width
                     measure = sampled_steps == 0 and self.flops_steps < self.flops_sample_steps
-                    counter = FlopCounterMode(display=False) if measure else contextlib.nullcontext()
+                    counter = flop_counter() if measure else contextlib.nullcontext()
                     with counter:
                         with self._autocast():
                             loss = model(**batch).loss

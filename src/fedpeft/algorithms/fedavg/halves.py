@@ -22,10 +22,10 @@ from fedpeft.algorithms.base import (
     check_arrays,
 )
 from fedpeft.algorithms.fedavg.options import FedAdamOptions, FedAvgMOptions, FedAvgOptions
-from fedpeft.algorithms.lora.factors import aggregation_error, lora_pairs
 from fedpeft.algorithms.privacy import PrivateMean, clip, l2_norm
 from fedpeft.algorithms.robust import robust_aggregate, round_report
 from fedpeft.config.schema import AlgorithmOptions
+from fedpeft.tuners.lora.factors import aggregation_error, lora_pairs
 from fedpeft.wire import Payload
 
 # The options of a FedAvg-family algorithm (server_lr, dp, robust): FedAvg's, FedAvgM's, FedAdam's, FedProx's, ...

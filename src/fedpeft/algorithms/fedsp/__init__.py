@@ -1,5 +1,6 @@
 """Paper 003 (FedSP): the server keeps the large model; clients tune prefix prompts on an auxiliary model
-distilled from it (:mod:`.halves`; the auxiliary model is built by :mod:`fedpeft.models.auxiliary`)."""
+distilled from it (:mod:`.halves`; the auxiliary model is built in :mod:`.auxiliary` and distilled in
+:mod:`.distill`)."""
 
 from fedpeft.algorithms.fedsp.options import FedSPOptions
 from fedpeft.algorithms.registry import register_algorithm

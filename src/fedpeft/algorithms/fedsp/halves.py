@@ -1,8 +1,8 @@
 """FedSP (paper 003): soft prompts are the messengers; the server's model never leaves the server.
 
 Before round 1 the server builds the auxiliary model from its global model (k blocks, cross-layer
-sharing: :mod:`fedpeft.models.auxiliary`) and distils it on its own data shard (last hidden states,
-:mod:`fedpeft.training.distill`). A client receives the auxiliary model once, in its first payload,
+sharing: :mod:`fedpeft.algorithms.fedsp.auxiliary`) and distils it on its own data shard (last hidden states,
+:mod:`fedpeft.algorithms.fedsp.distill`). A client receives the auxiliary model once, in its first payload,
 and from then on only the prefix prompts; the payload never holds any other tensor of the global model.
 
 Each round a client loads the prompts into its own copy of the auxiliary model and trains in two
@@ -41,7 +41,7 @@ from fedpeft.algorithms.base import (
 )
 from fedpeft.algorithms.fedsp.options import FedSPOptions
 from fedpeft.algorithms.privacy import l2_norm
-from fedpeft.tuners.prefix_layers import PrefixLayout
+from fedpeft.tuners.prefix_tuning.layers import PrefixLayout
 from fedpeft.wire import Payload
 
 log = logging.getLogger("fedpeft")
@@ -89,8 +89,8 @@ class FedSPServer(ServerAlgorithm[FedSPOptions]):
         """Build and distil the auxiliary model (once, before the first payload)."""
         if self.aux_state is not None:
             return
-        from fedpeft.models.auxiliary import build_auxiliary, public_config
-        from fedpeft.training.distill import distill_hidden_states
+        from fedpeft.algorithms.fedsp.auxiliary import build_auxiliary, public_config
+        from fedpeft.algorithms.fedsp.distill import distill_hidden_states
 
         o, sm = self.options, self.server_model
         teacher = sm.base_model()
@@ -118,7 +118,7 @@ class FedSPServer(ServerAlgorithm[FedSPOptions]):
         if positions == self.aux_info["global_layers"]:
             return dict(arrays)
         if self.layout is None:
-            from fedpeft.tuners.prefix_layers import prefix_layout
+            from fedpeft.tuners.prefix_tuning.layers import prefix_layout
 
             self.layout = prefix_layout(self.server_model.tuned)
         lay, convert = self.layout, fold_layers if to_client else tile_layers
@@ -186,7 +186,7 @@ class FedSPClient(ClientAlgorithm):
         # keep the values received with the auxiliary model, so only each client's trained part is swapped in
 
     def _build(self, spec: dict[str, Any], arrays: Mapping[str, np.ndarray], ctx: ClientContext) -> None:
-        from fedpeft.models.auxiliary import auxiliary_from_config, client_trained_names
+        from fedpeft.algorithms.fedsp.auxiliary import auxiliary_from_config, client_trained_names
         from fedpeft.tuners import apply_tuner
 
         model = auxiliary_from_config(spec["config"], blocks=int(spec["num_blocks"]), positions=int(spec["positions"]))

@@ -11,9 +11,9 @@ import numpy as np
 
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
-from fedpeft.algorithms.lora.factors import LoraPair, lora_pairs
 from fedpeft.algorithms.lora.options import LoraFedAvgOptions, RankGroup
 from fedpeft.algorithms.robust import robust_aggregate, round_report
+from fedpeft.tuners.lora.factors import LoraPair, lora_pairs
 from fedpeft.wire import Arrays
 
 

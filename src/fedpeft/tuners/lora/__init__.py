@@ -1,4 +1,5 @@
-"""LoRA (Hu et al. 2022) through Hugging Face PEFT (:mod:`.apply`)."""
+"""LoRA (Hu et al. 2022) through Hugging Face PEFT (:mod:`.apply`); the maths over its factors, which FedAvg's
+report and the federated LoRA methods share, in :mod:`.factors`."""
 
 import fedpeft
 from fedpeft.tuners.lora.options import LoraOptions

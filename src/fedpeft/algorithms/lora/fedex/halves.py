@@ -16,12 +16,12 @@ import numpy as np
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.common import pairs_in, round_meta
-from fedpeft.algorithms.lora.factors import aggregation_error, stack, sum_norm
 from fedpeft.algorithms.lora.fedex.options import NAME, FedExLoraOptions
 from fedpeft.algorithms.lora.merge import (
     MergingServer,
     merge_missing,
 )
+from fedpeft.tuners.lora.factors import aggregation_error, stack, sum_norm
 
 
 class FedExLoraServer(MergingServer[FedExLoraOptions]):

@@ -17,8 +17,8 @@ from fedpeft.algorithms.lora.common import (
     pairs_in,
     round_meta,
 )
-from fedpeft.algorithms.lora.factors import aggregation_error
 from fedpeft.algorithms.lora.ffa.options import NAME, FfaLoraOptions
+from fedpeft.tuners.lora.factors import aggregation_error
 from fedpeft.wire import Arrays
 
 

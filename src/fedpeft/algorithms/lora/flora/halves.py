@@ -28,13 +28,13 @@ import torch
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.common import assign_ranks, pairs_in, round_meta, spec_at_rank
-from fedpeft.algorithms.lora.factors import stack, sum_norm, truncate_rank
 from fedpeft.algorithms.lora.flora.options import NAME, FLoraOptions
 from fedpeft.algorithms.lora.merge import (
     MergingServer,
     merge_missing,
 )
 from fedpeft.algorithms.lora.options import RankGroup
+from fedpeft.tuners.lora.factors import stack, sum_norm, truncate_rank
 from fedpeft.wire import Arrays
 
 

@@ -34,7 +34,12 @@ import torch
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.common import assign_ranks, pairs_in, round_meta, spec_at_rank
-from fedpeft.algorithms.lora.factors import (
+from fedpeft.algorithms.lora.hetero.options import (
+    FlexLoraOptions,
+    HeteroRankOptions,
+    HetLoraOptions,
+)
+from fedpeft.tuners.lora.factors import (
     LoraPair,
     aggregation_gap,
     pad_rank,
@@ -42,11 +47,6 @@ from fedpeft.algorithms.lora.factors import (
     svd_factors,
     truncate_rank,
     weighted_product,
-)
-from fedpeft.algorithms.lora.hetero.options import (
-    FlexLoraOptions,
-    HeteroRankOptions,
-    HetLoraOptions,
 )
 from fedpeft.wire import Arrays
 
