@@ -14,7 +14,7 @@ from fedpeft.algorithms.fedpeptao.layer_selection import layer_score
 from fedpeft.algorithms.fedpeptao.options import FedPepTAOOptions
 from fedpeft.algorithms.fedpeptao.prompt_probes import client_layer_scores, sample_batch
 from fedpeft.runtime.embedded import EmbeddedRuntime
-from fedpeft.tuners.prefix_tuning.layers import PrefixLayout
+from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload
 
 NAME = "base_model.prompt_encoder.default.embedding.weight"

@@ -11,7 +11,7 @@ import fedpeft
 from fedpeft.algorithms.fedsp.halves import AUX, fold_layers, tile_layers
 from fedpeft.config import load_config
 from fedpeft.runtime.embedded import EmbeddedRuntime
-from fedpeft.tuners.prefix_tuning.layers import PrefixLayout
+from fedpeft.tuners.prefix_layers import PrefixLayout
 
 
 def fedsp_config(*overrides):

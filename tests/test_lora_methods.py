@@ -12,7 +12,7 @@ from fedpeft.algorithms.lora.hetero.options import FlexLoraOptions, HetLoraOptio
 from fedpeft.config import ConfigError
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import EmbeddedRuntime
-from fedpeft.tuners.lora.factors import (
+from fedpeft.tuners.lora_factors import (
     aggregation_error,
     lora_pairs,
     pad_rank,
@@ -494,7 +494,7 @@ def test_stacking_is_the_weighted_sum_of_the_products():
     rng = np.random.default_rng(5)
     blocks = [(0.25, rng.normal(size=(6, 2)), rng.normal(size=(2, 5))), (0.75, rng.normal(size=(6, 3)),
                                                                            rng.normal(size=(3, 5)))]
-    from fedpeft.tuners.lora.factors import stack
+    from fedpeft.tuners.lora_factors import stack
 
     b, a, err = stack(blocks)
     assert b.shape == (6, 5) and a.shape == (5, 5)  # ranks 2 + 3 stacked
@@ -506,7 +506,7 @@ def test_stacking_is_the_weighted_sum_of_the_products():
 
 
 def base_weights(tuned):
-    from fedpeft.tuners.lora.factors import lora_pairs
+    from fedpeft.tuners.lora_factors import lora_pairs
 
     return {p.module: tuned.module.get_submodule(p.module).base_layer.weight.detach().clone().numpy()
             for p in lora_pairs(tuned.params)}

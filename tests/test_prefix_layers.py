@@ -6,7 +6,7 @@ import torch
 from test_tuners import method_options
 
 from fedpeft.models import registry
-from fedpeft.tuners.prefix_tuning.layers import prefix_layout
+from fedpeft.tuners.prefix_layers import prefix_layout
 from fedpeft.tuners.tuned import apply_tuner
 
 

@@ -67,7 +67,7 @@ def test_the_client_context_is_typed():
     from fedpeft.data.batching import Encoded, ImageEncoded
     from fedpeft.heads.layout import HeadLayout
     from fedpeft.training.local import TrainResult
-    from fedpeft.tuners.prefix_tuning.layers import PrefixLayout
+    from fedpeft.tuners.prefix_layers import PrefixLayout
     from fedpeft.tuners.tuned import TunedModel
 
     fields = hints(base.ClientContext, "fedpeft.algorithms.base")
@@ -89,7 +89,7 @@ def test_the_server_half_is_generic_over_its_options():
     from fedpeft.config.schema import AlgorithmOptions
     from fedpeft.heads.layout import HeadLayout
     from fedpeft.training.server import ServerModel
-    from fedpeft.tuners.prefix_tuning.layers import PrefixLayout
+    from fedpeft.tuners.prefix_layers import PrefixLayout
 
     assert base.OptionsT.__bound__.__forward_arg__ == "AlgorithmOptions"
     init = hints(base.ServerAlgorithm.__init__, "fedpeft.algorithms.base")

@@ -99,6 +99,11 @@ class Registry(Generic[Entry]):
     def __getitem__(self, name: str) -> Entry:
         return self.get(name)
 
+    def origin(self, name: str) -> str:
+        """The module (or plugin file) that registered ``name``; a one-line ValueError if none did."""
+        self.get(name)
+        return self._origins[name]
+
     def names(self) -> list[str]:
         """The registered names, in alphabetical order (how fedpeft lists every kind's choices)."""
         return sorted(self._entries)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the types of the contract; importing this module loads none
     from fedpeft.heads.layout import HeadLayout
     from fedpeft.training.local import TrainResult
     from fedpeft.training.server import ServerModel
-    from fedpeft.tuners.prefix_tuning.layers import PrefixLayout
+    from fedpeft.tuners.prefix_layers import PrefixLayout
     from fedpeft.tuners.tuned import TunedModel
 
 log = logging.getLogger("fedpeft")
@@ -244,7 +244,7 @@ class RuntimeNeeds:
     runtime honours it (see :meth:`ServerAlgorithm.runtime_needs`)."""
 
     head_layout: bool = False  # a fedpeft.heads.HeadLayout of the PEFT method's tensors, passed as ``layout``
-    prefix_layout: bool = False  # a fedpeft.tuners.prefix_tuning.layers.PrefixLayout, passed as ``layout``
+    prefix_layout: bool = False  # a fedpeft.tuners.prefix_layers.PrefixLayout, passed as ``layout``
     server_model: bool = False  # a fedpeft.training.server.ServerModel (global model + server shard), as ``server_model``
     server_data_fraction: float = 0.0  # share of the training split the server keeps; no client gets it
 

@@ -19,7 +19,7 @@ from fedpeft.wire import Arrays
 if TYPE_CHECKING:
     from fedpeft.heads.layout import HeadLayout
     from fedpeft.training.server import ServerModel
-    from fedpeft.tuners.prefix_tuning.layers import PrefixLayout
+    from fedpeft.tuners.prefix_layers import PrefixLayout
 
 # The algorithm's options -> its client half (a ClientAlgorithm subclass whose __init__ takes the options is one)
 ClientFactory = Callable[[OptionsT], ClientAlgorithm]

@@ -24,7 +24,7 @@ from fedpeft.models.layout import ModelShape, uniform_shape
 from fedpeft.training.local import LocalTrainer
 from fedpeft.training.server import ServerModel
 from fedpeft.tuners import TunedModel, apply_tuner, registered_peft_method
-from fedpeft.tuners.prefix_tuning.layers import prefix_layout
+from fedpeft.tuners.prefix_layers import prefix_layout
 
 log = logging.getLogger("fedpeft")
 
@@ -52,7 +52,7 @@ class Experiment:
     device: torch.device
     trainer: LocalTrainer
     head_layout: Any = None  # fedpeft.heads.HeadLayout, for algorithms that work per attention head
-    prefix_layout: Any = None  # fedpeft.tuners.prefix_tuning.layers.PrefixLayout, for algorithms that work per layer
+    prefix_layout: Any = None  # fedpeft.tuners.prefix_layers.PrefixLayout, for algorithms that work per layer
     server_part: np.ndarray | None = None  # training examples the server keeps (FedSP), not given to any client
     # eval.personalized: each client's held-out examples (indices into data.train, not in its training part)
     personal_parts: list[np.ndarray] | None = None

@@ -25,7 +25,7 @@ from fedpeft.algorithms.fedavg.options import FedAdamOptions, FedAvgMOptions, Fe
 from fedpeft.algorithms.privacy import PrivateMean, clip, l2_norm
 from fedpeft.algorithms.robust import robust_aggregate, round_report
 from fedpeft.config.schema import AlgorithmOptions
-from fedpeft.tuners.lora.factors import aggregation_error, lora_pairs
+from fedpeft.tuners.lora_factors import aggregation_error, lora_pairs
 from fedpeft.wire import Payload
 
 # The options of a FedAvg-family algorithm (server_lr, dp, robust): FedAvg's, FedAvgM's, FedAdam's, FedProx's, ...

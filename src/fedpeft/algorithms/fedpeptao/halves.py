@@ -56,7 +56,7 @@ from fedpeft.algorithms.fedpeptao.prompt_probes import (
     sample_batch,
 )
 from fedpeft.algorithms.privacy import l2_norm
-from fedpeft.tuners.prefix_tuning.layers import PrefixLayout
+from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload
 
 Arrays = dict[str, np.ndarray]

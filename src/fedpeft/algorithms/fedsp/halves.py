@@ -41,7 +41,7 @@ from fedpeft.algorithms.base import (
 )
 from fedpeft.algorithms.fedsp.options import FedSPOptions
 from fedpeft.algorithms.privacy import l2_norm
-from fedpeft.tuners.prefix_tuning.layers import PrefixLayout
+from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload
 
 log = logging.getLogger("fedpeft")
@@ -118,7 +118,7 @@ class FedSPServer(ServerAlgorithm[FedSPOptions]):
         if positions == self.aux_info["global_layers"]:
             return dict(arrays)
         if self.layout is None:
-            from fedpeft.tuners.prefix_tuning.layers import prefix_layout
+            from fedpeft.tuners.prefix_layers import prefix_layout
 
             self.layout = prefix_layout(self.server_model.tuned)
         lay, convert = self.layout, fold_layers if to_client else tile_layers

@@ -13,7 +13,7 @@ import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.options import LoraFedAvgOptions, RankGroup
 from fedpeft.algorithms.robust import robust_aggregate, round_report
-from fedpeft.tuners.lora.factors import LoraPair, lora_pairs
+from fedpeft.tuners.lora_factors import LoraPair, lora_pairs
 from fedpeft.wire import Arrays
 
 

@@ -26,7 +26,7 @@ from fedpeft.algorithms.lora.options import (
     MERGED_ADAPTER,  # noqa: F401 (re-exported)
     MergingOptions,
 )
-from fedpeft.tuners.lora.factors import LoraPair
+from fedpeft.tuners.lora_factors import LoraPair
 from fedpeft.wire import Arrays
 
 MERGED_ATTR = "_fedpeft_merged_through"  # on the torch module: the last round merged into its backbone

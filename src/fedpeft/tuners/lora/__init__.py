@@ -1,5 +1,4 @@
-"""LoRA (Hu et al. 2022) through Hugging Face PEFT (:mod:`.apply`); the maths over its factors, which FedAvg's
-report and the federated LoRA methods share, in :mod:`.factors`."""
+"""LoRA (Hu et al. 2022) through Hugging Face PEFT (:mod:`.apply`)."""
 
 import fedpeft
 from fedpeft.tuners.lora.options import LoraOptions

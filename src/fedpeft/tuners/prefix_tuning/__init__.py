@@ -1,6 +1,6 @@
 """Prefix tuning / P-tuning v2 (deep prompts) through Hugging Face PEFT (:mod:`.apply`), with the
-initialisation from a text's keys and values (:mod:`.prefix_init`) and the prompt's per-layer layout
-(:mod:`.layers`)."""
+initialisation from a text's keys and values (:mod:`.prefix_init`); the prompt's per-layer layout, which FedPepTAO
+and FedSP use, is below them in :mod:`fedpeft.tuners.prefix_layers`."""
 
 import fedpeft
 from fedpeft.tuners.prefix_tuning.options import PrefixTuningOptions

@@ -5,7 +5,7 @@ as arbitrary extra tokens: 40 of them take SmolLM2-135M from 0.425 (no prompts) 
 questions, chance level (``python benchmarks/paper003.py init``). With ``peft.init_text`` each layer's
 prefix is instead the keys and values the frozen model computes for that text, so before training the
 prefixed model is the model with the text prepended (tested to the logit). The layout is the one of
-:mod:`fedpeft.tuners.prefix_tuning.layers`: layer l owns columns [2lD, 2(l+1)D), keys first, then values,
+:mod:`fedpeft.tuners.prefix_layers`: layer l owns columns [2lD, 2(l+1)D), keys first, then values,
 each (tokens, key/value heads x head dim).
 """
 

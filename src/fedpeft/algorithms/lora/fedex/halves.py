@@ -21,7 +21,7 @@ from fedpeft.algorithms.lora.merge import (
     MergingServer,
     merge_missing,
 )
-from fedpeft.tuners.lora.factors import aggregation_error, stack, sum_norm
+from fedpeft.tuners.lora_factors import aggregation_error, stack, sum_norm
 
 
 class FedExLoraServer(MergingServer[FedExLoraOptions]):

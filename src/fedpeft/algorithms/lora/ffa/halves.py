@@ -18,7 +18,7 @@ from fedpeft.algorithms.lora.common import (
     round_meta,
 )
 from fedpeft.algorithms.lora.ffa.options import NAME, FfaLoraOptions
-from fedpeft.tuners.lora.factors import aggregation_error
+from fedpeft.tuners.lora_factors import aggregation_error
 from fedpeft.wire import Arrays
 
 

@@ -34,7 +34,7 @@ from fedpeft.algorithms.lora.merge import (
     merge_missing,
 )
 from fedpeft.algorithms.lora.options import RankGroup
-from fedpeft.tuners.lora.factors import stack, sum_norm, truncate_rank
+from fedpeft.tuners.lora_factors import stack, sum_norm, truncate_rank
 from fedpeft.wire import Arrays
 
 

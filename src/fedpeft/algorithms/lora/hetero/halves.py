@@ -39,7 +39,7 @@ from fedpeft.algorithms.lora.hetero.options import (
     HeteroRankOptions,
     HetLoraOptions,
 )
-from fedpeft.tuners.lora.factors import (
+from fedpeft.tuners.lora_factors import (
     LoraPair,
     aggregation_gap,
     pad_rank,
