@@ -5,6 +5,7 @@ its method (issue 54); the list may only shrink, and a new literal outside its m
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import fedpeft
@@ -78,9 +79,9 @@ def test_the_list_of_exceptions_only_shrinks():
 
 def test_the_check_finds_a_literal_outside_its_method(tmp_path, monkeypatch):
     stray = SRC / "report" / "_stray_literal_for_test.py"
-    monkeypatch.setattr("test_method_knowledge.SRC", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
     (tmp_path / "report").mkdir()
-    (tmp_path / "report" / stray.name).write_text('"""lora in a docstring is fine."""\nMETHOD = "houlsby"\n')
+    (tmp_path / "report" / stray.name).write_text('"""lora"""\nMETHOD = "houlsby"\n')  # a docstring is no literal
     (tmp_path / "tuners" / "bottleneck").mkdir(parents=True)
     (tmp_path / "tuners" / "bottleneck" / "ok.py").write_text('NAME = "houlsby"\n')
     assert method_literals() == {(f"report/{stray.name}", "houlsby")}

@@ -74,8 +74,9 @@ class Registry(Generic[Entry]):
         if known is not None and not (same or (lambda a, b: a == b))(known, entry):
             raise ValueError(f"{self.key} {name!r} is already registered (by {self._origins[name]}); choose another "
                              "name")
+        if known is None:  # (an equal entry registered again keeps its first origin)
+            self._origins[name] = _registering_module()
         self._entries[name] = entry
-        self._origins[name] = _registering_module()
 
     def find(self, name: str) -> Entry | None:
         """The entry registered under ``name``, or None."""
