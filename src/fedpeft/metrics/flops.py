@@ -28,6 +28,7 @@ The formulas are passed as the counter's ``custom_mapping``, so torch's global f
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -59,8 +60,10 @@ _BACKWARD = ("_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_do
              "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward")
 
 
+@functools.cache
 def _attention_formulas() -> dict[Any, Any]:
-    """op -> formula for the attention kernels this torch has (an older torch may lack one of them)."""
+    """op -> formula for the attention kernels this torch has (an older torch may lack one of them); looked up once,
+    not on every sampled step."""
     formulas = {**dict.fromkeys(_FORWARD, attention_forward_flops),
                 **dict.fromkeys(_BACKWARD, attention_backward_flops)}
     return {getattr(torch.ops.aten, name): formula for name, formula in formulas.items()
