@@ -34,21 +34,26 @@ def without_timings(rows):
     return out
 
 
-def slow_host(monkeypatch) -> None:
-    """Make every local training take three times as long (and 0.2 s more), as on a slower or busy host."""
+def slow_host(monkeypatch) -> list[float]:
+    """Make every local training take three times as long (and 0.2 s more), as on a slower or busy host. Returns
+    the list to which each added sleep (seconds) is appended: a test checks the slowdown against it, not against
+    another run's timings (which a loaded machine can stretch as much)."""
     import time
 
     from fedpeft.training.local import LocalTrainer
 
     real_train = LocalTrainer.train
+    added: list[float] = []
 
     def slow_train(self, *args, **kwargs):
         started = time.perf_counter()
         result = real_train(self, *args, **kwargs)
-        time.sleep(2 * (time.perf_counter() - started) + 0.2)
+        added.append(2 * (time.perf_counter() - started) + 0.2)
+        time.sleep(added[-1])
         return result
 
     monkeypatch.setattr(LocalTrainer, "train", slow_train)
+    return added
 
 
 def crash_at_round(rt, monkeypatch, rnd: int) -> None:
