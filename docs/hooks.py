@@ -18,8 +18,7 @@ from typing import Any
 
 from latex2mathml.converter import convert
 
-import fedpeft.config  # noqa: F401 (registers the built-in methods)
-from fedpeft import listing
+from fedpeft import listing  # (its tables register fedpeft's built-ins first)
 
 MARKER = re.compile(r"<!-- fedpeft:(methods|options) (peft|algorithm) -->")
 # what arithmatex writes in generic mode: <span class="arithmatex">\(...\)</span>, <div class="arithmatex">\[...\]</div>

@@ -7,10 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from fedpeft.plugins import load_built_ins
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+# importing fedpeft registers nothing; its built-ins register on first need (a run, a command, a config's
+# validation). Many tests are parametrized over the registries, which pytest reads at collection: register now.
+load_built_ins()
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -204,10 +204,10 @@ def test_a_method_registered_in_the_script_itself_is_refused_for_flower(tmp_path
     script.write_text(
         "from typing import Literal\n"
         "import fedpeft\n"
-        "from fedpeft.algorithms.registry import ALGORITHMS\n"
+        "from fedpeft.algorithms import registered_algorithm\n"
         "class InScript(fedpeft.AlgorithmOptions):\n"
         "    name: Literal['inscript'] = 'inscript'\n"
-        "fedavg = ALGORITHMS['fedavg']\n"
+        "fedavg = registered_algorithm('fedavg')\n"
         "fedpeft.register_algorithm('inscript', options=InScript, server=fedavg.server,\n"
         "                           client=lambda o: fedavg.client(fedavg.options()))\n"
         "cfg = fedpeft.validate_config({'algorithm': {'name': 'inscript'}, 'runtime': {'name': 'flower'}})\n"

@@ -22,7 +22,7 @@ from fedpeft import builtins
 from fedpeft.algorithms.base import ClientAlgorithm, ServerAlgorithm
 from fedpeft.cli import main
 from fedpeft.config import load_config
-from fedpeft.config.schema import AlgorithmOptions, PeftOptions, refresh_choices
+from fedpeft.config.schema import AlgorithmOptions, PeftOptions
 from fedpeft.plugins import BUILT_INS_ENTRY_POINT
 from fedpeft.registry import ALGORITHMS, DATASETS, PEFT_METHODS, RUNTIMES, TRACKERS, CodeRef
 
@@ -35,8 +35,12 @@ ALGORITHM_PACKAGE = {
 from fedpeft.algorithms.registry import register_algorithm
 from fedpeft.algorithms.throwaway.options import ThrowawayOptions
 
-register_algorithm("throwaway", options=ThrowawayOptions, server="fedpeft.algorithms.throwaway.halves:ThrowawayServer",
-                   client="fedpeft.algorithms.fedavg.halves:fedavg_client")
+
+
+def register():
+    register_algorithm("throwaway", options=ThrowawayOptions,
+                       server="fedpeft.algorithms.throwaway.halves:ThrowawayServer",
+                       client="fedpeft.algorithms.fedavg.halves:fedavg_client")
 ''',
     "options.py": '''from typing import Literal
 
@@ -66,8 +70,11 @@ PEFT_PACKAGE = {
 import fedpeft
 from fedpeft.tuners.throwaway_peft.options import ThrowawayPeftOptions
 
-fedpeft.register_peft_method("throwaway_peft", options=ThrowawayPeftOptions,
-                             apply="fedpeft.tuners.bitfit.apply:apply_bitfit")
+
+
+def register():
+    fedpeft.register_peft_method("throwaway_peft", options=ThrowawayPeftOptions,
+                                 apply="fedpeft.tuners.bitfit.apply:apply_bitfit")
 ''',
     "options.py": '''from typing import Literal
 
@@ -103,8 +110,6 @@ def throwaway_built_ins(tmp_path, monkeypatch):
     yield
     ALGORITHMS.remove("throwaway")
     PEFT_METHODS.remove("throwaway_peft")
-    refresh_choices("algorithm")
-    refresh_choices("peft")
     for name in [m for m in sys.modules if ".throwaway" in m]:
         del sys.modules[name]
 
@@ -164,8 +169,48 @@ def test_no_static_list_of_built_in_options_remains():
                                                                                "ALGORITHM_OPTIONS")
 
 
+IMPORT_EVERYTHING = """
+import importlib, json, pkgutil, sys
+import fedpeft.config
+light = sorted(m for m in sys.modules if m.startswith("fedpeft"))
+from fedpeft.config.schema import RunConfig
+fields = {name: repr(field.annotation) for name, field in RunConfig.model_fields.items()}
+import fedpeft
+missing = []
+for found in pkgutil.walk_packages(fedpeft.__path__, prefix="fedpeft."):
+    try:
+        importlib.import_module(found.name)
+    except ModuleNotFoundError as exc:  # an optional package (mlflow, wandb, ...)
+        missing.append(exc.name)
+from fedpeft import registry
+sizes = {r.kind: len(r) for r in (registry.ALGORITHMS, registry.PEFT_METHODS, registry.DATASETS, registry.TRACKERS,
+                                  registry.RUNTIMES)}
+same = fields == {name: repr(field.annotation) for name, field in RunConfig.model_fields.items()}
+print(json.dumps({"light": light, "sizes": sizes, "same": same, "missing": missing,
+                  "imported": sum(m.startswith("fedpeft.") for m in sys.modules)}))
+"""
+
+
+def test_importing_any_fedpeft_module_registers_nothing_and_changes_no_class():
+    """Registration is an explicit step (fedpeft.plugins.load_built_ins, run by a run, a command, a config's
+    validation): in a fresh interpreter, importing fedpeft.config loads only the layers at and below it (no
+    method package, not builtins through the entry point), and importing every fedpeft module after it
+    registers nothing and leaves the config's class as it was."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", IMPORT_EVERYTHING], capture_output=True, text=True, check=True)
+    found = json.loads(out.stdout)
+    ladder = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]["layers"]
+    below = [m.strip() for layer in ladder[ladder.index("fedpeft.config"):] for m in layer.split("|")]
+    assert found["light"] and all(m == "fedpeft" or m.startswith(tuple(below)) for m in found["light"]), found["light"]
+    assert found["imported"] > 150  # every module was imported
+    assert not [m for m in found["missing"] if m is None or m.startswith("fedpeft")]
+    assert found["sizes"] == dict.fromkeys(found["sizes"], 0) and found["same"]
+
+
 def test_registering_every_built_in_imports_no_torch():
-    probe = ("import sys, fedpeft.config; from fedpeft.registry import ALGORITHMS, PEFT_METHODS; "
+    probe = ("import sys; from fedpeft.plugins import load_built_ins; load_built_ins(); "
+             "from fedpeft.registry import ALGORITHMS, PEFT_METHODS; "
              "print(len(ALGORITHMS), len(PEFT_METHODS), 'torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     algorithms, methods, torch, transformers = out.stdout.split()
@@ -195,7 +240,7 @@ def test_without_the_entry_point_in_the_metadata_the_built_ins_still_register_wi
              "real = md.entry_points; "
              "md.entry_points = lambda group: [e for e in real(group=group) if e.dist is None or e.dist.name != 'fedpeft']; "
              "import fedpeft.plugins as P; P.entry_points = md.entry_points; "
-             "import fedpeft.config; from fedpeft.registry import ALGORITHMS; print(len(ALGORITHMS))")
+             "P.load_built_ins(); from fedpeft.registry import ALGORITHMS; print(len(ALGORITHMS))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert int(out.stdout) >= 14
     assert "lacks its fedpeft.plugins entry point" in out.stderr and "reinstall" in out.stderr

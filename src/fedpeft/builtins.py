@@ -1,11 +1,13 @@
 """fedpeft's own algorithms, PEFT methods, datasets, trackers and runtimes, registered as any installed plugin is.
 
 fedpeft's package metadata declares :func:`register` in the ``fedpeft.plugins`` entry-point group
-(``pyproject.toml``), the door an installed plugin package uses; :mod:`fedpeft.plugins` calls it before
-anything reads the registries. It imports every package below :data:`METHOD_PACKAGES`: each built-in method's
-package registers itself when imported (``fedpeft/algorithms/<name>/__init__.py``,
-``fedpeft/tuners/<name>/__init__.py``), so adding a built-in touches its own folder and nothing else. The
-registering modules import no torch: they give their code as ``"module:attribute"`` references.
+(``pyproject.toml``), the door an installed plugin package uses; :func:`fedpeft.plugins.load_built_ins` calls it
+when a run, a command or a config's validation first needs the registries. Importing a fedpeft module registers
+nothing: each built-in method's package has a ``register()`` (``fedpeft/algorithms/<name>/__init__.py``,
+``fedpeft/tuners/<name>/__init__.py``) that registers it through the public functions a plugin calls, and
+:func:`register` finds those packages below :data:`METHOD_PACKAGES` by itself, so adding a built-in touches its own
+folder and nothing else. The registering modules import no torch: they give their code as ``"module:attribute"``
+references.
 """
 
 from __future__ import annotations
@@ -14,18 +16,22 @@ import importlib
 import pkgutil
 
 METHOD_PACKAGES = ("fedpeft.algorithms", "fedpeft.tuners")
-# the modules that register the built-in datasets, trackers and runtimes through the public functions
-# (fedpeft.register_dataset, register_tracker, register_runtime); each is light (no torch, no Flower)
-SEAM_MODULES = ("fedpeft.data.catalog", "fedpeft.tracking.backends", "fedpeft.launchers")
 
 
 def register() -> None:
-    """Register every built-in algorithm, PEFT method, dataset, tracker and runtime (importing a module twice
-    does nothing)."""
-    for module in SEAM_MODULES:
-        importlib.import_module(module)
+    """Register every built-in dataset, tracker, runtime, algorithm and PEFT method (again: an equal entry
+    registered twice is kept once)."""
+    from fedpeft.data.catalog import register_built_in_datasets
+    from fedpeft.launchers import register_built_in_runtimes
+    from fedpeft.tracking.backends import register_built_in_trackers
+
+    register_built_in_datasets()
+    register_built_in_trackers()
+    register_built_in_runtimes()
     for root in METHOD_PACKAGES:
         package = importlib.import_module(root)
         for found in pkgutil.walk_packages(package.__path__, prefix=f"{root}."):
             if found.ispkg:
-                importlib.import_module(found.name)
+                register_package = getattr(importlib.import_module(found.name), "register", None)
+                if register_package is not None:
+                    register_package()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fedpeft.config import ConfigError, apply_overrides, dump_config, load_config, validate_config
 from fedpeft.errors import UserError
+from fedpeft.plugins import load_built_ins
 
 # errors about the user's input: printed as one line, exit code 2 (the classes load without torch)
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError, FileExistsError)
@@ -409,7 +410,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     """List the registered algorithms and PEFT methods (built-in and the given plugins')."""
-    import fedpeft.config  # noqa: F401 (registers the built-ins)
+
     from fedpeft import listing
     from fedpeft.plugins import load_plugins, resolve_plugin
 
@@ -756,6 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
+        load_built_ins()  # every command reads the registries: fedpeft's own methods, datasets, runtimes, ...
         return args.func(args)
     except EXPECTED_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)

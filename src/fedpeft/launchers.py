@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fedpeft.plugins import load_built_ins
 from fedpeft.registry import RUNTIMES, CodeRef, code_ref, resolve
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ def register_runtime(name: str, launch: Launch | CodeRef | str, *, in_process: b
 
     Registering the same entry again is a no-op; another runtime under a taken name is refused.
     """
+    load_built_ins()  # fedpeft's own first: a name taken by a built-in is refused, whichever comes first
     if not (isinstance(launch, str | CodeRef) or callable(launch)):
         raise TypeError(f"runtime {name!r}: give the launch function or 'package.module:function', not {launch!r}")
     entry = RuntimeEntry(name, code_ref(launch), bool(in_process))
@@ -97,5 +99,8 @@ def _observers_refused(name: str, resume: bool) -> str:
 
 # --- the built-in runtimes ------------------------------------------------------------------------
 
-register_runtime("embedded", "fedpeft.runtime.embedded:launch")
-register_runtime("flower", "fedpeft.runtime.flower.launch:launch", in_process=False)
+
+def register_built_in_runtimes() -> None:
+    """Register the built-in runtimes (fedpeft.builtins.register calls this)."""
+    register_runtime("embedded", "fedpeft.runtime.embedded:launch")
+    register_runtime("flower", "fedpeft.runtime.flower.launch:launch", in_process=False)

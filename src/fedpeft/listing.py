@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from fedpeft.plugins import load_built_ins
 from fedpeft.registry import ALGORITHMS, PEFT_METHODS, Registry
 
 Kind = Literal["peft", "algorithm"]
@@ -59,7 +60,8 @@ def _summary(options: type[BaseModel]) -> str:
 
 
 def method_rows(kind: Kind) -> list[MethodRow]:
-    """Every registered method of ``kind`` ("peft" or "algorithm"), by name."""
+    """Every registered method of ``kind`` ("peft" or "algorithm"), by name (fedpeft's built-ins registered first)."""
+    load_built_ins()
     registry = REGISTRIES[kind]
     tag = registry.key.split(".")[1]  # "method" of peft.method, "name" of algorithm.name
     rows = []

@@ -130,12 +130,17 @@ class Registry(Generic[Entry]):
         return len(self._entries)
 
 
+# fedpeft's public registration functions: the module that registers is the one that called them
+_REGISTRATION_FUNCTIONS = frozenset({"register_algorithm", "register_peft_method", "register_dataset",
+                                     "register_tracker", "register_runtime"})
+
+
 def _registering_module() -> str:
     """The module that called a ``register_*`` function (for messages): the first frame outside this module and
     the registration functions; a plugin loaded from a file is named by its path."""
     frame: FrameType | None = sys._getframe(1)
-    while frame is not None and (frame.f_globals.get("__name__") == __name__
-                                 or frame.f_code.co_name.startswith("register")):
+    while frame is not None and (frame.f_globals.get("__name__") == __name__ or (
+            frame.f_code.co_name in _REGISTRATION_FUNCTIONS and str(frame.f_globals.get("__name__")).startswith("fedpeft."))):
         frame = frame.f_back
     if frame is None:
         return "an unknown module"

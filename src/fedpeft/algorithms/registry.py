@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fedpeft.algorithms.base import ClientAlgorithm, OptionsT, RuntimeNeeds, ServerAlgorithm
-from fedpeft.config.schema import AlgorithmOptions, check_options_model, refresh_choices
+from fedpeft.config.schema import AlgorithmOptions, check_options_model
+from fedpeft.plugins import load_built_ins
 from fedpeft.registry import ALGORITHMS, CodeRef, resolve
 from fedpeft.wire import Arrays
 
@@ -63,6 +64,7 @@ def register_algorithm(name: str, *, options: type[OptionsT],
     ``server`` and ``client`` may also be given as ``"package.module:attribute"`` (imported on first use, so
     that validating a config that names the algorithm imports none of its code).
     From then on ``algorithm: {name: NAME, ...}`` is a valid config section."""
+    load_built_ins()  # fedpeft's own first: a name taken by a built-in is refused, whichever comes first
     check_options_model(options, "algorithm", name)
     server_code = _code(server, "server", name)
     client_code = _code(client, "client", name)
@@ -73,7 +75,6 @@ def register_algorithm(name: str, *, options: type[OptionsT],
         raise TypeError(f"register_algorithm({name!r}): client must be a ClientAlgorithm subclass or a factory")
     entry = RegisteredAlgorithm(name, options, server_code, client_code)
     ALGORITHMS.add(name, entry, same=_same_options)
-    refresh_choices("algorithm")
 
 
 def _same_options(a: RegisteredAlgorithm[Any], b: RegisteredAlgorithm[Any]) -> bool:
@@ -82,7 +83,9 @@ def _same_options(a: RegisteredAlgorithm[Any], b: RegisteredAlgorithm[Any]) -> b
 
 
 def registered_algorithm(name: str) -> RegisteredAlgorithm[Any]:
-    """The algorithm registered under ``name``; a one-line ValueError listing the registered ones otherwise."""
+    """The algorithm registered under ``name`` (fedpeft's built-ins registered first); a one-line ValueError
+    listing the registered ones otherwise."""
+    load_built_ins()
     return ALGORITHMS.require(name, "algorithm")
 
 

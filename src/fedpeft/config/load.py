@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fedpeft.config.schema import RunConfig, options_for
+from fedpeft.config.schema import RunConfig, field_type, options_for
 from fedpeft.config.section import OptionValueError
 from fedpeft.errors import UserError
 
@@ -201,7 +201,7 @@ def _valid_keys(raw: dict[str, Any], loc: tuple) -> list[str]:
         if part not in model.model_fields:
             continue  # a discriminator tag inserted by pydantic, e.g. ('peft', 'lora', 'rr')
         node = node.get(part, {}) if isinstance(node, dict) else {}
-        model = _section_model(model.model_fields[part].annotation, node, _discriminator(model.model_fields[part]))
+        model = _section_model(field_type(model, part), node, _discriminator(model.model_fields[part]))
     return sorted(model.model_fields) if model is not None else []
 
 
@@ -216,7 +216,7 @@ def _override_key(raw: dict[str, Any], loc: tuple) -> str:
         parts.append(part)
         if model is not None:
             node = node.get(part, {}) if isinstance(node, dict) else {}
-            model = _section_model(model.model_fields[part].annotation, node, _discriminator(model.model_fields[part]))
+            model = _section_model(field_type(model, part), node, _discriminator(model.model_fields[part]))
     return ".".join(parts)
 
 

@@ -7,26 +7,33 @@ starts with a message naming the valid choices (see :mod:`fedpeft.config.load`).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import operator
-from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializeAsAny,
+    TypeAdapter,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from fedpeft.config.adversarial import AttackersConfig
 from fedpeft.config.asynchronous import AsynchronousConfig
 from fedpeft.config.section import OptionValueError, Section
 from fedpeft.config.system import SystemConfig
 from fedpeft.errors import unprintable
+from fedpeft.plugins import load_built_ins
 from fedpeft.registry import ALGORITHMS, DATASETS, PEFT_METHODS, RUNTIMES, TRACKERS, Registry
 
 
 class PeftOptions(Section):
     """Base of a PEFT method's options. A subclass names its method with a literal default,
-    ``method: Literal["mine"] = "mine"``, and is registered with :func:`register_options` (through
-    ``fedpeft.register_peft_method``); the config then accepts ``peft: {method: mine, ...}``."""
+    ``method: Literal["mine"] = "mine"``, and is registered with ``fedpeft.register_peft_method``; the config
+    then accepts ``peft: {method: mine, ...}``."""
 
     method: str
     # whether fedpeft.heads.layout splits this method's trainable tensors by attention head (head pruning)
@@ -591,9 +598,34 @@ def _choice_union(models: Any, tag: str) -> Any:
     return Annotated[functools.reduce(operator.or_, models), Field(discriminator=tag)]  # A | B | ...
 
 
+_SECTIONS: dict[str, tuple[Registry[Any], str]] = {"peft": (PEFT_METHODS, "method"), "algorithm": (ALGORITHMS, "name")}
+
+
+def section_choices(section: str) -> Any:
+    """The type of a run config's ``peft`` or ``algorithm`` section: the options models registered for it now
+    (fedpeft's built-ins registered first), built on request, so that registering a method changes no class."""
+    load_built_ins()
+    registry, tag = _SECTIONS[section]
+    return _choice_union([entry.options for entry in registry.values()], tag)
+
+
+@functools.lru_cache(maxsize=16)
+def _choices_adapter(tag: str, models: frozenset[type[BaseModel]]) -> TypeAdapter[Any]:
+    """A validator of the options models ``models`` told apart by ``tag`` (built once per set of models)."""
+    return TypeAdapter(_choice_union(models, tag))
+
+
+def field_type(model: type[BaseModel], name: str) -> Any:
+    """The type a field of a config section is validated as (a run config's ``peft`` and ``algorithm``: the
+    registered choices, :func:`section_choices`)."""
+    if issubclass(model, RunConfig) and name in _SECTIONS:
+        return section_choices(name)
+    return model.model_fields[name].annotation
+
+
 def _default_options(registry: Registry[Any], name: str) -> Any:
-    """The options of the default choice ``name`` (fedpeft's built-ins are registered when fedpeft.config is
-    imported)."""
+    """The options of the default choice ``name`` (fedpeft's built-ins registered first)."""
+    load_built_ins()
     return registry.get(name).options()
 
 
@@ -609,13 +641,25 @@ class RunConfig(Section):
                             "printable characters only.")
     task: TaskConfig = Field(default_factory=TaskConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    peft: PeftOptions = Field(default_factory=lambda: _default_options(PEFT_METHODS, "lora"))
-    algorithm: AlgorithmOptions = Field(default_factory=lambda: _default_options(ALGORITHMS, "fedavg"))
+    # validated by the options model registered under the section's tag (_registered_choice); SerializeAsAny:
+    # dumped with that model's fields, not only the base class's
+    peft: SerializeAsAny[PeftOptions] = Field(default_factory=lambda: _default_options(PEFT_METHODS, "lora"))
+    algorithm: SerializeAsAny[AlgorithmOptions] = Field(
+        default_factory=lambda: _default_options(ALGORITHMS, "fedavg"))
     federation: FederationConfig = Field(default_factory=FederationConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     system: SystemConfig = Field(default_factory=SystemConfig)
+
+    @field_validator("peft", "algorithm", mode="wrap")
+    @classmethod
+    def _registered_choice(cls, value: Any, _handler: Any, info: ValidationInfo) -> Any:
+        """The section validated by the options model registered under its tag, as the registries hold them
+        now (errors name the tag, e.g. ``peft.lora.r``, and list the registered choices)."""
+        load_built_ins()
+        registry, tag = _SECTIONS[str(info.field_name)]
+        return _choices_adapter(tag, frozenset(entry.options for entry in registry.values())).validate_python(value)
 
     @model_validator(mode="after")
     def _printable_output_dir(self) -> RunConfig:
@@ -810,43 +854,6 @@ class RunConfig(Section):
                 "image_classification": "accuracy"}[
             self.task.type
         ]
-
-
-_SECTIONS: dict[str, tuple[Registry[Any], str]] = {"peft": (PEFT_METHODS, "method"), "algorithm": (ALGORITHMS, "name")}
-_refresh_deferred: set[str] = set()
-_deferring = False
-
-
-def refresh_choices(section: Literal["peft", "algorithm"]) -> None:
-    """Make the config's ``section`` accept exactly the options models registered for it (called by the
-    registration functions after they add an entry)."""
-    if _deferring:
-        _refresh_deferred.add(section)
-        return
-    from pydantic.fields import FieldInfo
-
-    registry, tag = _SECTIONS[section]
-    models = [entry.options for entry in registry.values()]
-    if not models:
-        return
-    RunConfig.model_fields[section] = FieldInfo.merge_field_infos(
-        RunConfig.model_fields[section], annotation=_choice_union(models, tag))
-    RunConfig.model_rebuild(force=True)
-
-
-@contextlib.contextmanager
-def choices_refreshed_once() -> Iterator[None]:
-    """Registrations inside this block rebuild the config's choices once, at its end (loading the built-ins)."""
-    global _deferring
-    outer, _deferring = _deferring, True
-    try:
-        yield
-    finally:
-        _deferring = outer
-        if not outer:
-            for section in sorted(_refresh_deferred):
-                refresh_choices(section)  # type: ignore[arg-type]
-            _refresh_deferred.clear()
 
 
 def check_options_model(model: object, section: Literal["peft", "algorithm"], name: str) -> None:

@@ -13,11 +13,13 @@ A Hub row is converted to that schema by the entry's ``convert`` function.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fedpeft.plugins import load_built_ins
 from fedpeft.registry import DATASETS, CodeRef, code_ref, resolve
 
 Row = dict[str, Any]
@@ -32,6 +34,7 @@ TASK_FIELDS = {
 }
 
 
+@functools.cache  # one function per pair of fields: registering the built-ins again registers equal entries
 def _pair(a: str, b: str | None = None) -> Callable[[Row], Row]:
     def convert(row: Row) -> Row:
         out = {"text": row[a], "label": int(row["label"])}
@@ -198,6 +201,7 @@ def register_dataset(
 
     Registering the same entry again is a no-op; another dataset under a taken name is refused.
     """
+    load_built_ins()  # fedpeft's own first: a name taken by a built-in is refused, whichever comes first
     if task not in TASK_FIELDS:
         raise ValueError(f"dataset {name!r}: task {task!r} is not one of {', '.join(TASK_FIELDS)}")
     if loader is None and (not isinstance(hub_id, str) or not hub_id):
@@ -231,38 +235,42 @@ def dataset_entry(name: str) -> DatasetEntry | None:
 
 _PAIR = ("text", "text_pair", "label")
 
-register_dataset("sst2", task="classification", hub_id="nyu-mll/glue", hub_config="sst2", convert=_pair("sentence"))
-register_dataset("cola", task="classification", hub_id="nyu-mll/glue", hub_config="cola",
-                 hub_splits={"validation_in_domain+validation_out_of_domain": "validation"},
-                 convert=_pair("sentence"), default_metric="mcc")
-register_dataset("rte", task="classification", hub_id="nyu-mll/glue", hub_config="rte", fields=_PAIR,
-                 convert=_pair("sentence1", "sentence2"))
-register_dataset("mrpc", task="classification", hub_id="nyu-mll/glue", hub_config="mrpc", fields=_PAIR,
-                 convert=_pair("sentence1", "sentence2"))
-register_dataset("qnli", task="classification", hub_id="nyu-mll/glue", hub_config="qnli", fields=_PAIR,
-                 convert=_pair("question", "sentence"))
-register_dataset("mnli", task="classification", hub_id="nyu-mll/glue", hub_config="mnli", fields=_PAIR,
-                 hub_splits={"heldout_subset": "validation_matched", "train_subset": "train"},
-                 convert=_pair("premise", "hypothesis"),
-                 note="Offline copy: train_subset / heldout_subset are a 10k sample of GLUE MNLI train.")
-register_dataset("boolq", task="classification", hub_id="google/boolq", fields=_PAIR, convert=_boolq)
-register_dataset("20newsgroups", task="classification", hub_id="SetFit/20_newsgroups", convert=_pair("text"))
-register_dataset("mr", task="classification", hub_id="cornell-movie-review-data/rotten_tomatoes",
-                 convert=_pair("text"))
-register_dataset("subj", task="classification", hub_id="SetFit/subj", convert=_pair("text"))
-register_dataset("e2e_nlg", task="generation", hub_id="tuetschek/e2e_nlg",
-                 hub_splits={"validation_pairs": "validation", "test_pairs": "test"}, convert=_e2e,
-                 prompt_template="{input}\n", derive_fields=_e2e_fields, derived_names=E2E_ATTRIBUTES)
-register_dataset("arc_easy", task="multiple_choice", hub_id="allenai/ai2_arc", hub_config="ARC-Easy", convert=_arc)
-register_dataset("arc_challenge", task="multiple_choice", hub_id="allenai/ai2_arc", hub_config="ARC-Challenge",
-                 convert=_arc)
-register_dataset("openbookqa", task="multiple_choice", hub_id="allenai/openbookqa", hub_config="main",
-                 convert=_openbookqa)
-register_dataset("piqa", task="multiple_choice", hub_id="ybisk/piqa", convert=_piqa)
-register_dataset("hellaswag", task="multiple_choice", hub_id="Rowan/hellaswag", convert=_hellaswag,
-                 prompt_template="{question}")
-register_dataset("race", task="multiple_choice", hub_id="ehovy/race", hub_config="all",
-                 fields=("context", "question", "choices", "label"), convert=_race)
+
+def register_built_in_datasets() -> None:
+    """Register the built-in datasets (fedpeft.builtins.register calls this)."""
+    register_dataset("sst2", task="classification", hub_id="nyu-mll/glue", hub_config="sst2", convert=_pair("sentence"))
+    register_dataset("cola", task="classification", hub_id="nyu-mll/glue", hub_config="cola",
+                     hub_splits={"validation_in_domain+validation_out_of_domain": "validation"},
+                     convert=_pair("sentence"), default_metric="mcc")
+    register_dataset("rte", task="classification", hub_id="nyu-mll/glue", hub_config="rte", fields=_PAIR,
+                     convert=_pair("sentence1", "sentence2"))
+    register_dataset("mrpc", task="classification", hub_id="nyu-mll/glue", hub_config="mrpc", fields=_PAIR,
+                     convert=_pair("sentence1", "sentence2"))
+    register_dataset("qnli", task="classification", hub_id="nyu-mll/glue", hub_config="qnli", fields=_PAIR,
+                     convert=_pair("question", "sentence"))
+    register_dataset("mnli", task="classification", hub_id="nyu-mll/glue", hub_config="mnli", fields=_PAIR,
+                     hub_splits={"heldout_subset": "validation_matched", "train_subset": "train"},
+                     convert=_pair("premise", "hypothesis"),
+                     note="Offline copy: train_subset / heldout_subset are a 10k sample of GLUE MNLI train.")
+    register_dataset("boolq", task="classification", hub_id="google/boolq", fields=_PAIR, convert=_boolq)
+    register_dataset("20newsgroups", task="classification", hub_id="SetFit/20_newsgroups", convert=_pair("text"))
+    register_dataset("mr", task="classification", hub_id="cornell-movie-review-data/rotten_tomatoes",
+                     convert=_pair("text"))
+    register_dataset("subj", task="classification", hub_id="SetFit/subj", convert=_pair("text"))
+    register_dataset("e2e_nlg", task="generation", hub_id="tuetschek/e2e_nlg",
+                     hub_splits={"validation_pairs": "validation", "test_pairs": "test"}, convert=_e2e,
+                     prompt_template="{input}\n", derive_fields=_e2e_fields, derived_names=E2E_ATTRIBUTES)
+    register_dataset("arc_easy", task="multiple_choice", hub_id="allenai/ai2_arc", hub_config="ARC-Easy", convert=_arc)
+    register_dataset("arc_challenge", task="multiple_choice", hub_id="allenai/ai2_arc", hub_config="ARC-Challenge",
+                     convert=_arc)
+    register_dataset("openbookqa", task="multiple_choice", hub_id="allenai/openbookqa", hub_config="main",
+                     convert=_openbookqa)
+    register_dataset("piqa", task="multiple_choice", hub_id="ybisk/piqa", convert=_piqa)
+    register_dataset("hellaswag", task="multiple_choice", hub_id="Rowan/hellaswag", convert=_hellaswag,
+                     prompt_template="{question}")
+    register_dataset("race", task="multiple_choice", hub_id="ehovy/race", hub_config="all",
+                     fields=("context", "question", "choices", "label"), convert=_race)
+
 
 DEFAULT_GENERATION_TEMPLATE = "{input}\n"
 DEFAULT_CHOICE_TEMPLATE = "Question: {question}\nAnswer:"

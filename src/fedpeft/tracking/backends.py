@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fedpeft.plugins import load_built_ins
 from fedpeft.registry import TRACKERS, CodeRef, code_ref
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ def register_tracker(name: str, tracker: type[Tracker] | CodeRef | str, *, packa
 
     Registering the same entry again is a no-op; another tracker under a taken name is refused.
     """
+    load_built_ins()  # fedpeft's own first: a name taken by a built-in is refused, whichever comes first
     if isinstance(tracker, str | CodeRef):
         entry_tracker: type[Tracker] | CodeRef = code_ref(tracker)
     elif isinstance(tracker, type) and getattr(tracker, "log_row", None) is not None:
@@ -63,7 +65,10 @@ def register_tracker(name: str, tracker: type[Tracker] | CodeRef | str, *, packa
 
 # --- the built-in trackers ------------------------------------------------------------------------
 
-register_tracker("tensorboard", "fedpeft.tracking.tensorboard_tracker:TensorBoardTracker", package="tensorboard",
-                 extra="tensorboard")
-register_tracker("mlflow", "fedpeft.tracking.mlflow_tracker:MlflowTracker", package="mlflow", extra="mlflow")
-register_tracker("wandb", "fedpeft.tracking.wandb_tracker:WandbTracker", package="wandb", extra="wandb")
+
+def register_built_in_trackers() -> None:
+    """Register the built-in trackers (fedpeft.builtins.register calls this)."""
+    register_tracker("tensorboard", "fedpeft.tracking.tensorboard_tracker:TensorBoardTracker", package="tensorboard",
+                     extra="tensorboard")
+    register_tracker("mlflow", "fedpeft.tracking.mlflow_tracker:MlflowTracker", package="mlflow", extra="mlflow")
+    register_tracker("wandb", "fedpeft.tracking.wandb_tracker:WandbTracker", package="wandb", extra="wandb")

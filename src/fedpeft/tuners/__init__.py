@@ -9,9 +9,6 @@ names below load on first use.
 
 from __future__ import annotations
 
-# the config (and with it every built-in's registration) first, so that a built-in's own modules never meet
-# a half-imported sibling, whichever module of it a process imports first
-import fedpeft.config  # noqa: F401
 from fedpeft.lazy import lazy_getattr
 
 _EXPORTS = {

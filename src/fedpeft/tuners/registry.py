@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from fedpeft.config.schema import PeftOptions, check_options_model, refresh_choices
+from fedpeft.config.schema import PeftOptions, check_options_model
+from fedpeft.plugins import load_built_ins
 from fedpeft.registry import PEFT_METHODS, CodeRef, resolve
 
 if TYPE_CHECKING:  # the types of the contract; importing this module loads none of them (no torch)
@@ -129,6 +130,7 @@ def register_peft_method(
     ``apply`` and ``head_params`` may also be given as ``"package.module:function"``, imported on first use
     (fedpeft's built-ins do, so that validating a config imports no torch).
     """
+    load_built_ins()  # fedpeft's own first: a name taken by a built-in is refused, whichever comes first
     check_options_model(options, "peft", name)
     apply_code = CodeRef(apply) if isinstance(apply, str) else apply
     head_params_code = CodeRef(head_params) if isinstance(head_params, str) else head_params
@@ -151,9 +153,10 @@ def register_peft_method(
     method = PeftMethod(name, options, apply_code, save_format, trains_task_head, analytic_ops, head_params_code,
                         bool(trains_batched), forwards)
     PEFT_METHODS.add(name, method)
-    refresh_choices("peft")
 
 
 def registered_peft_method(name: str) -> PeftMethod[Any]:
-    """The PEFT method registered under ``name``; a one-line ValueError listing the registered ones otherwise."""
+    """The PEFT method registered under ``name`` (fedpeft's built-ins registered first); a one-line ValueError
+    listing the registered ones otherwise."""
+    load_built_ins()
     return PEFT_METHODS.require(name, "peft method")

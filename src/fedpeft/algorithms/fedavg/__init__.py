@@ -4,19 +4,23 @@
 weighted mean change) and the client half they share (plain local training, clipped under ``dp``).
 """
 
+import fedpeft
 from fedpeft.algorithms.fedavg.options import (
                    FedAdamOptions,
                    FedAvgMOptions,
                    FedAvgOptions,
                    FedYogiOptions,
 )
-from fedpeft.algorithms.registry import register_algorithm
 
 HALVES = "fedpeft.algorithms.fedavg.halves"
-register_algorithm("fedavg", options=FedAvgOptions, server=f"{HALVES}:FedAvgServer", client=f"{HALVES}:fedavg_client")
-register_algorithm("fedavgm", options=FedAvgMOptions, server=f"{HALVES}:FedAvgMServer",
-                   client=f"{HALVES}:fedavg_client")
-register_algorithm("fedadam", options=FedAdamOptions, server=f"{HALVES}:FedAdamServer",
-                   client=f"{HALVES}:fedavg_client")
-register_algorithm("fedyogi", options=FedYogiOptions, server=f"{HALVES}:FedYogiServer",
-                   client=f"{HALVES}:fedavg_client")
+
+
+def register() -> None:
+    """Register fedavg, fedavgm, fedadam and fedyogi (fedpeft.builtins.register calls this)."""
+    fedpeft.register_algorithm("fedavg", options=FedAvgOptions, server=f"{HALVES}:FedAvgServer", client=f"{HALVES}:fedavg_client")
+    fedpeft.register_algorithm("fedavgm", options=FedAvgMOptions, server=f"{HALVES}:FedAvgMServer",
+                               client=f"{HALVES}:fedavg_client")
+    fedpeft.register_algorithm("fedadam", options=FedAdamOptions, server=f"{HALVES}:FedAdamServer",
+                               client=f"{HALVES}:fedavg_client")
+    fedpeft.register_algorithm("fedyogi", options=FedYogiOptions, server=f"{HALVES}:FedYogiServer",
+                               client=f"{HALVES}:fedavg_client")

@@ -6,8 +6,11 @@ step (Algorithm 2), :mod:`.layer_selection` the layer scores and selection (Eq. 
 and :mod:`.prompt_probes` the clients' Hessian spectrum rule (Algorithm 1) and their probes of the prompts.
 """
 
+import fedpeft
 from fedpeft.algorithms.fedpeptao.options import FedPepTAOOptions
-from fedpeft.algorithms.registry import register_algorithm
 
-register_algorithm("fedpeptao", options=FedPepTAOOptions, server="fedpeft.algorithms.fedpeptao.halves:FedPepTAOServer",
-                   client="fedpeft.algorithms.fedpeptao.halves:FedPepTAOClient")
+
+def register() -> None:
+    """Register fedpeptao (fedpeft.builtins.register calls this)."""
+    fedpeft.register_algorithm("fedpeptao", options=FedPepTAOOptions, server="fedpeft.algorithms.fedpeptao.halves:FedPepTAOServer",
+                               client="fedpeft.algorithms.fedpeptao.halves:FedPepTAOClient")

@@ -2,8 +2,11 @@
 distilled from it (:mod:`.halves`; the auxiliary model is built in :mod:`.auxiliary` and distilled in
 :mod:`.distill`)."""
 
+import fedpeft
 from fedpeft.algorithms.fedsp.options import FedSPOptions
-from fedpeft.algorithms.registry import register_algorithm
 
-register_algorithm("fedsp", options=FedSPOptions, server="fedpeft.algorithms.fedsp.halves:FedSPServer",
-                   client="fedpeft.algorithms.fedsp.halves:FedSPClient")
+
+def register() -> None:
+    """Register fedsp (fedpeft.builtins.register calls this)."""
+    fedpeft.register_algorithm("fedsp", options=FedSPOptions, server="fedpeft.algorithms.fedsp.halves:FedSPServer",
+                               client="fedpeft.algorithms.fedsp.halves:FedSPClient")

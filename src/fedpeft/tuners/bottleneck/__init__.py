@@ -4,7 +4,10 @@ import fedpeft
 from fedpeft.tuners.bottleneck.options import HoulsbyOptions, PfeifferOptions
 from fedpeft.tuners.registry import BACKBONE_OPS
 
-fedpeft.register_peft_method("houlsby", options=HoulsbyOptions, apply="fedpeft.tuners.bottleneck.apply:apply_bottleneck",
-                             analytic_ops=BACKBONE_OPS)
-fedpeft.register_peft_method("pfeiffer", options=PfeifferOptions, apply="fedpeft.tuners.bottleneck.apply:apply_bottleneck",
-                             analytic_ops=BACKBONE_OPS)
+
+def register() -> None:
+    """Register houlsby and pfeiffer (fedpeft.builtins.register calls this)."""
+    fedpeft.register_peft_method("houlsby", options=HoulsbyOptions, apply="fedpeft.tuners.bottleneck.apply:apply_bottleneck",
+                                 analytic_ops=BACKBONE_OPS)
+    fedpeft.register_peft_method("pfeiffer", options=PfeifferOptions, apply="fedpeft.tuners.bottleneck.apply:apply_bottleneck",
+                                 analytic_ops=BACKBONE_OPS)

@@ -4,7 +4,10 @@ import fedpeft
 from fedpeft.tuners.prompt_tuning.options import PromptTuningOptions
 from fedpeft.tuners.registry import INPUT_PROMPT_OPS
 
-fedpeft.register_peft_method("prompt_tuning", options=PromptTuningOptions, apply="fedpeft.tuners.prompt_tuning.apply:apply_prompt_tuning",
-                             save_format="peft", trains_task_head=True,
-                             analytic_ops=INPUT_PROMPT_OPS, head_params="fedpeft.heads.layout:prompt_head_params",
-                             row_forwards={"peft:PeftModel": "fedpeft.tuners.prompt_rows:prompt_rows"})
+
+def register() -> None:
+    """Register prompt_tuning (fedpeft.builtins.register calls this)."""
+    fedpeft.register_peft_method("prompt_tuning", options=PromptTuningOptions, apply="fedpeft.tuners.prompt_tuning.apply:apply_prompt_tuning",
+                                 save_format="peft", trains_task_head=True,
+                                 analytic_ops=INPUT_PROMPT_OPS, head_params="fedpeft.heads.layout:prompt_head_params",
+                                 row_forwards={"peft:PeftModel": "fedpeft.tuners.prompt_rows:prompt_rows"})

@@ -8,5 +8,8 @@ API, as a user's plugin is)."""
 import fedpeft
 from fedpeft.algorithms.lora.fedex.options import FedExLoraOptions
 
-fedpeft.register_algorithm("fedex_lora", options=FedExLoraOptions, server="fedpeft.algorithms.lora.fedex.halves:FedExLoraServer",
-                           client="fedpeft.algorithms.lora.fedex.halves:FedExLoraClient")
+
+def register() -> None:
+    """Register fedex_lora (fedpeft.builtins.register calls this)."""
+    fedpeft.register_algorithm("fedex_lora", options=FedExLoraOptions, server="fedpeft.algorithms.lora.fedex.halves:FedExLoraServer",
+                               client="fedpeft.algorithms.lora.fedex.halves:FedExLoraClient")

@@ -6,5 +6,8 @@ API, as a user's plugin is)."""
 import fedpeft
 from fedpeft.algorithms.lora.fedsa.options import FedSaLoraOptions
 
-fedpeft.register_algorithm("fedsa_lora", options=FedSaLoraOptions, server="fedpeft.algorithms.lora.fedsa.halves:FedSaLoraServer",
-                           client="fedpeft.algorithms.lora.fedsa.halves:FedSaLoraClient")
+
+def register() -> None:
+    """Register fedsa_lora (fedpeft.builtins.register calls this)."""
+    fedpeft.register_algorithm("fedsa_lora", options=FedSaLoraOptions, server="fedpeft.algorithms.lora.fedsa.halves:FedSaLoraServer",
+                               client="fedpeft.algorithms.lora.fedsa.halves:FedSaLoraClient")

@@ -6,5 +6,8 @@ API, as a user's plugin is)."""
 import fedpeft
 from fedpeft.algorithms.lora.ffa.options import FfaLoraOptions
 
-fedpeft.register_algorithm("ffa_lora", options=FfaLoraOptions, server="fedpeft.algorithms.lora.ffa.halves:FfaLoraServer",
-                           client="fedpeft.algorithms.lora.ffa.halves:FfaLoraClient")
+
+def register() -> None:
+    """Register ffa_lora (fedpeft.builtins.register calls this)."""
+    fedpeft.register_algorithm("ffa_lora", options=FfaLoraOptions, server="fedpeft.algorithms.lora.ffa.halves:FfaLoraServer",
+                               client="fedpeft.algorithms.lora.ffa.halves:FfaLoraClient")

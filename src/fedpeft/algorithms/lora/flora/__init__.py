@@ -7,5 +7,8 @@ API, as a user's plugin is)."""
 import fedpeft
 from fedpeft.algorithms.lora.flora.options import FLoraOptions
 
-fedpeft.register_algorithm("flora", options=FLoraOptions, server="fedpeft.algorithms.lora.flora.halves:FLoraServer",
-                           client="fedpeft.algorithms.lora.flora.halves:FLoraClient")
+
+def register() -> None:
+    """Register flora (fedpeft.builtins.register calls this)."""
+    fedpeft.register_algorithm("flora", options=FLoraOptions, server="fedpeft.algorithms.lora.flora.halves:FLoraServer",
+                               client="fedpeft.algorithms.lora.flora.halves:FLoraClient")

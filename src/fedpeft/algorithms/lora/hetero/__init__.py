@@ -7,7 +7,11 @@ import fedpeft
 from fedpeft.algorithms.lora.hetero.options import FlexLoraOptions, HetLoraOptions
 
 HALVES = "fedpeft.algorithms.lora.hetero.halves"
-fedpeft.register_algorithm("hetlora", options=HetLoraOptions, server=f"{HALVES}:HetLoraServer",
-                           client=f"{HALVES}:HetLoraClient")
-fedpeft.register_algorithm("flexlora", options=FlexLoraOptions, server=f"{HALVES}:FlexLoraServer",
-                           client=f"{HALVES}:flexlora_client")
+
+
+def register() -> None:
+    """Register hetlora and flexlora (fedpeft.builtins.register calls this)."""
+    fedpeft.register_algorithm("hetlora", options=HetLoraOptions, server=f"{HALVES}:HetLoraServer",
+                               client=f"{HALVES}:HetLoraClient")
+    fedpeft.register_algorithm("flexlora", options=FlexLoraOptions, server=f"{HALVES}:FlexLoraServer",
+                               client=f"{HALVES}:flexlora_client")
