@@ -208,6 +208,23 @@ def test_importing_any_fedpeft_module_registers_nothing_and_changes_no_class():
     assert found["sizes"] == dict.fromkeys(found["sizes"], 0) and found["same"]
 
 
+def test_the_ladder_holds_counting_imports_made_only_for_type_checkers(tmp_path):
+    """The ladder's contract leaves out ``if TYPE_CHECKING:`` imports (they never run); counted, they still
+    climb no layer, so no type-only import makes a loop (the registries name no entry type from above them).
+    Only ``fedpeft/__init__.py``'s block is left out, which shows a type checker the lazy public names."""
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["id"] == "ladder")["layers"]
+    config = tmp_path / "type-only.ini"
+    config.write_text("\n".join([
+        "[importlinter]", "root_package = fedpeft", "include_external_packages = True",
+        "exclude_type_checking_imports = False", "[importlinter:contract:ladder-with-types]",
+        "name = the ladder, type-only imports counted", "type = layers", "layers =",
+        *(f"    {layer}" for layer in layers), "ignore_imports =", "    fedpeft.** -> fedpeft"]) + "\n")
+    lint = Path(sys.executable).with_name("lint-imports")
+    out = subprocess.run([str(lint), str(config)], capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert out.returncode == 0 and "1 kept, 0 broken" in out.stdout, out.stdout[-3000:]
+
+
 def test_registering_every_built_in_imports_no_torch():
     probe = ("import sys; from fedpeft.plugins import load_built_ins; load_built_ins(); "
              "from fedpeft.registry import ALGORITHMS, PEFT_METHODS; "

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from fedpeft import registry
 from fedpeft.plugins import load_built_ins
-from fedpeft.registry import RUNTIMES, CodeRef, code_ref, resolve
+from fedpeft.registry import CodeRef, code_ref, resolve
 
 if TYPE_CHECKING:
     from fedpeft.config import RunConfig
@@ -44,6 +45,10 @@ class RuntimeEntry:
     name: str
     launch: Launch | CodeRef
     in_process: bool = True
+
+
+# the registry of fedpeft.registry, typed with its full entries (the same object)
+RUNTIMES = cast("registry.Registry[RuntimeEntry]", registry.RUNTIMES)
 
 
 def register_runtime(name: str, launch: Launch | CodeRef | str, *, in_process: bool = True) -> RuntimeEntry:

@@ -18,7 +18,7 @@ _EXPORTS = {
                     "fedpeft.algorithms.base"),
     **dict.fromkeys(("make_client", "make_server", "register_algorithm", "registered_algorithm", "runtime_needs"),
                     "fedpeft.algorithms.registry"),
-    "ALGORITHMS": "fedpeft.registry",
+    "ALGORITHMS": "fedpeft.algorithms.registry",
 }
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605
 

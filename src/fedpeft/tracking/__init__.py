@@ -21,8 +21,8 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from fedpeft.errors import UserError
-from fedpeft.registry import TRACKERS, resolve
-from fedpeft.tracking.backends import TrackerEntry, register_tracker
+from fedpeft.registry import resolve
+from fedpeft.tracking.backends import TRACKERS, TrackerEntry, register_tracker
 
 if TYPE_CHECKING:  # neither is imported here: the config's validation registers the built-in trackers
     from fedpeft.config import RunConfig

@@ -12,7 +12,7 @@ from __future__ import annotations
 from fedpeft.lazy import lazy_getattr
 
 _EXPORTS = {
-    "PEFT_METHODS": "fedpeft.registry",
+    "PEFT_METHODS": "fedpeft.tuners.registry",
     "PeftMethod": "fedpeft.tuners.registry",
     "TunerContext": "fedpeft.tuners.registry",
     "register_peft_method": "fedpeft.tuners.registry",

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
+from fedpeft import registry
 from fedpeft.config.schema import PeftOptions, check_options_model
 from fedpeft.plugins import load_built_ins
-from fedpeft.registry import PEFT_METHODS, CodeRef, resolve
+from fedpeft.registry import CodeRef, resolve
 
 if TYPE_CHECKING:  # the types of the contract; importing this module loads none of them (no torch)
     from torch import nn
@@ -89,6 +90,10 @@ class PeftMethod(Generic[PeftOptionsT]):
     @property
     def head_params(self) -> HeadParams | None:
         return None if self.head_params_code is None else resolve(self.head_params_code)
+
+
+# the registry of fedpeft.registry, typed with its full entries (the same object)
+PEFT_METHODS = cast("registry.Registry[PeftMethod[Any]]", registry.PEFT_METHODS)
 
 
 def register_peft_method(
