@@ -40,6 +40,17 @@ class PeftOptions(Section):
     maps_to_heads: ClassVar[bool] = False
     # why the method cannot adapt a vision transformer (task.type image_classification), or None when it can
     no_images: ClassVar[str | None] = None
+    # what the method's trainable tensors are, for the algorithms and reports that depend on it (each one is
+    # read through its flag, never through the method's name, so that a plugin method can declare it too):
+    # LoRA factor pairs (lora_A, lora_B) on the adapted weights, as the federated LoRA methods aggregate them
+    lora_factors: ClassVar[bool] = False
+    # a key/value prompt for every layer (fedpeft.tuners.prefix_layers reads its layout when the options have
+    # projection off), as FedPepTAO and FedSP exchange them
+    layer_prefixes: ClassVar[bool] = False
+    # every weight of the backbone (the baseline `fedpeft model` compares sizes with: paper 004's Eq. 1)
+    trains_every_weight: ClassVar[bool] = False
+    # options a short label of the method shows beside its name in reports (e.g. ("r",): "lora r16")
+    label_options: ClassVar[tuple[str, ...]] = ()
 
     def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this method cannot
@@ -868,8 +879,16 @@ def check_options_model(model: object, section: Literal["peft", "algorithm"], na
                          f"{tag}: Literal[{name!r}] = {name!r}")
 
 
+def peft_methods_with(flag: str) -> list[str]:
+    """The registered PEFT methods whose options set the class flag ``flag`` (e.g. "layer_prefixes"), by name."""
+    load_built_ins()
+    return sorted(name for name, entry in PEFT_METHODS.items() if getattr(entry.options, flag, False))
+
+
 def options_for(section: str, name: str) -> type[BaseModel]:
-    """The options model registered under ``name`` for section "peft" or "algorithm"."""
+    """The options model registered under ``name`` for section "peft" or "algorithm" (fedpeft's built-ins
+    registered first)."""
+    load_built_ins()
     registry, tag = _SECTIONS["peft" if section == "peft" else "algorithm"]
     if name not in registry:
         raise ValueError(f"{section}.{tag}: unknown choice {name!r}; valid choices: {', '.join(sorted(registry))}")
