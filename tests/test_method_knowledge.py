@@ -21,9 +21,8 @@ KNOWN = {
     # aggregation choose "fedavg", a plain weighted mean, in their own server step (configs name them so)
     ("algorithms/fedpeptao/halves.py", "fedavg"), ("algorithms/fedpeptao/options.py", "fedavg"),
     ("algorithms/headprune/halves.py", "fedavg"), ("algorithms/headprune/options.py", "fedavg"),
-    # the config's defaults (peft.method: lora, algorithm.name: fedavg) and the sections they switch
-    ("config/load.py", "lora"), ("config/load.py", "fedavg"), ("config/schema.py", "lora"),
-    ("config/schema.py", "fedavg"),
+    # the config's defaults (peft.method: lora, algorithm.name: fedavg: DEFAULT_CHOICES)
+    ("config/schema.py", "lora"), ("config/schema.py", "fedavg"),
 }
 
 

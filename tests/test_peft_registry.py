@@ -125,7 +125,9 @@ def test_registration_mistakes_are_refused_with_the_fix():
     with pytest.raises(ValueError, match="save_format 'pickle'"):
         fedpeft.register_peft_method("mine", options=Mine, apply=apply, save_format="pickle")
     with pytest.raises(TypeError, match="analytic_ops must be a function"):
-        fedpeft.register_peft_method("mine", options=Mine, apply=apply, analytic_ops=("qkv", "convolution"))
+        fedpeft.register_peft_method("mine", options=Mine, apply=apply, analytic_ops=42)
+    with pytest.raises(TypeError, match="rows are declared as a function .* frozen_backbone"):  # the old form
+        fedpeft.register_peft_method("mine", options=Mine, apply=apply, analytic_ops=("qkv", "attention", "fc"))
     with pytest.raises(ValueError, match="give head_params exactly when"):
         fedpeft.register_peft_method("headed", options=Headed, apply=apply)
     with pytest.raises(ValueError, match="already registered"):

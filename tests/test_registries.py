@@ -225,6 +225,32 @@ def test_the_ladder_holds_counting_imports_made_only_for_type_checkers(tmp_path)
     assert out.returncode == 0 and "1 kept, 0 broken" in out.stdout, out.stdout[-3000:]
 
 
+PUBLIC_READS = """
+from fedpeft.data.catalog import dataset_entry
+import fedpeft.tuners, fedpeft.algorithms
+from fedpeft.config.schema import RuntimeConfig
+from fedpeft.registry import PEFT_METHODS
+print(len(PEFT_METHODS), dataset_entry("sst2").hub_id, len(fedpeft.tuners.PEFT_METHODS),
+      len(fedpeft.algorithms.ALGORITHMS), RuntimeConfig(name="flower").name)
+"""
+
+
+def test_the_public_reads_register_the_built_ins_first():
+    """Nothing registers at import, so every public way of reading a registry registers fedpeft's built-ins first
+    (a fresh interpreter: the test suite itself registers them in conftest.py)."""
+    out = subprocess.run([sys.executable, "-c", PUBLIC_READS], capture_output=True, text=True, check=True)
+    raw_before, hub_id, methods, algorithms, runtime = out.stdout.split()
+    assert (raw_before, hub_id, runtime) == ("0", "nyu-mll/glue", "flower")
+    assert int(methods) >= 9 and int(algorithms) >= 14
+
+
+def test_the_registration_functions_the_origin_skips_are_fedpeft_s_own():
+    from fedpeft import registry
+
+    assert all(callable(getattr(fedpeft, name)) for name in registry._REGISTRATION_FUNCTIONS)
+    assert registry._REGISTRATION_FUNCTIONS == {n for n in fedpeft.__all__ if n.startswith("register_")}
+
+
 def test_registering_every_built_in_imports_no_torch():
     probe = ("import sys; from fedpeft.plugins import load_built_ins; load_built_ins(); "
              "from fedpeft.registry import ALGORITHMS, PEFT_METHODS; "

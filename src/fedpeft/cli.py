@@ -411,7 +411,6 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     """List the registered algorithms and PEFT methods (built-in and the given plugins')."""
-
     from fedpeft import listing
     from fedpeft.plugins import load_plugins, resolve_plugin
 

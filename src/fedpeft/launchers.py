@@ -79,6 +79,7 @@ def run_config(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: boo
     names; returns the run's summary. The arguments are those of :class:`Launch`."""
     from fedpeft.config import ConfigError
 
+    load_built_ins()
     try:
         entry = RUNTIMES.get(cfg.runtime.name)
     except ValueError as exc:

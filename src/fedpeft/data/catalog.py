@@ -232,7 +232,9 @@ def register_dataset(
 
 
 def dataset_entry(name: str) -> DatasetEntry | None:
-    """The registered dataset ``name`` (None: a local path or a Hub id, not a registered name)."""
+    """The registered dataset ``name`` (None: a local path or a Hub id, not a registered name; fedpeft's
+    built-ins registered first)."""
+    load_built_ins()
     return DATASETS.get(name) if name in DATASETS else None
 
 

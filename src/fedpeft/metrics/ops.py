@@ -78,24 +78,12 @@ def paper000_macs(method: str, L: int, d: int, T: int, options: Mapping[str, Any
     vs ours"). It is a reconstruction fitted to the printed figures, not a formula the paper states.
 
     With a = L T d^2 (one d x d product over T tokens in each of the L attention modules), b = L T^2 d and
-    c = L T d, each method declares a fixed part and a part scaled by the kept fraction of heads (its package's
-    ``ops.py``; the shared terms in :mod:`fedpeft.tuners.analytic_ops`):
-
-    * the frozen backbone: query/key/value projections forward and input gradient 6a, attention 5b (pruned);
-      the attention output projection ("FC" in Table 6) forward and input gradient 2a (not pruned); no
-      feed-forward block, embeddings or task head;
-    * full fine-tuning adds the weight gradients: 3a (q, k, v; pruned) and a (output projection; not pruned);
-    * LoRA of rank r on q, k, v: 3 x 6 T d r per module (forward 2, backward 4 products of T d r), of which
-      12 r c is not pruned and 6 r c is, plus (d / H) c (pruned) whatever the rank: a fitted term the
-      figures need (d / H = 64 for every Table 7 backbone but RoBERTa's 42.7, which fits RoBERTa better
-      than a constant 64 or T / 8 would; ``heads`` None takes 64);
-    * IA3: 9c (three scaling vectors, forward c and backward 2c; pruned) and the q/k/v weight-gradient term 3a;
-    * input prompts (prompt tuning, P-tuning v1) of Tp tokens inside the T-token window (T - Tp input tokens):
-      the backbone rows over T - Tp tokens with q/k/v forward only (3a'), plus 2 Tp d^2 (not pruned) and
-      9 Tp d^2 (pruned) once; prompts at every layer (prefix tuning, the paper's P-tuning): the same with
-      the prompt row in each of the L modules (the 20 virtual tokens of Table 3 are inferred: the paper does
-      not print them);
-    * methods the paper does not count (bottleneck adapters, BitFit): the frozen backbone.
+    c = L T d, each method declares a fixed part and a part scaled by the kept fraction of heads, written in its
+    package's ``ops.py`` (the frozen backbone and the input prompts, which several methods count, in
+    :mod:`fedpeft.tuners.analytic_ops`). The frozen backbone: query/key/value projections forward and input
+    gradient 6a, attention 5b (pruned); the attention output projection ("FC" in Table 6) forward and input
+    gradient 2a (not pruned); no feed-forward block, embeddings or task head. Methods the paper does not count
+    (bottleneck adapters, BitFit) count as the frozen backbone.
 
     Units: MACs (one multiply-add = 1), the paper's "OPs"; G = 1e9. A ValueError for a method whose declaration
     has no MAC terms.

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from fedpeft.errors import UserError
+from fedpeft.plugins import load_built_ins
 from fedpeft.registry import resolve
 from fedpeft.tracking.backends import TRACKERS, TrackerEntry, register_tracker
 
@@ -46,6 +47,7 @@ class TrackerUnavailable(UserError, ImportError):
 
 def tracker_entry(name: str) -> TrackerEntry:
     """The registered tracker ``name`` (a one-line ConfigError listing the registered ones otherwise)."""
+    load_built_ins()
     try:
         return TRACKERS.get(name)
     except ValueError as exc:

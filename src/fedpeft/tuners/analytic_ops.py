@@ -104,8 +104,8 @@ def prompt_terms(L: int, d: int, T: int, options: Mapping[str, Any], copies: int
     inside the T-token window."""
     Lf, df, Tf = float(L), float(d), float(T)
     Tp = float(int(options.get("num_virtual_tokens", 0) or 0))
-    prompt = sum(prompt_row(df, Tf, Tp))
-    rows = ((sum(qkv_row(Lf, df, Tf)), True), (sum(fc_row(Lf, df, Tf)), False), (copies * prompt, True))
+    fwd, bwd = prompt_row(df, Tf, Tp)
+    rows = ((sum(qkv_row(Lf, df, Tf)), True), (sum(fc_row(Lf, df, Tf)), False), (sum((copies * fwd, copies * bwd)), True))
     Ti = max(Tf - Tp, 0.0)
     fixed = 2 * Lf * Ti * df * df + copies * 2 * Tp * df * df
     pruned = 3 * Lf * Ti * df * df + 5 * Lf * Ti * Ti * df + copies * 9 * Tp * df * df

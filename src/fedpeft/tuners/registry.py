@@ -147,6 +147,11 @@ def register_peft_method(
     if save_format not in SAVE_FORMATS:
         raise ValueError(f"register_peft_method({name!r}): save_format {save_format!r}; choose one of "
                          f"{', '.join(SAVE_FORMATS)}")
+    if isinstance(analytic_ops, tuple | list):
+        raise TypeError(f"register_peft_method({name!r}): analytic_ops {tuple(analytic_ops)!r}: Table 6's rows are "
+                        "declared as a function (L, d, T, options, heads) -> OpsTerms now; "
+                        "fedpeft.tuners.analytic_ops has the shared rows and the declarations frozen_backbone and "
+                        "input_prompts")
     analytic_ops_code = CodeRef(analytic_ops) if isinstance(analytic_ops, str) else analytic_ops
     if analytic_ops_code is not None and not isinstance(analytic_ops_code, CodeRef) and not callable(analytic_ops_code):
         raise TypeError(f"register_peft_method({name!r}): analytic_ops must be a function (L, d, T, options, heads) "
