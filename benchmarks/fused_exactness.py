@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 from results_io import load_config, print_table, save  # benchmarks/results_io.py
 
-from fedpeft.plugins import load_built_ins
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.tuners import PEFT_METHODS
 
@@ -57,7 +56,6 @@ def main() -> None:
                     "clients together)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    load_built_ins()  # the registry read below, before any config is validated
     methods = args.methods or sorted(m for m in PEFT_METHODS.names() if PEFT_METHODS.get(m).trains_batched)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,36 +11,45 @@ from fedpeft.metrics.accounting import (
 
 
 def test_appendix_a_rows_by_hand():
-    rows = ops.components(L=2, d=3, T=4, r=1, Tp=1)
-    assert rows["qkv"] == (2 * 4 * 27, 2 * (4 * 27 + 4 * 9))
-    assert rows["attention"] == (2 * (16 * 9 + 64 * 3), 2 * (16 * 9 + 3 * 64 * 3))
-    assert rows["lora"] == (2 * (4 * 9 * 1 + 4 * 1 * 3), 2 * (4 * 9 * 1 + 2 * 4 * 1 * 3 + 4 * 1 * 3 + 4 * 27))
-    assert rows["ia3"] == (2 * 4 * 3, 2 * 2 * 4 * 3)
+    from fedpeft.tuners import analytic_ops as rows
+    from fedpeft.tuners.ia3.ops import ia3_row
+    from fedpeft.tuners.lora.ops import lora_row
+
+    assert rows.qkv_row(2, 3, 4) == (2 * 4 * 27, 2 * (4 * 27 + 4 * 9))
+    assert rows.attention_row(2, 3, 4) == (2 * (16 * 9 + 64 * 3), 2 * (16 * 9 + 3 * 64 * 3))
+    assert lora_row(2, 3, 4, 1) == (2 * (4 * 9 * 1 + 4 * 1 * 3), 2 * (4 * 9 * 1 + 2 * 4 * 1 * 3 + 4 * 1 * 3 + 4 * 27))
+    assert ia3_row(2, 3, 4) == (2 * 4 * 3, 2 * 2 * 4 * 3)
     fwd = 1 * 27 + 25 * 9 + 125 * 3
     bwd = 1 * 27 + 25 * 9 + 3 * 125 * 3
-    assert rows["prompt_tuning"] == (fwd, bwd)
-    assert rows["p_tuning"] == (2 * fwd, 2 * bwd)
+    assert rows.prompt_row(3, 4, 1) == (fwd, bwd)
 
 
 def test_method_sums():
+    from fedpeft.tuners import analytic_ops as rows
+    from fedpeft.tuners.lora.ops import lora_row
+
     L, d, T = 2, 3, 4
-    rows = ops.components(L, d, T, r=2)
-    backbone = sum(map(sum, (rows["qkv"], rows["attention"], rows["fc"])))
+    qkv, attention, fc = (sum(row(L, d, T)) for row in (rows.qkv_row, rows.attention_row, rows.fc_row))
+    backbone = qkv + attention + fc
     assert ops.sequence_ops("full", L, d, T) == backbone
-    assert ops.sequence_ops("lora", L, d, T, {"r": 2}) == backbone + sum(rows["lora"])
-    pt = ops.components(L, d, T, Tp=5)
-    assert ops.sequence_ops("prompt_tuning", L, d, T, {"num_virtual_tokens": 5}) == (
-        sum(pt["qkv"]) + sum(pt["fc"]) + sum(pt["prompt_tuning"]))
-    assert ops.sequence_ops("prefix_tuning", L, d, T, {"num_virtual_tokens": 5}) == (
-        sum(pt["qkv"]) + sum(pt["fc"]) + sum(pt["p_tuning"]))
+    assert ops.sequence_ops("lora", L, d, T, {"r": 2}) == backbone + sum(lora_row(L, d, T, 2))
+    prompt = sum(rows.prompt_row(d, T, 5))
+    assert ops.sequence_ops("prompt_tuning", L, d, T, {"num_virtual_tokens": 5}) == qkv + fc + prompt
+    assert ops.sequence_ops("p_tuning", L, d, T, {"num_virtual_tokens": 5}) == qkv + fc + prompt
+    # prompts at every layer: Table 6's P-tuning row, L times the prompt row
+    assert ops.sequence_ops("prefix_tuning", L, d, T, {"num_virtual_tokens": 5}) == qkv + fc + L * prompt
+    for method in ("bitfit", "houlsby", "pfeiffer"):  # no row of their own: the backbone
+        assert ops.sequence_ops(method, L, d, T) == backbone
 
 
 def test_pruned_ops_scale_head_rows_only():
+    from fedpeft.tuners import analytic_ops as rows
+    from fedpeft.tuners.lora.ops import lora_row
+
     L, d, T = 2, 3, 4
-    rows = ops.components(L, d, T, r=2)
-    head = sum(map(sum, (rows["qkv"], rows["attention"], rows["lora"])))
+    head = sum(rows.qkv_row(L, d, T)) + sum(rows.attention_row(L, d, T)) + sum(lora_row(L, d, T, 2))
     assert ops.sequence_ops("lora", L, d, T, {"r": 2}, head_fraction=0.25) == pytest.approx(
-        0.25 * head + sum(rows["fc"]))
+        0.25 * head + sum(rows.fc_row(L, d, T)))
     assert ops.sequence_ops("lora", L, d, T, {"r": 2}, head_fraction=1.0) == ops.sequence_ops("lora", L, d, T, {"r": 2})
     # the documented reading: T5-small (L=18, d=512), LoRA r=16, T=512, 90% sparsity -> 3.81x (paper: 3.9x)
     ratio = ops.sequence_ops("lora", 18, 512, 512, {"r": 16}) / ops.sequence_ops("lora", 18, 512, 512, {"r": 16}, 0.1)

@@ -22,7 +22,7 @@ from fedpeft.config.schema import options_for
 from fedpeft.models import registry
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.tuners import PEFT_METHODS, apply_tuner, method_options, registered_peft_method
-from fedpeft.tuners.registry import ANALYTIC_ROWS
+from fedpeft.tuners.analytic_ops import OpsTerms
 
 EXAMPLE = REPO / "examples" / "custom_peft_method"
 PLUGIN = str(EXAMPLE / "plugin.py")
@@ -33,7 +33,10 @@ def test_every_registered_method_keeps_the_contract(name, tmp_path):
     entry = registered_peft_method(name)
     assert options_for("peft", name) is entry.options and entry.options().method == name
     assert entry.options.maps_to_heads == (entry.head_params is not None)
-    assert entry.analytic_ops is None or set(entry.analytic_ops) <= set(ANALYTIC_ROWS)
+    if entry.analytic_ops is not None:  # what it declares is a count of one sequence, in both conventions
+        terms = entry.analytic_ops(2, 8, 4, entry.options().model_dump(), 2)
+        assert isinstance(terms, OpsTerms) and terms.appendix_a_ops() > terms.appendix_a_ops(0.5) > 0
+        assert terms.paper000_ops() is None or terms.paper000_ops() > 0
     tok = registry.load_tokenizer("tiny-bert")
     tuned = apply_tuner(registry.load_model("tiny-bert", "classification", num_labels=2, tokenizer=tok, seed=3),
                         method_options(name), "classification", tokenizer=tok)
@@ -121,8 +124,10 @@ def test_registration_mistakes_are_refused_with_the_fix():
         fedpeft.register_peft_method("other", options=Mine, apply=apply)
     with pytest.raises(ValueError, match="save_format 'pickle'"):
         fedpeft.register_peft_method("mine", options=Mine, apply=apply, save_format="pickle")
-    with pytest.raises(ValueError, match="analytic_ops"):
-        fedpeft.register_peft_method("mine", options=Mine, apply=apply, analytic_ops=("qkv", "convolution"))
+    with pytest.raises(TypeError, match="analytic_ops must be a function"):
+        fedpeft.register_peft_method("mine", options=Mine, apply=apply, analytic_ops=42)
+    with pytest.raises(TypeError, match="rows are declared as a function .* frozen_backbone"):  # the old form
+        fedpeft.register_peft_method("mine", options=Mine, apply=apply, analytic_ops=("qkv", "attention", "fc"))
     with pytest.raises(ValueError, match="give head_params exactly when"):
         fedpeft.register_peft_method("headed", options=Headed, apply=apply)
     with pytest.raises(ValueError, match="already registered"):
@@ -137,7 +142,76 @@ def test_registration_mistakes_are_refused_with_the_fix():
         options_for("peft", "mine")
 
 
-def test_the_rows_a_method_may_declare_are_the_rows_of_table_6():
-    from fedpeft.metrics.ops import components
+QV_LORA_PLUGIN = '''"""LoRA on the query and value projections only (as in the LoRA paper), a plugin that declares what head pruning
+and paper 000's OPs need: its head map and its analytic OPs."""
 
-    assert set(ANALYTIC_ROWS) == set(components(2, 8, 4, r=2, Tp=2))
+from typing import ClassVar, Literal
+
+import fedpeft
+from fedpeft.tuners.analytic_ops import OpsTerms, backbone_rows, head_row, paper000_products
+
+CALLS = []
+
+
+class QvLoraOptions(fedpeft.PeftOptions):
+    method: Literal["qv_lora"] = "qv_lora"
+    maps_to_heads: ClassVar[bool] = True  # its head map is declared below
+    lora_factors: ClassVar[bool] = True
+    r: int = 4
+    alpha: float = 8.0
+    dropout: float = 0.0
+    target_modules: list[str] = ["query", "value"]  # BERT's names
+
+
+def qv_lora_ops(L, d, T, options, heads):
+    """The backbone's rows and two thirds of Table 6's LoRA row (two of the three projections)."""
+    CALLS.append((L, d, T, heads))
+    r = float(options["r"])
+    row = (L * (T * d**2 * r + T * r**2 * d), L * (T * d**2 * r + 2 * T * r * d + T * r**2 * d + T * d**3))
+    a, b, c = paper000_products(L, d, T)
+    return OpsTerms((*backbone_rows(L, d, T), head_row((2 * row[0] / 3, 2 * row[1] / 3))),
+                    (2 * a + 8 * r * c, 6 * a + 5 * b + 4 * r * c))
+
+
+fedpeft.register_peft_method("qv_lora", options=QvLoraOptions, apply="fedpeft.tuners.lora.apply:apply_lora",
+                             save_format="peft", trains_task_head=True, analytic_ops=qv_lora_ops,
+                             head_params="fedpeft.heads.layout:qkv_head_params")
+'''
+
+
+@pytest.mark.needs_data
+def test_a_plugin_method_gets_head_pruning_and_the_analytic_ops_by_declaring_them(tmp_path, capsys):
+    """Nothing outside the plugin names it: headprune splits its tensors by head with the head map it declares,
+    and runs count the analytic OPs it declares (scaled to the kept heads), as for a built-in."""
+    from helpers import tiny_config
+
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+
+    plugin = tmp_path / "qv_lora.py"
+    plugin.write_text(QV_LORA_PLUGIN)
+    cfg = tiny_config("peft={method: qv_lora}", "algorithm={name: headprune, sparsity: 0.5}", "federation.rounds=1",
+                      plugins=[str(plugin)])
+    rt = EmbeddedRuntime(cfg, tmp_path / "run")
+    rt.run()
+    layout = rt.exp.head_layout
+    assert layout is not None and layout.params
+    adapted = {part for name in layout.params for part in name.split(".") if part in ("query", "key", "value")}
+    assert adapted == {"query", "value"} and all("lora_B" in name for name in layout.params)
+    row = read_metrics(tmp_path / "run")[1]
+    assert not row.get("rejected") and row["agg_kept_heads_mean"] == layout.num_heads / 2
+    assert row["ops_analytic"] > 0 and all(v > 0 for v in row["client_ops_analytic"].values())
+    declared = sys.modules[next(m for m in sys.modules if m.startswith("fedpeft_plugin_") and "qv_lora" in m)]
+    assert declared.CALLS  # the run counted with the plugin's own function
+    trainer = rt.exp.trainer
+    assert {f for _, f in trainer._ops_cache} == {0.5}
+    for (T, fraction), ops in trainer._ops_cache.items():
+        terms = declared.qv_lora_ops(layout.num_modules, rt.exp.shape.hidden, T, cfg.peft.model_dump(), None)
+        assert ops == terms.appendix_a_ops(fraction) < terms.appendix_a_ops()
+    # fedpeft model counts it too: both conventions, dense and with half the heads pruned
+    capsys.readouterr()
+    assert main(["model", "tiny-bert", "--plugin", str(plugin), "--methods", "qv_lora", "--sparsity", "0.5",
+                 "--json"]) == 0
+    (shown,) = json.loads(capsys.readouterr().out)["methods"]
+    assert shown["method"] == "qv_lora" and shown["kept_heads"] == shown["num_heads"] // 2
+    assert 0 < shown["ops_pruned"]["appendix_a"] < shown["ops"]["appendix_a"]
+    assert 0 < shown["ops_pruned"]["paper000_macs"] < shown["ops"]["paper000_macs"]

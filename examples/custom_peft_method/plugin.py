@@ -44,6 +44,6 @@ def apply_layernorm_tuning(model: nn.Module, options: LayerNormTuningOptions, ct
 
 
 # save_format "state": the trained gains and biases go to RUN_DIR/adapter/fedpeft_adapter.safetensors;
-# no analytic_ops rows: runs report measured FLOPs and the analytic OPs as unknown (null).
+# no analytic_ops (fedpeft.tuners.analytic_ops): runs report measured FLOPs and the analytic OPs as unknown (null).
 fedpeft.register_peft_method("layernorm", options=LayerNormTuningOptions, apply=apply_layernorm_tuning,
                              save_format="state")

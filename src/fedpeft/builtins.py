@@ -31,7 +31,8 @@ def register() -> None:
     for root in METHOD_PACKAGES:
         package = importlib.import_module(root)
         for found in pkgutil.walk_packages(package.__path__, prefix=f"{root}."):
-            if found.ispkg:
-                register_package = getattr(importlib.import_module(found.name), "register", None)
-                if register_package is not None:
-                    register_package()
+            if not found.ispkg:
+                continue
+            register_package = getattr(importlib.import_module(found.name), "register", None)
+            if callable(register_package):  # a method's package (a family's shared package, lora/, has none)
+                register_package()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from fedpeft.config import ConfigError, apply_overrides, dump_config, load_config, validate_config
+from fedpeft.config.schema import options_for
 from fedpeft.errors import UserError
 from fedpeft.plugins import load_built_ins
 
@@ -410,7 +411,6 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     """List the registered algorithms and PEFT methods (built-in and the given plugins')."""
-
     from fedpeft import listing
     from fedpeft.plugins import load_plugins, resolve_plugin
 
@@ -461,7 +461,9 @@ def cmd_model(args: argparse.Namespace) -> int:
         raise ConfigError(f"--set peft.{unused[0]}: none of the methods {', '.join(methods)} has that option; "
                           "`fedpeft config` lists each method's options")
     rows, skipped = [], {}
-    for m in dict.fromkeys([*methods, "full"]):  # full fine-tuning: what paper 004's Eq. 1 compares with
+    # full fine-tuning (the method that trains every weight): what paper 004's Eq. 1 compares with
+    baseline = next((m for m in every if options_for("peft", m).trains_every_weight), None)
+    for m in dict.fromkeys([*methods, *([baseline] if baseline else [])]):
         # validated as `fedpeft run` validates them (one-line errors naming the key and the allowed values)
         opts = load_config(None, [f"peft={{method: {m}}}", *(f"peft.{k}={v}" for k, v in options.items()
                                                             if k in _option_names(m))], plugins=args.plugin).peft
@@ -470,7 +472,7 @@ def cmd_model(args: argparse.Namespace) -> int:
                                   tokens=args.tokens))
         except ValueError as exc:  # the method cannot drive this model (e.g. prompts on an encoder-decoder classifier)
             skipped[m] = str(exc).splitlines()[0]
-    full = next((r for r in rows if r.method == "full"), None)
+    full = next((r for r in rows if r.method == baseline), None)
     rows, skipped = [r for r in rows if r.method in methods], {m: why for m, why in skipped.items() if m in methods}
     reduction = {r.method: 1.0 - r.run_bytes / full.run_bytes for r in rows} if full is not None else {}
     dims = ({"layers": shape.num_layers, "attention_modules": shape.num_attention_modules, "heads": shape.num_heads,

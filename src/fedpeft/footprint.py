@@ -85,7 +85,7 @@ def footprint(name: str, config, method_opts, kind: str, *, num_labels: int = 2,
     from fedpeft.tuners import apply_tuner, registered_peft_method
 
     method = method_opts.method
-    rows = registered_peft_method(method).analytic_ops
+    declared = registered_peft_method(method).analytic_ops
     tuned = apply_tuner(build_on_meta(config, kind, num_labels), method_opts, kind)
     spec = tuned.spec()
     head_names = _task_head_names(spec, config.model_type)
@@ -96,7 +96,7 @@ def footprint(name: str, config, method_opts, kind: str, *, num_labels: int = 2,
         model=name, method=method, options=options, kind=kind, trainable=tuned.num_trainable(),
         peft_parameters=peft_params, task_head_parameters=tuned.num_trainable() - peft_params,
         paper_mib=4 * peft_params / MIB, run_bytes=wire.encoded_size(spec, _UPDATE_META), tokens=tokens,
-        ops=analytic.all_conventions(method, config, tokens, options, rows=rows), sparsity=sparsity)
+        ops=analytic.all_conventions(declared, config, tokens, options), sparsity=sparsity)
     if sparsity is None:
         return out
     try:
@@ -113,6 +113,6 @@ def footprint(name: str, config, method_opts, kind: str, *, num_labels: int = 2,
     out.num_heads, out.kept_heads, out.head_parameters = layout.num_heads, kept, head_params
     out.paper_mib_pruned = 4 * (peft_params - head_params + (1.0 - sparsity) * head_params) / MIB
     out.run_bytes_pruned = wire.encoded_size(packed, {**_UPDATE_META, **_IMPORTANCE_META})
-    out.ops_pruned = analytic.all_conventions(method, config, tokens, options, head_fraction=kept / layout.num_heads,
-                                              sparsity=sparsity, rows=rows)
+    out.ops_pruned = analytic.all_conventions(declared, config, tokens, options,
+                                              head_fraction=kept / layout.num_heads, sparsity=sparsity)
     return out

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from fedpeft import registry
 from fedpeft.plugins import load_built_ins
-from fedpeft.registry import RUNTIMES, CodeRef, code_ref, resolve
+from fedpeft.registry import CodeRef, code_ref, resolve
 
 if TYPE_CHECKING:
     from fedpeft.config import RunConfig
@@ -46,6 +47,10 @@ class RuntimeEntry:
     in_process: bool = True
 
 
+# the registry of fedpeft.registry, typed with its full entries (the same object)
+RUNTIMES = cast("registry.Registry[RuntimeEntry]", registry.RUNTIMES)
+
+
 def register_runtime(name: str, launch: Launch | CodeRef | str, *, in_process: bool = True) -> RuntimeEntry:
     """Make ``name`` a valid ``runtime.name`` in every config from now on; returns its entry.
 
@@ -74,6 +79,7 @@ def run_config(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: boo
     names; returns the run's summary. The arguments are those of :class:`Launch`."""
     from fedpeft.config import ConfigError
 
+    load_built_ins()
     try:
         entry = RUNTIMES.get(cfg.runtime.name)
     except ValueError as exc:

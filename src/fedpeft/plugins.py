@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import logging
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
@@ -37,6 +38,7 @@ ENTRY_POINT_GROUP = "fedpeft.plugins"
 BUILT_INS_ENTRY_POINT = "fedpeft.builtins:register"
 _installed_loaded = False
 _built_ins_loaded = False
+_built_ins_lock = threading.RLock()
 
 
 class PluginError(UserError, ImportError):
@@ -130,25 +132,28 @@ def _call(entry_point: EntryPoint) -> None:
 def load_built_ins() -> None:
     """Register (once per process) fedpeft's own algorithms, PEFT methods, datasets, trackers and runtimes: the
     entry point that fedpeft's package itself declares in the ``fedpeft.plugins`` group
-    (:data:`BUILT_INS_ENTRY_POINT`), the door an installed plugin package uses too. fedpeft.config calls it when
-    imported. Package metadata that lacks it (an install older than this source, or a source tree on the path)
-    gets the same entry point, with a warning to reinstall."""
+    (:data:`BUILT_INS_ENTRY_POINT`), the door an installed plugin package uses too. Importing fedpeft registers
+    nothing; this runs when something first needs the registries: a config's validation, a command, the public
+    ``register_*`` functions and lookups. Package metadata that lacks it (an install older than this source, or
+    a source tree on the path) gets the same entry point, with a warning to reinstall. Thread-safe: another
+    thread waits until the registries are complete."""
     global _built_ins_loaded
-    if _built_ins_loaded:
-        return
-    own = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if _is_fedpeft_own(ep)]
-    if not own:
-        log.warning("fedpeft's package metadata lacks its %s entry point (an install older than this source?): "
-                    "registering the built-ins directly; reinstall with bash scripts/install.sh or pip install -e .",
-                    ENTRY_POINT_GROUP)
-        own = [EntryPoint(name="fedpeft", value=BUILT_INS_ENTRY_POINT, group=ENTRY_POINT_GROUP)]
-    _built_ins_loaded = True  # before the calls: a built-in's registration may validate a config
-    try:
-        for entry_point in own:
-            _call(entry_point)
-    except BaseException:
-        _built_ins_loaded = False  # a later attempt tries again rather than running without built-ins
-        raise
+    with _built_ins_lock:
+        if _built_ins_loaded:
+            return
+        own = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if _is_fedpeft_own(ep)]
+        if not own:
+            log.warning("fedpeft's package metadata lacks its %s entry point (an install older than this source?): "
+                        "registering the built-ins directly; reinstall with bash scripts/install.sh or pip install "
+                        "-e .", ENTRY_POINT_GROUP)
+            own = [EntryPoint(name="fedpeft", value=BUILT_INS_ENTRY_POINT, group=ENTRY_POINT_GROUP)]
+        _built_ins_loaded = True  # before the calls: a built-in's registration calls this again (same thread)
+        try:
+            for entry_point in own:
+                _call(entry_point)
+        except BaseException:
+            _built_ins_loaded = False  # a later attempt tries again rather than running without built-ins
+            raise
 
 
 def load_installed_plugins() -> list[str]:

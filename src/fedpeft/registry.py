@@ -13,14 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-if TYPE_CHECKING:  # the entry types live with their register functions, in layers above this one
-    from fedpeft.algorithms.registry import RegisteredAlgorithm
-    from fedpeft.data.catalog import DatasetEntry
-    from fedpeft.launchers import RuntimeEntry
-    from fedpeft.tracking.backends import TrackerEntry
-    from fedpeft.tuners.registry import PeftMethod
+from typing import Any, Generic, Protocol, TypeVar
 
 Entry = TypeVar("Entry")
 Code = TypeVar("Code")
@@ -148,13 +141,49 @@ def _registering_module() -> str:
     return str(frame.f_globals.get("__file__", module)) if module.startswith("fedpeft_plugin_") else module
 
 
+# What every layer may read of an entry. The full entry types live with their registration functions, in layers
+# above this one, which hold the same registries typed with them (fedpeft.algorithms.registry.ALGORITHMS,
+# fedpeft.tuners.registry.PEFT_METHODS, fedpeft.data.catalog.DATASETS, fedpeft.tracking.backends.TRACKERS,
+# fedpeft.launchers.RUNTIMES): nothing here names a module above it, not even for a type checker.
+
+
+class NamedEntry(Protocol):
+    """A registered tracker or runtime, as the config reads it (that the name exists)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class MethodEntry(Protocol):
+    """A registered algorithm or PEFT method, as the config reads it: its name and options model."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def options(self) -> type[Any]: ...
+
+
+class DatasetInfo(Protocol):
+    """A registered dataset, as the config reads it: its task type and default metric."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def task(self) -> str: ...
+
+    @property
+    def default_metric(self) -> str | None: ...
+
+
 # The registries of fedpeft's kinds; their entries are added by the public registration functions
 # (fedpeft.register_algorithm, fedpeft.register_peft_method), which fedpeft's built-ins call as plugins do.
-ALGORITHMS: Registry[RegisteredAlgorithm[Any]] = Registry("algorithm", "algorithm.name")
-PEFT_METHODS: Registry[PeftMethod[Any]] = Registry("PEFT method", "peft.method")
+ALGORITHMS: Registry[MethodEntry] = Registry("algorithm", "algorithm.name")
+PEFT_METHODS: Registry[MethodEntry] = Registry("PEFT method", "peft.method")
 
 # --- the open seams: registered through fedpeft.register_dataset / register_tracker / register_runtime ---
 
-DATASETS: Registry[DatasetEntry] = Registry("dataset", "task.dataset")
-TRACKERS: Registry[TrackerEntry] = Registry("tracker", "runtime.loggers")
-RUNTIMES: Registry[RuntimeEntry] = Registry("runtime", "runtime.name")
+DATASETS: Registry[DatasetInfo] = Registry("dataset", "task.dataset")
+TRACKERS: Registry[NamedEntry] = Registry("tracker", "runtime.loggers")
+RUNTIMES: Registry[NamedEntry] = Registry("runtime", "runtime.name")

@@ -10,7 +10,10 @@ load on first use.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fedpeft.lazy import lazy_getattr
+from fedpeft.plugins import load_built_ins
 
 _EXPORTS = {
     **dict.fromkeys(("ClientAlgorithm", "ClientContext", "RuntimeNeeds", "ServerAlgorithm", "UpdateMeta",
@@ -18,9 +21,15 @@ _EXPORTS = {
                     "fedpeft.algorithms.base"),
     **dict.fromkeys(("make_client", "make_server", "register_algorithm", "registered_algorithm", "runtime_needs"),
                     "fedpeft.algorithms.registry"),
-    "ALGORITHMS": "fedpeft.registry",
+    "ALGORITHMS": "fedpeft.algorithms.registry",
 }
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605
 
 
-__getattr__ = lazy_getattr("fedpeft.algorithms", _EXPORTS, globals())
+_lazy_getattr = lazy_getattr("fedpeft.algorithms", _EXPORTS, globals())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ALGORITHMS":  # the registry, read through this package, holds fedpeft's built-ins
+        load_built_ins()
+    return _lazy_getattr(name)

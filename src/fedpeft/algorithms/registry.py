@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+from fedpeft import registry
 from fedpeft.algorithms.base import ClientAlgorithm, OptionsT, RuntimeNeeds, ServerAlgorithm
 from fedpeft.config.schema import AlgorithmOptions, check_options_model
 from fedpeft.plugins import load_built_ins
-from fedpeft.registry import ALGORITHMS, CodeRef, resolve
+from fedpeft.registry import CodeRef, resolve
 from fedpeft.wire import Arrays
 
 if TYPE_CHECKING:
@@ -44,6 +45,10 @@ class RegisteredAlgorithm(Generic[OptionsT]):
     @property
     def client(self) -> ClientFactory[OptionsT]:
         return resolve(self.client_code)
+
+
+# the registry of fedpeft.registry, typed with its full entries (the same object)
+ALGORITHMS = cast("registry.Registry[RegisteredAlgorithm[Any]]", registry.ALGORITHMS)
 
 
 def _code(value: Code | str, what: str, name: str) -> Code | CodeRef:

@@ -12,13 +12,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fedpeft.config.schema import RunConfig, field_type, options_for
+from fedpeft.config.schema import DEFAULT_CHOICES, RunConfig, field_type, options_for
 from fedpeft.config.section import OptionValueError
 from fedpeft.errors import UserError
 
 log = logging.getLogger("fedpeft")
 # the sections whose options belong to one registered method, with their tag and default
-SWITCHABLE = {"peft": ("method", "lora"), "algorithm": ("name", "fedavg")}
+SWITCHABLE = {"peft": ("method", DEFAULT_CHOICES["peft"]), "algorithm": ("name", DEFAULT_CHOICES["algorithm"])}
 
 
 class ConfigError(UserError, ValueError):

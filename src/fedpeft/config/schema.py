@@ -40,6 +40,17 @@ class PeftOptions(Section):
     maps_to_heads: ClassVar[bool] = False
     # why the method cannot adapt a vision transformer (task.type image_classification), or None when it can
     no_images: ClassVar[str | None] = None
+    # what the method's trainable tensors are, for the algorithms and reports that depend on it (each one is
+    # read through its flag, never through the method's name, so that a plugin method can declare it too):
+    # LoRA factor pairs (lora_A, lora_B) on the adapted weights, as the federated LoRA methods aggregate them
+    lora_factors: ClassVar[bool] = False
+    # a key/value prompt for every layer (fedpeft.tuners.prefix_layers reads its layout when the options have
+    # projection off), as FedPepTAO and FedSP exchange them
+    layer_prefixes: ClassVar[bool] = False
+    # every weight of the backbone (the baseline `fedpeft model` compares sizes with: paper 004's Eq. 1)
+    trains_every_weight: ClassVar[bool] = False
+    # options a short label of the method shows beside its name in reports (e.g. ("r",): "lora r16")
+    label_options: ClassVar[tuple[str, ...]] = ()
 
     def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this method cannot
@@ -493,6 +504,7 @@ class TrackingConfig(Section):
 
 def _check_registered(registry: Registry[Any], key: str, name: str) -> None:
     """Refuse ``name`` (the value of the section's ``key``) unless ``registry`` holds it, listing those it holds."""
+    load_built_ins()
     if name not in registry:
         choices = ", ".join(repr(n) for n in registry.names()) or "none"
         raise OptionValueError(key, f"unknown choice {name!r}; valid choices: {choices}")
@@ -581,11 +593,13 @@ class RuntimeConfig(Section):
 
 def _all_peft_methods() -> dict[str, type[PeftOptions]]:
     """Every registered PEFT method's options model, by name (alphabetical)."""
+    load_built_ins()
     return {name: PEFT_METHODS[name].options for name in sorted(PEFT_METHODS)}
 
 
 def _all_algorithms() -> dict[str, type[AlgorithmOptions]]:
     """Every registered algorithm's options model, by name (alphabetical)."""
+    load_built_ins()
     return {name: ALGORITHMS[name].options for name in sorted(ALGORITHMS)}
 
 
@@ -599,20 +613,33 @@ def _choice_union(models: Any, tag: str) -> Any:
 
 
 _SECTIONS: dict[str, tuple[Registry[Any], str]] = {"peft": (PEFT_METHODS, "method"), "algorithm": (ALGORITHMS, "name")}
+# the choice a run config takes when it leaves the section out (the config's own defaults)
+DEFAULT_CHOICES = {"peft": "lora", "algorithm": "fedavg"}
 
 
-def section_choices(section: str) -> Any:
-    """The type of a run config's ``peft`` or ``algorithm`` section: the options models registered for it now
-    (fedpeft's built-ins registered first), built on request, so that registering a method changes no class."""
+def _registered(section: str) -> tuple[str, frozenset[type[BaseModel]]]:
+    """The tag of a run config's ``peft`` or ``algorithm`` section and the options models registered for it now
+    (fedpeft's built-ins registered first; a one-line error if none is)."""
     load_built_ins()
     registry, tag = _SECTIONS[section]
-    return _choice_union([entry.options for entry in registry.values()], tag)
+    models = frozenset(entry.options for entry in registry.values())
+    if not models:
+        raise ValueError(f"{section}.{tag}: no {registry.kind} is registered (fedpeft's built-ins did not register: "
+                         "reinstall fedpeft with bash scripts/install.sh)")
+    return tag, models
 
 
 @functools.lru_cache(maxsize=16)
-def _choices_adapter(tag: str, models: frozenset[type[BaseModel]]) -> TypeAdapter[Any]:
-    """A validator of the options models ``models`` told apart by ``tag`` (built once per set of models)."""
-    return TypeAdapter(_choice_union(models, tag))
+def _choices(tag: str, models: frozenset[type[BaseModel]]) -> tuple[Any, TypeAdapter[Any]]:
+    """The union type of ``models`` told apart by ``tag`` and its validator (built once per set of models)."""
+    union = _choice_union(models, tag)
+    return union, TypeAdapter(union)
+
+
+def section_choices(section: str) -> Any:
+    """The type of a run config's ``peft`` or ``algorithm`` section: the options models registered for it now,
+    built on request, so that registering a method changes no class."""
+    return _choices(*_registered(section))[0]
 
 
 def field_type(model: type[BaseModel], name: str) -> Any:
@@ -623,10 +650,11 @@ def field_type(model: type[BaseModel], name: str) -> Any:
     return model.model_fields[name].annotation
 
 
-def _default_options(registry: Registry[Any], name: str) -> Any:
-    """The options of the default choice ``name`` (fedpeft's built-ins registered first)."""
+def _default_options(section: str) -> Any:
+    """The options of the section's default choice (:data:`DEFAULT_CHOICES`; fedpeft's built-ins registered
+    first)."""
     load_built_ins()
-    return registry.get(name).options()
+    return _SECTIONS[section][0].get(DEFAULT_CHOICES[section]).options()
 
 
 class RunConfig(Section):
@@ -643,23 +671,20 @@ class RunConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     # validated by the options model registered under the section's tag (_registered_choice); SerializeAsAny:
     # dumped with that model's fields, not only the base class's
-    peft: SerializeAsAny[PeftOptions] = Field(default_factory=lambda: _default_options(PEFT_METHODS, "lora"))
-    algorithm: SerializeAsAny[AlgorithmOptions] = Field(
-        default_factory=lambda: _default_options(ALGORITHMS, "fedavg"))
+    peft: SerializeAsAny[PeftOptions] = Field(default_factory=lambda: _default_options("peft"))
+    algorithm: SerializeAsAny[AlgorithmOptions] = Field(default_factory=lambda: _default_options("algorithm"))
     federation: FederationConfig = Field(default_factory=FederationConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     system: SystemConfig = Field(default_factory=SystemConfig)
 
-    @field_validator("peft", "algorithm", mode="wrap")
+    @field_validator("peft", "algorithm", mode="plain")
     @classmethod
-    def _registered_choice(cls, value: Any, _handler: Any, info: ValidationInfo) -> Any:
+    def _registered_choice(cls, value: Any, info: ValidationInfo) -> Any:
         """The section validated by the options model registered under its tag, as the registries hold them
         now (errors name the tag, e.g. ``peft.lora.r``, and list the registered choices)."""
-        load_built_ins()
-        registry, tag = _SECTIONS[str(info.field_name)]
-        return _choices_adapter(tag, frozenset(entry.options for entry in registry.values())).validate_python(value)
+        return _choices(*_registered(str(info.field_name)))[1].validate_python(value)
 
     @model_validator(mode="after")
     def _printable_output_dir(self) -> RunConfig:
@@ -847,6 +872,7 @@ class RunConfig(Section):
         """The task's metric (task.metric or the task type's default), without the model it is scored on."""
         if self.task.metric:
             return self.task.metric
+        load_built_ins()
         entry = DATASETS.get(self.task.dataset) if self.task.dataset in DATASETS else None  # a registered dataset's
         if entry is not None and entry.default_metric and entry.task == self.task.type:
             return entry.default_metric
@@ -868,8 +894,16 @@ def check_options_model(model: object, section: Literal["peft", "algorithm"], na
                          f"{tag}: Literal[{name!r}] = {name!r}")
 
 
+def peft_methods_with(flag: str) -> list[str]:
+    """The registered PEFT methods whose options set the class flag ``flag`` (e.g. "layer_prefixes"), by name."""
+    load_built_ins()
+    return sorted(name for name, entry in PEFT_METHODS.items() if getattr(entry.options, flag, False))
+
+
 def options_for(section: str, name: str) -> type[BaseModel]:
-    """The options model registered under ``name`` for section "peft" or "algorithm"."""
+    """The options model registered under ``name`` for section "peft" or "algorithm" (fedpeft's built-ins
+    registered first)."""
+    load_built_ins()
     registry, tag = _SECTIONS["peft" if section == "peft" else "algorithm"]
     if name not in registry:
         raise ValueError(f"{section}.{tag}: unknown choice {name!r}; valid choices: {', '.join(sorted(registry))}")

@@ -17,10 +17,11 @@ import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from fedpeft import registry
 from fedpeft.plugins import load_built_ins
-from fedpeft.registry import DATASETS, CodeRef, code_ref, resolve
+from fedpeft.registry import CodeRef, code_ref, resolve
 
 Row = dict[str, Any]
 Loader = Callable[[str], list[Row]]  # a split name -> its rows in fedpeft's schema
@@ -157,6 +158,10 @@ class DatasetEntry:
         return None if self.derive_fields is None else resolve(self.derive_fields)
 
 
+# the registry of fedpeft.registry, typed with its full entries (the same object)
+DATASETS = cast("registry.Registry[DatasetEntry]", registry.DATASETS)
+
+
 def register_dataset(
     name: str,
     *,
@@ -227,7 +232,9 @@ def register_dataset(
 
 
 def dataset_entry(name: str) -> DatasetEntry | None:
-    """The registered dataset ``name`` (None: a local path or a Hub id, not a registered name)."""
+    """The registered dataset ``name`` (None: a local path or a Hub id, not a registered name; fedpeft's
+    built-ins registered first)."""
+    load_built_ins()
     return DATASETS.get(name) if name in DATASETS else None
 
 

@@ -18,6 +18,7 @@ from fedpeft.data.catalog import Row, dataset_entry
 from fedpeft.data.files import FILE_SUFFIXES, DataError, read_file
 from fedpeft.data.validate import Origin
 from fedpeft.errors import first_line
+from fedpeft.plugins import load_built_ins
 from fedpeft.registry import DATASETS
 
 
@@ -147,6 +148,7 @@ def _load_local_split(location: Path, split: str, label_column: str) -> list[Row
 
 def local_catalog_names(data_dir: str | None = None) -> list[str]:
     """Catalog datasets that have a folder in the local data directories."""
+    load_built_ins()
     return [name for name in DATASETS if any((base / name).is_dir() for base in data_dirs(data_dir))]
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from fedpeft.errors import UserError
 from fedpeft.models.layout import arch_spec, model_shape
+from fedpeft.plugins import load_built_ins
 from fedpeft.registry import PEFT_METHODS
 
 _LAYER_INDEX = re.compile(r"\.(?:layer|layers|block|h)\.(\d+)\.")
@@ -239,6 +240,7 @@ def prompt_head_params(spec: Mapping[str, tuple[tuple[int, ...], str]], geo: Hea
 def build_layout(spec: Mapping[str, tuple[tuple[int, ...], str]], config, method: str) -> HeadLayout:
     """Map the trainable parameters ``spec`` (name -> (shape, dtype)) of the registered PEFT ``method`` to heads,
     with the ``head_params`` it registered."""
+    load_built_ins()
     mapper = PEFT_METHODS.require(method, "peft method").head_params
     if mapper is None:
         heads = ", ".join(name for name, m in PEFT_METHODS.items() if m.head_params is not None)

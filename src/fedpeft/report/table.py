@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from fedpeft.config import ConfigError, validate_config
+from fedpeft.config.schema import options_for
 from fedpeft.metrics.accounting import better_or_equal, summarize
 from fedpeft.report.plots import finite, metric_key, plot_curves
 from fedpeft.rundir import read_metrics, read_summary
@@ -162,9 +163,16 @@ def _params(values: dict[str, Any], skip: tuple[str, ...]) -> str:
 
 
 def _peft_label(cfg: dict[str, Any], summary: dict[str, Any]) -> Any:
+    """The method's name, with the options its options model shows in a label (``label_options``: LoRA's rank,
+    "lora r16"); a method not registered in this process (a plugin's: reports import none) shows its name."""
     peft = _section_of(cfg, "peft")
     method = peft.get("method") or summary.get("peft_method")
-    return f"{method} r{peft['r']}" if method == "lora" and peft.get("r") is not None else method
+    try:
+        shown = options_for("peft", str(method)).label_options
+    except ValueError:
+        shown = ()
+    parts = [f"{key}{peft[key]}" for key in shown if peft.get(key) is not None]
+    return " ".join([str(method), *parts]) if parts else method
 
 
 def settings(cfg: dict[str, Any]) -> dict[str, str]:

@@ -18,12 +18,12 @@ from fedpeft.config import ConfigError, RunConfig
 from fedpeft.data.partition import partition, partition_stats
 from fedpeft.data.prepare import TaskData, prepare_task, subset_eval
 from fedpeft.heads import build_layout
-from fedpeft.metrics.ops import rows_ops
 from fedpeft.models import registry
 from fedpeft.models.layout import ModelShape, uniform_shape
 from fedpeft.training.local import LocalTrainer
 from fedpeft.training.server import ServerModel
 from fedpeft.tuners import TunedModel, apply_tuner, registered_peft_method
+from fedpeft.tuners.analytic_ops import AnalyticOps
 from fedpeft.tuners.prefix_layers import prefix_layout
 
 log = logging.getLogger("fedpeft")
@@ -182,10 +182,10 @@ def build_experiment(cfg: RunConfig) -> Experiment:
         registry.place_on(tuned.module, device)
     shape = uniform_shape(mconfig)  # None for a model of stages (Swin) or without attention: OPs unknown
     options = cfg.peft.model_dump()
-    rows = registered_peft_method(cfg.peft.method).analytic_ops
-    ops_per_sequence = None  # a method without analytic OPs rows (or a model without one shape): reported as unknown
-    if rows is not None and shape is not None:
-        ops_per_sequence = functools.partial(_ops_per_sequence, rows, shape, options)
+    declared = registered_peft_method(cfg.peft.method).analytic_ops
+    ops_per_sequence = None  # a method that declares no analytic OPs (or a model without one shape): unknown
+    if declared is not None and shape is not None:
+        ops_per_sequence = functools.partial(_ops_per_sequence, declared, shape, options)
     trainer = LocalTrainer(cfg.train, device=device, pad_id=tokenizer.pad_token_id, precision=cfg.runtime.precision,
                            flops_sample_steps=cfg.runtime.flops_sample_steps, ops_per_sequence=ops_per_sequence)
     layout = None
@@ -206,6 +206,7 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def _ops_per_sequence(rows: tuple[str, ...], shape: ModelShape, options: dict[str, Any], T: int,
+def _ops_per_sequence(declared: AnalyticOps, shape: ModelShape, options: dict[str, Any], T: int,
                       head_fraction: float = 1.0) -> float:
-    return rows_ops(rows, shape.num_attention_modules, shape.hidden, T, options, head_fraction)
+    terms = declared(shape.num_attention_modules, shape.hidden, T, options, shape.num_heads)
+    return terms.appendix_a_ops(head_fraction)

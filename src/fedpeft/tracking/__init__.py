@@ -21,8 +21,9 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from fedpeft.errors import UserError
-from fedpeft.registry import TRACKERS, resolve
-from fedpeft.tracking.backends import TrackerEntry, register_tracker
+from fedpeft.plugins import load_built_ins
+from fedpeft.registry import resolve
+from fedpeft.tracking.backends import TRACKERS, TrackerEntry, register_tracker
 
 if TYPE_CHECKING:  # neither is imported here: the config's validation registers the built-in trackers
     from fedpeft.config import RunConfig
@@ -46,6 +47,7 @@ class TrackerUnavailable(UserError, ImportError):
 
 def tracker_entry(name: str) -> TrackerEntry:
     """The registered tracker ``name`` (a one-line ConfigError listing the registered ones otherwise)."""
+    load_built_ins()
     try:
         return TRACKERS.get(name)
     except ValueError as exc:

@@ -8,10 +8,11 @@ imported when a run opens it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from fedpeft import registry
 from fedpeft.plugins import load_built_ins
-from fedpeft.registry import TRACKERS, CodeRef, code_ref
+from fedpeft.registry import CodeRef, code_ref
 
 if TYPE_CHECKING:
     from fedpeft.tracking.base import Tracker
@@ -30,6 +31,10 @@ class TrackerEntry:
     def install_command(self) -> str:
         """How to install the package it needs."""
         return f"pip install 'fedpeft[{self.extra}]'" if self.extra else f"pip install {self.package}"
+
+
+# the registry of fedpeft.registry, typed with its full entries (the same object)
+TRACKERS = cast("registry.Registry[TrackerEntry]", registry.TRACKERS)
 
 
 def register_tracker(name: str, tracker: type[Tracker] | CodeRef | str, *, package: str | None = None,

@@ -48,7 +48,7 @@ class TrainResult:
     seconds: float
     flops: float | None  # measured FLOPs per token (run-level samples) x tokens; None when sampling is off
     flops_sampled_steps: int  # steps of this training that were measured (0 or 1)
-    ops_analytic: float | None  # paper 000 Appendix A OPs; None when the PEFT method has no analytic rows
+    ops_analytic: float | None  # paper 000 Appendix A OPs; None when the PEFT method declares no analytic_ops
 
     def plus(self, other: TrainResult) -> TrainResult:
         """Two trainings of one client in one round as one: counts and times added, the loss of ``other``."""

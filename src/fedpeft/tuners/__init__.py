@@ -9,10 +9,13 @@ names below load on first use.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fedpeft.lazy import lazy_getattr
+from fedpeft.plugins import load_built_ins
 
 _EXPORTS = {
-    "PEFT_METHODS": "fedpeft.registry",
+    "PEFT_METHODS": "fedpeft.tuners.registry",
     "PeftMethod": "fedpeft.tuners.registry",
     "TunerContext": "fedpeft.tuners.registry",
     "register_peft_method": "fedpeft.tuners.registry",
@@ -25,4 +28,10 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605
 
 
-__getattr__ = lazy_getattr("fedpeft.tuners", _EXPORTS, globals())
+_lazy_getattr = lazy_getattr("fedpeft.tuners", _EXPORTS, globals())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PEFT_METHODS":  # the registry, read through this package, holds fedpeft's built-ins
+        load_built_ins()
+    return _lazy_getattr(name)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedpeft.config.schema import options_for, peft_methods_with
+
 PREFIX_PARAM_SUFFIX = "prompt_encoder.default.embedding.weight"
 
 
@@ -43,9 +45,11 @@ class PrefixLayout:
 
 
 def prefix_layout(tuned) -> PrefixLayout:
-    """The per-layer layout of a TunedModel with ``prefix_tuning`` (projection off)."""
-    if tuned.method != "prefix_tuning" or tuned.options.get("projection"):
-        raise ValueError("per-layer prompts need peft.method prefix_tuning with projection: false")
+    """The per-layer layout of a TunedModel whose method trains a prompt per layer (its options'
+    ``layer_prefixes``; prefix tuning) with projection off."""
+    if not options_for("peft", tuned.method).layer_prefixes or tuned.options.get("projection"):
+        raise ValueError(f"per-layer prompts need peft.method {' or '.join(peft_methods_with('layer_prefixes'))} "
+                         "with projection: false")
     config = tuned.module.config
     if getattr(config, "is_encoder_decoder", False):
         raise ValueError("per-layer prompts are mapped for encoder-only and decoder-only models; "

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
+from fedpeft import registry
 from fedpeft.config.schema import PeftOptions, check_options_model
 from fedpeft.plugins import load_built_ins
-from fedpeft.registry import PEFT_METHODS, CodeRef, resolve
+from fedpeft.registry import CodeRef, resolve
+from fedpeft.tuners.analytic_ops import AnalyticOps
 
 if TYPE_CHECKING:  # the types of the contract; importing this module loads none of them (no torch)
     from torch import nn
@@ -26,10 +28,6 @@ if TYPE_CHECKING:  # the types of the contract; importing this module loads none
 
 SaveFormat = Literal["peft", "model", "state"]
 SAVE_FORMATS = ("peft", "model", "state")
-ANALYTIC_ROWS = ("qkv", "attention", "fc", "lora", "ia3", "prompt_tuning", "p_tuning")
-# analytic_ops of the built-in methods (see fedpeft.metrics.ops for the reading of the rows)
-BACKBONE_OPS = ("qkv", "attention", "fc")
-INPUT_PROMPT_OPS = ("qkv", "fc", "prompt_tuning")  # the prompt row replaces the attention row
 
 # The options model a PEFT method's ``apply`` reads (``register_peft_method(options=MyOptions, apply=f)`` checks
 # that ``f`` takes a ``MyOptions``)
@@ -71,7 +69,7 @@ class PeftMethod(Generic[PeftOptionsT]):
     apply_code: Apply[PeftOptionsT] | CodeRef
     save_format: SaveFormat = "state"
     trains_task_head: bool = False
-    analytic_ops: tuple[str, ...] | None = None
+    analytic_ops_code: AnalyticOps | CodeRef | None = None
     head_params_code: HeadParams | CodeRef | None = None
     trains_batched: bool = True
     row_forwards_code: tuple[tuple[Any, Any], ...] = ()
@@ -90,6 +88,14 @@ class PeftMethod(Generic[PeftOptionsT]):
     def head_params(self) -> HeadParams | None:
         return None if self.head_params_code is None else resolve(self.head_params_code)
 
+    @property
+    def analytic_ops(self) -> AnalyticOps | None:
+        return None if self.analytic_ops_code is None else resolve(self.analytic_ops_code)
+
+
+# the registry of fedpeft.registry, typed with its full entries (the same object)
+PEFT_METHODS = cast("registry.Registry[PeftMethod[Any]]", registry.PEFT_METHODS)
+
 
 def register_peft_method(
     name: str,
@@ -98,7 +104,7 @@ def register_peft_method(
     apply: Apply[PeftOptionsT] | CodeRef | str,
     save_format: SaveFormat = "state",
     trains_task_head: bool = False,
-    analytic_ops: tuple[str, ...] | None = None,
+    analytic_ops: AnalyticOps | CodeRef | str | None = None,
     head_params: HeadParams | CodeRef | str | None = None,
     trains_batched: bool = True,
     row_forwards: RowForwards | None = None,
@@ -115,9 +121,11 @@ def register_peft_method(
     * ``save_format``: how RUN_DIR/adapter is written and read back: "state" (the trainable tensors in
       ``fedpeft_adapter.safetensors``; loading applies the method to the backbone again), "peft" (the
       module's ``save_pretrained``, HF PEFT format) or "model" (a complete HF model directory).
-    * ``analytic_ops``: the rows of paper 000's Table 6 that count one training sequence
-      (the built-in methods' packages give theirs); None: runs report the analytic OPs as
-      unknown (null), measured FLOPs are reported either way.
+    * ``analytic_ops(L, d, T, options, heads)``: paper 000's analytic OPs of one training sequence, as the terms
+      head pruning scales and those it does not (``fedpeft.tuners.analytic_ops``: ``OpsTerms``; the rows of
+      Table 6 the backbone and the prompts share are there, and ``frozen_backbone`` / ``input_prompts`` are
+      ready declarations). None: runs report the analytic OPs as unknown (null); measured FLOPs are reported
+      either way.
     * ``head_params(spec, geometry)``: which trainable tensors hold which attention heads' slices (see
       ``fedpeft.heads.layout``); needed by algorithms that work per head (headprune). None: no head layout.
     * ``trains_batched``: whether the clients of a round may train together in one pass over the backbone
@@ -127,7 +135,7 @@ def register_peft_method(
       ``f(module, rows, *forward_args)``, see ``fedpeft.tuners.row_batched``); ``nn.Linear``, ``nn.Embedding``,
       ``nn.LayerNorm`` and transformers' ``Conv1D`` have theirs already.
 
-    ``apply`` and ``head_params`` may also be given as ``"package.module:function"``, imported on first use
+    ``apply``, ``head_params`` and ``analytic_ops`` may also be given as ``"package.module:function"``, imported on first use
     (fedpeft's built-ins do, so that validating a config imports no torch).
     """
     load_built_ins()  # fedpeft's own first: a name taken by a built-in is refused, whichever comes first
@@ -139,18 +147,21 @@ def register_peft_method(
     if save_format not in SAVE_FORMATS:
         raise ValueError(f"register_peft_method({name!r}): save_format {save_format!r}; choose one of "
                          f"{', '.join(SAVE_FORMATS)}")
-    if analytic_ops is not None:
-        unknown = [r for r in analytic_ops if r not in ANALYTIC_ROWS]
-        if unknown or not analytic_ops:
-            raise ValueError(f"register_peft_method({name!r}): analytic_ops {tuple(analytic_ops)!r}; give rows of "
-                             f"{', '.join(ANALYTIC_ROWS)}, or None for unknown OPs")
-        analytic_ops = tuple(analytic_ops)
+    if isinstance(analytic_ops, tuple | list):
+        raise TypeError(f"register_peft_method({name!r}): analytic_ops {tuple(analytic_ops)!r}: Table 6's rows are "
+                        "declared as a function (L, d, T, options, heads) -> OpsTerms now; "
+                        "fedpeft.tuners.analytic_ops has the shared rows and the declarations frozen_backbone and "
+                        "input_prompts")
+    analytic_ops_code = CodeRef(analytic_ops) if isinstance(analytic_ops, str) else analytic_ops
+    if analytic_ops_code is not None and not isinstance(analytic_ops_code, CodeRef) and not callable(analytic_ops_code):
+        raise TypeError(f"register_peft_method({name!r}): analytic_ops must be a function (L, d, T, options, heads) "
+                        "-> fedpeft.tuners.analytic_ops.OpsTerms, or None for unknown OPs")
     if bool(options.maps_to_heads) != (head_params_code is not None):
         raise ValueError(f"register_peft_method({name!r}): give head_params exactly when {options.__name__} sets "
                          "maps_to_heads = True (the config checks it before anything loads)")
     forwards = tuple((CodeRef(t) if isinstance(t, str) else t, CodeRef(f) if isinstance(f, str) else f)
                      for t, f in (row_forwards or {}).items())
-    method = PeftMethod(name, options, apply_code, save_format, trains_task_head, analytic_ops, head_params_code,
+    method = PeftMethod(name, options, apply_code, save_format, trains_task_head, analytic_ops_code, head_params_code,
                         bool(trains_batched), forwards)
     PEFT_METHODS.add(name, method)
 

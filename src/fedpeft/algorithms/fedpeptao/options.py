@@ -6,7 +6,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from fedpeft.config.schema import AlgorithmOptions, RunConfig
+from fedpeft.config.schema import AlgorithmOptions, RunConfig, peft_methods_with
 
 
 class FedPepTAOOptions(AlgorithmOptions):
@@ -58,6 +58,6 @@ class FedPepTAOOptions(AlgorithmOptions):
     dp: None = Field(None, description="Not available for fedpeptao.")
 
     def check(self, run: RunConfig) -> None:
-        if run.peft.method != "prefix_tuning" or getattr(run.peft, "projection", False):
+        if not type(run.peft).layer_prefixes or getattr(run.peft, "projection", False):
             raise ValueError("algorithm fedpeptao exchanges deep prompts layer by layer: set peft.method: "
-                             "prefix_tuning with peft.projection: false")
+                             f"{' or '.join(peft_methods_with('layer_prefixes'))} with peft.projection: false")

@@ -6,7 +6,12 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from fedpeft.config.schema import AlgorithmOptions, RunConfig, refuse_quantized_backbone
+from fedpeft.config.schema import (
+    AlgorithmOptions,
+    RunConfig,
+    peft_methods_with,
+    refuse_quantized_backbone,
+)
 
 
 class FedSPOptions(AlgorithmOptions):
@@ -57,8 +62,9 @@ class FedSPOptions(AlgorithmOptions):
     dp: None = Field(None, description="Not available for fedsp.")
 
     def check(self, run: RunConfig) -> None:
-        if run.peft.method != "prefix_tuning":
-            raise ValueError("algorithm fedsp exchanges prefix prompts: set peft.method: prefix_tuning")
+        if not type(run.peft).layer_prefixes:
+            raise ValueError("algorithm fedsp exchanges prefix prompts: set peft.method: "
+                             f"{' or '.join(peft_methods_with('layer_prefixes'))}")
         if run.task.type == "classification":
             raise ValueError("algorithm fedsp trains causal language models: set task.type to generation or "
                              "multiple_choice")

@@ -6,8 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from fedpeft.config.schema import AlgorithmOptions, RunConfig
-from fedpeft.registry import PEFT_METHODS
+from fedpeft.config.schema import AlgorithmOptions, RunConfig, peft_methods_with
 
 
 class HeadPruneOptions(AlgorithmOptions):
@@ -40,7 +39,7 @@ class HeadPruneOptions(AlgorithmOptions):
     def check(self, run: RunConfig) -> None:
         # here, so that the error comes before any data or model is loaded
         if not type(run.peft).maps_to_heads:
-            heads = ", ".join(sorted(n for n, m in PEFT_METHODS.items() if m.options.maps_to_heads))
+            heads = ", ".join(peft_methods_with("maps_to_heads"))
             raise ValueError(f"algorithm headprune prunes attention heads, which {run.peft.method!r} has none of: "
                              f"set peft.method to one of {heads}")
         if getattr(run.peft, "projection", False):

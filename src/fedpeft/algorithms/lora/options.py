@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedpeft.config.adversarial import RobustRule
-from fedpeft.config.schema import AlgorithmOptions
+from fedpeft.config.schema import AlgorithmOptions, peft_methods_with
 
 MERGED_ADAPTER = ("a {name} run merges the clients' LoRA products into the backbone every round, and its adapter "
                   "holds the LoRA factors and head without them; load the run's checkpoint history onto the backbone "
@@ -52,9 +52,11 @@ def check_ranks(run: Any, algorithm: str, groups: Sequence[RankGroup], explicit:
 
 
 def require_lora(run: Any, algorithm: str) -> None:
-    """Refuse a run whose PEFT method is not LoRA (the config check of every method here)."""
-    if run.peft.method != "lora":
-        raise ValueError(f"algorithm {algorithm} aggregates LoRA's A and B factors: set peft.method: lora "
+    """Refuse a run whose PEFT method does not train LoRA factors (its options' ``lora_factors``; the config check
+    of every method here)."""
+    if not type(run.peft).lora_factors:
+        able = " or ".join(peft_methods_with("lora_factors"))
+        raise ValueError(f"algorithm {algorithm} aggregates LoRA's A and B factors: set peft.method: {able} "
                          f"(the config has peft.method: {run.peft.method})")
 
 

@@ -2,10 +2,9 @@
 
 import fedpeft
 from fedpeft.tuners.bitfit.options import BitFitOptions
-from fedpeft.tuners.registry import BACKBONE_OPS
 
 
 def register() -> None:
     """Register bitfit (fedpeft.builtins.register calls this)."""
     fedpeft.register_peft_method("bitfit", options=BitFitOptions, apply="fedpeft.tuners.bitfit.apply:apply_bitfit",
-                                 analytic_ops=BACKBONE_OPS)
+                                 analytic_ops="fedpeft.tuners.analytic_ops:frozen_backbone")

@@ -2,11 +2,10 @@
 
 import fedpeft
 from fedpeft.tuners.full.options import FullFineTuning
-from fedpeft.tuners.registry import BACKBONE_OPS
 
 
 def register() -> None:
     """Register full (fedpeft.builtins.register calls this)."""
     fedpeft.register_peft_method("full", options=FullFineTuning, apply="fedpeft.tuners.full.apply:apply_full",
-                                 save_format="model", analytic_ops=BACKBONE_OPS,
+                                 save_format="model", analytic_ops="fedpeft.tuners.full.ops:full_ops",
                                  trains_batched=False)  # every weight is each client's own: nothing to share

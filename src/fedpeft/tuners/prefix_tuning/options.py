@@ -15,6 +15,7 @@ class PrefixTuningOptions(PeftOptions):
     no_images: ClassVar[str | None] = ("peft passes its prefixes as a text model's past_key_values, which a vision "
                                         "transformer's forward does not take")
     method: Literal["prefix_tuning"] = "prefix_tuning"
+    layer_prefixes: ClassVar[bool] = True
     maps_to_heads: ClassVar[bool] = True
     num_virtual_tokens: int = Field(20, ge=1)
     projection: bool = Field(False, description="Reparametrise the prefixes through a 2-layer MLP.")
