@@ -15,7 +15,8 @@ heads it serves:
 * IA3: the output-scaling entries of the attention projections peft adapts (key and value, and query
   where targeted); the input-scaling entries (feed-forward, attention output) stay non-head.
 * prefix tuning / P-tuning v2 (without projection): the key and value prefix dims of every layer, which
-  prefix the decoder self-attention in encoder-decoder models.
+  prefix the decoder self-attention in encoder-decoder models (its map is in its package:
+  ``fedpeft.tuners.prefix_tuning.heads``; the maps here are those several methods share).
 * prompt tuning and P-tuning (input-level virtual tokens): the embedding dims split into as many
   contiguous chunks as the model has heads (all modules, ``num_modules * H``; chunk sizes differ by at
   most one, and some are empty when the model has more heads than dims), chunk ``g`` tied to global head ``g``. An input prompt feeds every head of every layer, so no
@@ -204,26 +205,6 @@ def qkv_head_params(spec: Mapping[str, tuple[tuple[int, ...], str]], geo: HeadGe
 
 
 PROMPT_EMBEDDING_SUFFIX = "prompt_encoder.default.embedding.weight"
-
-
-def prefix_head_params(spec: Mapping[str, tuple[tuple[int, ...], str]], geo: HeadGeometry) -> dict[str, HeadParam]:
-    """Prefix tuning without projection: each layer's key and value prefix dims, per key/value head."""
-    name = next((n for n in spec if n.endswith(PROMPT_EMBEDDING_SUFFIX)), None)
-    if name is None:
-        return {}
-    pshape = tuple(spec[name][0])
-    kv_dim = geo.kv_dim
-    layers = pshape[1] // (2 * kv_dim)
-    if layers * 2 * kv_dim != pshape[1]:
-        raise LayoutError(f"{name}: {pshape[1]} prefix dims do not split into layers x key/value x "
-                          f"{kv_dim}; prefix projection is not head-mapped (set peft.projection false)")
-    prefix = "decoder.self" if geo.encoder_decoder else "self"
-    units = []
-    for layer in range(layers):
-        mod = geo.module_index(f"{prefix}.{layer}")
-        for kind in range(2):
-            units += geo.rows(mod, "k", (2 * layer + kind) * kv_dim)
-    return {name: HeadParam(name, pshape, 1, units)}
 
 
 def prompt_head_params(spec: Mapping[str, tuple[tuple[int, ...], str]], geo: HeadGeometry) -> dict[str, HeadParam]:

@@ -10,4 +10,4 @@ def register() -> None:
     """Register prefix_tuning (fedpeft.builtins.register calls this)."""
     fedpeft.register_peft_method("prefix_tuning", options=PrefixTuningOptions, apply="fedpeft.tuners.prefix_tuning.apply:apply_prefix_tuning",
                                  save_format="peft", trains_task_head=True,
-                                 analytic_ops="fedpeft.tuners.prefix_tuning.ops:prefix_ops", head_params="fedpeft.heads.layout:prefix_head_params")
+                                 analytic_ops="fedpeft.tuners.prefix_tuning.ops:prefix_ops", head_params="fedpeft.tuners.prefix_tuning.heads:prefix_head_params")
