@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Protocol, T
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.errors import first_line
 from fedpeft.wire import Arrays, Payload
 
@@ -255,6 +256,13 @@ class RuntimeNeeds:
             raise ValueError(f"server_data_fraction {self.server_data_fraction} must lie in [0, 1)")
 
 
+class Combiner(Protocol):
+    """What takes the place of a server's weighted mean of the clients' changes (:meth:`ServerAlgorithm.combine`):
+    a wrapper's rule (``algorithm.robust``, ``algorithm.dp``)."""
+
+    def combine(self, rnd: int, deltas: list[Arrays], weights: list[float], clients: list[int]) -> Arrays: ...
+
+
 class ServerAlgorithm(ABC, Generic[OptionsT]):
     """Holds the global trainable state; subclasses define how updates are combined. Parametrize it with the
     algorithm's options model, ``class MyServer(fedpeft.ServerAlgorithm[MyOptions])``, and ``self.options`` is
@@ -339,6 +347,18 @@ class ServerAlgorithm(ABC, Generic[OptionsT]):
     @abstractmethod
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
         """Combine accepted updates into self.global_state; returns aggregation metrics."""
+
+    # the wrapper's rule that takes the place of the weighted mean in combine() (set by the wrapper), or None
+    combiner: Combiner | None = None
+
+    def combine(self, rnd: int, deltas: list[Arrays], weights: list[float], clients: list[int]) -> Arrays:
+        """The aggregate of the round's per-client changes ``deltas`` (x_c - x, in the order of ``clients``;
+        ``weights``: their sample counts): their weighted mean, or the rule of the wrapper around this server
+        (:attr:`combiner`). A server half that aggregates by a weighted mean of per-client changes calls this, and
+        its options may then offer the wrappers (a ``robust`` option, a ``dp`` option)."""
+        if self.combiner is not None:
+            return self.combiner.combine(rnd, deltas, weights, clients)
+        return weighted_mean(deltas, weights)
 
     def aggregate_mean(self, rnd: int, mean_update: dict[str, np.ndarray]) -> dict[str, float]:
         """Apply the sample-weighted mean of the clients' updates (x_c - x), all the server learns under

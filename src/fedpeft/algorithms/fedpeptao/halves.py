@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from fedpeft.algorithms import aggregate as A
+from fedpeft.algorithms.aggregate import l2_norm
 from fedpeft.algorithms.base import (
     ClientAlgorithm,
     ClientContext,
@@ -55,7 +56,6 @@ from fedpeft.algorithms.fedpeptao.prompt_probes import (
     client_layer_scores,
     sample_batch,
 )
-from fedpeft.algorithms.privacy import l2_norm
 from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload
 
