@@ -12,6 +12,7 @@ from typing import Literal
 import numpy as np
 import pytest
 from conftest import REPO
+from docs_samples import docs_sample
 from helpers import tiny_config
 
 import fedpeft
@@ -147,6 +148,21 @@ def test_a_robust_rule_is_registered_in_one_file_and_used_by_every_robust_algori
     ROBUST_RULES.remove("geometric_median")
     with pytest.raises(ConfigError, match="unknown choice 'geometric_median'; valid choices: 'krum', 'median'"):
         tiny_config("algorithm.robust={rule: geometric_median}")
+
+
+def test_the_docs_rule_is_the_example_s(unloads_the_example):
+    """docs/guide/robustness.md's sample registers the rule as written and aggregates as the example file does."""
+    namespace: dict = {"__name__": "docs_robust_rule"}
+    exec(compile(docs_sample("robust-rule"), "docs robust-rule sample", "exec"), namespace)  # noqa: S102
+    assert ROBUST_RULES["geometric_median"].options is namespace["GeometricMedianRule"]
+    ROBUST_RULES.remove("geometric_median")
+    plugin = fedpeft.load_plugin(PLUGIN)
+    rng = np.random.default_rng(1)
+    ups = [{"a": rng.normal(size=(3, 4)).astype(np.float32), "b": rng.normal(size=5).astype(np.float32)}
+           for _ in range(6)]
+    docs = namespace["geometric_median"](ups, [1, 2, 3, 4, 5, 6], namespace["GeometricMedianRule"]())
+    example = plugin.geometric_median(ups, [1, 2, 3, 4, 5, 6], plugin.GeometricMedianRule())
+    assert all(np.array_equal(docs.aggregate[k], example.aggregate[k]) for k in ("a", "b"))
 
 
 @pytest.mark.needs_data
