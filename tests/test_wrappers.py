@@ -153,7 +153,7 @@ def test_a_robust_rule_is_registered_in_one_file_and_used_by_every_robust_algori
 def test_the_docs_rule_is_the_example_s(unloads_the_example):
     """docs/guide/robustness.md's sample registers the rule as written and aggregates as the example file does."""
     namespace: dict = {"__name__": "docs_robust_rule"}
-    exec(compile(docs_sample("robust-rule"), "docs robust-rule sample", "exec"), namespace)  # noqa: S102
+    exec(compile(docs_sample("robust-rule"), "docs robust-rule sample", "exec", dont_inherit=True), namespace)  # noqa: S102
     assert ROBUST_RULES["geometric_median"].options is namespace["GeometricMedianRule"]
     ROBUST_RULES.remove("geometric_median")
     plugin = fedpeft.load_plugin(PLUGIN)
