@@ -20,9 +20,7 @@ from fedpeft.registry import CodeRef, resolve
 from fedpeft.wire import Arrays
 
 if TYPE_CHECKING:
-    from fedpeft.heads.layout import HeadLayout
     from fedpeft.training.server import ServerModel
-    from fedpeft.tuners.prefix_layers import PrefixLayout
 
 # The algorithm's options -> its client half (a ClientAlgorithm subclass whose __init__ takes the options is one)
 ClientFactory = Callable[[OptionsT], ClientAlgorithm]
@@ -96,7 +94,7 @@ def registered_algorithm(name: str) -> RegisteredAlgorithm[Any]:
 
 
 def make_server(options: OptionsT, initial_state: Arrays, *, num_clients: int, clients_per_round: int, seed: int,
-                layout: HeadLayout | PrefixLayout | None = None, client_lr: float | None = None,
+                layout: object | None = None, client_lr: float | None = None,
                 server_model: ServerModel | None = None) -> ServerAlgorithm[OptionsT]:
     """The server half of the algorithm ``options`` names, started from ``initial_state``, inside the wrappers its
     options turn on (``algorithm.robust``, ``algorithm.dp``)."""

@@ -82,7 +82,7 @@ def to_blocks(arrays: Mapping[str, np.ndarray], layout: PrefixLayout) -> Arrays:
 class FedPepTAOServer(ServerAlgorithm[FedPepTAOOptions]):
     @classmethod
     def runtime_needs(cls, options: FedPepTAOOptions) -> RuntimeNeeds:
-        return RuntimeNeeds(prefix_layout=True)
+        return RuntimeNeeds(layout="fedpeft.tuners.prefix_layers:prefix_layout")
 
     state_attrs = ("global_state", "selected", "c_clients", "c_global", "momentum", "prev_update", "score_reports",
                    "ratio", "holders")
