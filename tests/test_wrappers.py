@@ -208,13 +208,47 @@ def test_a_rule_that_returns_something_else_is_stopped():
     fedpeft.register_robust_rule("broken_rule", options=Broken, aggregate=lambda u, w, r: results[mode])
     try:
         mode = "dict"
-        with pytest.raises(TypeError, match="returned a dict; return a fedpeft.RobustResult"):
+        with pytest.raises(fedpeft.UserError, match="returned a dict; return a fedpeft.RobustResult"):
             robust_aggregate(ups, [1, 1, 1], Broken())
         mode = "shape"
-        with pytest.raises(ValueError, match="returned other tensors or shapes"):
+        with pytest.raises(fedpeft.UserError, match="returned other tensors or shapes"):
             robust_aggregate(ups, [1, 1, 1], Broken())
         mode = "nan"
-        with pytest.raises(ValueError, match="returned NaN or Inf in 'w'"):
+        with pytest.raises(fedpeft.UserError, match="returned NaN or Inf in 'w'"):
             robust_aggregate(ups, [1, 1, 1], Broken())
     finally:
         ROBUST_RULES.remove("broken_rule")
+
+
+class SilentServer(fedpeft.ServerAlgorithm[ProbeOptions]):
+    """Declares robust (its options) but averages by itself: the option would do nothing."""
+
+    def aggregate(self, rnd, updates):
+        ids = sorted(updates)
+        self.global_state = {k: np.mean([updates[c].arrays[k] for c in ids], axis=0) for k in self.global_state}
+        return {}
+
+
+def test_an_algorithm_that_declares_the_option_but_aggregates_without_combine_is_stopped():
+    fedpeft.register_algorithm("wrapped_probe", options=ProbeOptions, server=SilentServer,
+                               client=ALGORITHMS["fedavg"].client_code)
+    try:
+        options = ProbeOptions(robust={"rule": "median"})
+        server = make_server(options, {"w": np.zeros(2, np.float32)}, num_clients=5, clients_per_round=5, seed=0)
+        with pytest.raises(RuntimeError, match="algorithm.robust: the server half of algorithm wrapped_probe "
+                                               "aggregated without ServerAlgorithm.combine"):
+            server.aggregate(1, updates_with_an_outlier())
+    finally:
+        ALGORITHMS.remove("wrapped_probe")
+
+
+@pytest.mark.parametrize("overrides, first", [
+    (["algorithm.robust={rule: median}", "federation.min_replies=3", "federation.clients_per_round=3",
+      "federation.num_clients=4", "federation.asynchronous={buffer_size: 2}"], "need federation.num_clients >= 5"),
+    (["algorithm.dp={noise_multiplier: 1.0}", "federation.clients_per_round=4", "system.over_selection=0.5"],
+     "selects 6 clients a round"),
+])
+def test_a_wrapper_s_checks_come_where_the_config_checks_that_section(overrides, first):
+    """A config with several problems names the same first one as before the options became wrappers."""
+    with pytest.raises(ConfigError, match=first):
+        tiny_config(*overrides)

@@ -9,7 +9,8 @@ The public API (see docs/guide/python-api.md and docs/api/index.md); names load 
   :class:`ClientContext`, :class:`Payload`, :func:`check_update`, :class:`UpdateMeta` (the metadata every
   update must carry, checked with :func:`check_update_meta`), :func:`register_algorithm`, and Byzantine-robust
   aggregation for them: :data:`RobustRule` (the ``robust`` option), :func:`robust_aggregate`;
-* your own robust rules: :class:`RobustRuleOptions`, :class:`RobustResult`, :func:`register_robust_rule`;
+* your own robust rules: :class:`RobustRuleOptions`, :class:`RobustResult`, :func:`register_robust_rule`; the
+  ``dp`` option an algorithm offers: :class:`PrivacyOptions`;
 * your own PEFT methods: :class:`PeftOptions`, :class:`TunerContext`, :func:`register_peft_method`;
 * your own datasets, experiment trackers and runtimes: :func:`register_dataset`, :func:`register_tracker`,
   :func:`register_runtime`;
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # what a type checker sees of the lazy exports below (a test 
         check_update,
         check_update_meta,
     )
+    from fedpeft.algorithms.privacy.options import PrivacyOptions
     from fedpeft.algorithms.registry import register_algorithm
     from fedpeft.algorithms.robust.core import RobustResult
     from fedpeft.algorithms.robust.registry import register_robust_rule, robust_aggregate
@@ -60,6 +62,7 @@ _EXPORTS = {
     "PeftOptions": "fedpeft.config.schema",
     "RobustRule": "fedpeft.config.adversarial",
     "RobustRuleOptions": "fedpeft.config.adversarial",
+    "PrivacyOptions": "fedpeft.algorithms.privacy.options",
     "RobustResult": "fedpeft.algorithms.robust.core",
     "robust_aggregate": "fedpeft.algorithms.robust.registry",
     "register_robust_rule": "fedpeft.algorithms.robust.registry",
@@ -94,12 +97,12 @@ _EXPORTS = {
 }
 __all__ = [  # sorted(_EXPORTS), written out for type checkers and linters (a test checks)
     "AlgorithmOptions", "ClientAlgorithm", "ClientContext", "ConfigError", "Payload", "PeftOptions",
-    "RobustResult", "RobustRule", "RobustRuleOptions", "RunConfig", "RunObserver", "RuntimeNeeds",
-    "ServerAlgorithm", "TunerContext", "UpdateMeta", "UpdateRejected", "UserError", "check_update",
-    "check_update_meta", "dump_config", "load_adapter", "load_config", "load_plugin",
-    "read_metrics", "read_partition", "read_summary", "register_algorithm", "register_dataset",
-    "register_peft_method", "register_robust_rule", "register_runtime", "register_tracker",
-    "resume", "robust_aggregate", "run", "validate_config",
+    "PrivacyOptions", "RobustResult", "RobustRule", "RobustRuleOptions", "RunConfig", "RunObserver",
+    "RuntimeNeeds", "ServerAlgorithm", "TunerContext", "UpdateMeta", "UpdateRejected", "UserError",
+    "check_update", "check_update_meta", "dump_config", "load_adapter", "load_config",
+    "load_plugin", "read_metrics", "read_partition", "read_summary", "register_algorithm",
+    "register_dataset", "register_peft_method", "register_robust_rule", "register_runtime",
+    "register_tracker", "resume", "robust_aggregate", "run", "validate_config",
 ]
 
 

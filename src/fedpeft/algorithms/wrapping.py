@@ -45,6 +45,11 @@ class ServerWrapper(ServerAlgorithm[Any]):
             server = server.inner
         return server
 
+    # whether this wrapper takes the place of the wrapped server's weighted mean (take_mean), and whether the
+    # wrapped server called it in the aggregation under way
+    takes_mean = False
+    combined = False
+
     def take_mean(self) -> None:
         """Put this wrapper's :meth:`combine` in the place of the algorithm's weighted mean of the clients'
         changes (a wrapper that aggregates calls this once)."""
@@ -52,6 +57,7 @@ class ServerWrapper(ServerAlgorithm[Any]):
         if server.combiner is not None:
             raise ValueError(f"{self.settings.key}: another wrapper already takes the place of the weighted mean")
         server.combiner = self
+        self.takes_mean = True
 
     # the state the wrapped server holds (read and written through)
     @property
@@ -118,7 +124,13 @@ class ServerWrapper(ServerAlgorithm[Any]):
         return self.inner.round_info()
 
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
-        return self.inner.aggregate(rnd, updates)
+        self.combined = False
+        out = self.inner.aggregate(rnd, updates)
+        if self.takes_mean and updates and not self.combined:  # the option would do nothing, silently
+            raise RuntimeError(f"{self.settings.key}: the server half of algorithm {self.innermost.options.name} "
+                               "aggregated without ServerAlgorithm.combine, whose place this wrapper takes; an "
+                               "algorithm that offers the option takes its mean of the clients' changes through it")
+        return out
 
     def aggregate_mean(self, rnd: int, mean_update: dict[str, Any]) -> dict[str, float]:
         return self.inner.aggregate_mean(rnd, mean_update)

@@ -44,11 +44,12 @@ class RobustRuleOptions(WrapperOptions):
             raise ValueError(f"algorithm.robust: rule {self.rule} aggregates only rounds with at least {need} "
                              f"accepted updates: set federation.min_replies to {need} or more (it is "
                              f"{fed.min_replies}); a round with fewer then fails and leaves the global model as it was")
-        asynchronous = fed.asynchronous
-        if asynchronous is not None and asynchronous.buffer(fed.clients_per_round) < need:
-            raise ValueError(f"federation.asynchronous: algorithm.robust rule {self.rule} needs at least {need} "
-                             f"updates per aggregation, and buffer_size is "
-                             f"{asynchronous.buffer(fed.clients_per_round)}: raise buffer_size")
+
+    def check_asynchronous(self, run: RunConfig, buffer_size: int) -> None:
+        if buffer_size < self.min_updates():
+            raise ValueError(f"federation.asynchronous: algorithm.robust rule {self.rule} needs at least "
+                             f"{self.min_updates()} updates per aggregation, and buffer_size is {buffer_size}: raise "
+                             "buffer_size")
 
     def why(self, need: int) -> str:
         return f"needs at least {need} updates per round"

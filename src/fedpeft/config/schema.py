@@ -21,7 +21,13 @@ from pydantic import (
 
 from fedpeft.config.adversarial import AttackersConfig
 from fedpeft.config.asynchronous import AsynchronousConfig
-from fedpeft.config.choices import SECTIONS, registered_section, section_choices, validate_choice
+from fedpeft.config.choices import (
+    SECTIONS,
+    RegisteredChoices,
+    registered_section,
+    section_choices,
+    validate_choice,
+)
 from fedpeft.config.section import OptionValueError, Section
 from fedpeft.config.system import SystemConfig
 from fedpeft.config.wrapping import WrapperOptions
@@ -620,8 +626,10 @@ def field_type(model: type[BaseModel], name: str) -> Any:
     (:func:`~fedpeft.config.choices.section_choices`)."""
     if issubclass(model, RunConfig) and name in DEFAULT_CHOICES:
         return section_choices(name)
-    annotation = model.model_fields[name].annotation
-    section = registered_section(annotation)
+    field = model.model_fields[name]
+    annotation = field.annotation
+    section = registered_section(annotation)  # (pydantic moves a bare Annotated field's metadata onto the field)
+    section = section or next((m.section for m in field.metadata if isinstance(m, RegisteredChoices)), None)
     if section is None:
         return annotation
     choices = section_choices(section)
@@ -748,6 +756,8 @@ class RunConfig(Section):
         if selected > fed.num_clients:
             raise ValueError(f"system.over_selection {system.over_selection:g} selects {selected} clients a round, more "
                              f"than federation.num_clients ({fed.num_clients}): lower it")
+        for wrapper in self.algorithm.wrappers():
+            wrapper.check_system(self)
         if fed.asynchronous is not None:
             self._check_asynchronous()
         if self.runtime.name != "embedded" and (system.trace is not None or system.profile != "ideal"):
@@ -778,6 +788,10 @@ class RunConfig(Section):
             able = ", ".join(n for n, m in _all_algorithms().items() if m.asynchronous_unavailable is None)
             raise ValueError(f"{where}: algorithm {self.algorithm.name} cannot aggregate asynchronously: {why}; "
                              f"algorithms that can: {able}")
+        for wrapper in self.algorithm.wrappers():
+            if wrapper.asynchronous_unavailable is not None:
+                raise ValueError(f"{where} and {wrapper.key} together are not supported "
+                                 f"({wrapper.asynchronous_unavailable}): choose one")
         if self.system.deadline_s is not None or self.system.over_selection:
             raise ValueError(f"{where}: system.deadline_s and system.over_selection shape synchronous rounds; remove "
                              "them (an asynchronous run has no rounds to end)")
@@ -801,6 +815,8 @@ class RunConfig(Section):
             raise ValueError(f"{where}: {fed.clients_per_round} clients training at once (clients_per_round) and "
                              f"{k} updates in the buffer need federation.num_clients >= {fed.clients_per_round + k} "
                              f"(it is {fed.num_clients}): a client is not chosen again while its update waits")
+        for wrapper in self.algorithm.wrappers():
+            wrapper.check_asynchronous(self, k)
 
     def _check_secure_aggregation(self) -> None:
         where = "runtime.flower.secure_aggregation"

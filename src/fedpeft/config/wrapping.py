@@ -31,6 +31,17 @@ class WrapperOptions(Section):
     # as it is)
     client_wrapper: ClassVar[str | None] = None
 
+    # why the wrapper cannot go with federation.asynchronous, or None when it can
+    asynchronous_unavailable: ClassVar[str | None] = None
+
     def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this wrapper cannot work
         with; called when a whole config is validated."""
+
+    def check_system(self, run: RunConfig) -> None:
+        """Refuse settings of the ``system`` section (simulated devices, over-selection) the wrapper cannot work
+        with; called where the config checks that section."""
+
+    def check_asynchronous(self, run: RunConfig, buffer_size: int) -> None:
+        """Refuse an asynchronous run (``federation.asynchronous``, aggregating every ``buffer_size`` updates) the
+        wrapper cannot work with; called last among the checks of that section."""

@@ -8,11 +8,10 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from fedpeft.algorithms import runtime_needs
 from fedpeft.algorithms.base import ClientResources
@@ -28,6 +27,9 @@ from fedpeft.training.local import LocalTrainer
 from fedpeft.training.server import ServerModel
 from fedpeft.tuners import TunedModel, apply_tuner, registered_peft_method
 from fedpeft.tuners.analytic_ops import AnalyticOps
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("fedpeft")
 

@@ -32,6 +32,7 @@ class PrivacyOptions(WrapperOptions):
     key: ClassVar[str] = "algorithm.dp"
     server_wrapper: ClassVar[str] = "fedpeft.algorithms.privacy.wrapper:PrivateServer"
     client_wrapper: ClassVar[str | None] = "fedpeft.algorithms.privacy.wrapper:PrivateClient"
+    asynchronous_unavailable: ClassVar[str | None] = "the privacy accounting counts rounds of clients sampled together"
 
     @model_validator(mode="after")
     def _budget_needs_noise(self) -> PrivacyOptions:
@@ -39,12 +40,9 @@ class PrivacyOptions(WrapperOptions):
             raise ValueError("max_epsilon needs noise_multiplier > 0: without noise there is no finite epsilon")
         return self
 
-    def check(self, run: RunConfig) -> None:
+    def check_system(self, run: RunConfig) -> None:
         system = run.system
         if system.over_selection or system.has_availability():
             raise ValueError("algorithm.dp with system.over_selection or clients that come and go (system.profile "
                              "mobile, system.trace) is not supported: the privacy accounting assumes every client can "
                              "be sampled and each sampled one counts; choose one")
-        if run.federation.asynchronous is not None:
-            raise ValueError("federation.asynchronous and algorithm.dp together are not supported (the privacy "
-                             "accounting counts rounds of clients sampled together): choose one")

@@ -5,7 +5,6 @@ stops the run before its budget is exceeded; the client clips its update before 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,8 +16,6 @@ from fedpeft.algorithms.privacy.mean import PrivateMean, clip
 from fedpeft.algorithms.privacy.options import PrivacyOptions
 from fedpeft.algorithms.wrapping import ClientWrapper, ServerWrapper
 from fedpeft.wire import Arrays, Payload
-
-log = logging.getLogger("fedpeft")
 
 
 class PrivateServer(ServerWrapper):
@@ -52,17 +49,12 @@ class PrivateServer(ServerWrapper):
         self.check_clipped(payload)
 
     def accept(self, rnd: int, updates: dict[int, Payload]) -> tuple[dict[int, Payload], dict[int, str]]:
-        accepted, rejected = self.inner.accept(rnd, updates)
-        for cid in list(accepted):
-            try:
-                self.check_clipped(accepted[cid])
-            except UpdateRejected as exc:
-                del accepted[cid]
-                rejected[cid] = str(exc)
-                log.warning("round %d: update of client %d rejected: %s", rnd, cid, exc)
-        return accepted, {cid: rejected[cid] for cid in updates if cid in rejected}  # (in the order they came)
+        # the contract's checks, update by update, with this wrapper's validate_from (the wrapped server's, then the
+        # clipping bound): each rejection logged in the order the updates came
+        return ServerAlgorithm.accept(self, rnd, updates)
 
     def combine(self, rnd: int, deltas: list[Arrays], weights: list[float], clients: list[int]) -> Arrays:
+        self.combined = True
         return self.private.mean(deltas)  # clipped, unweighted, fixed denominator, Gaussian noise
 
     def stop_reason(self) -> str | None:

@@ -16,11 +16,16 @@ import numpy as np
 from fedpeft import registry
 from fedpeft.algorithms.robust.core import RobustResult, check_same_layout, norms
 from fedpeft.config.adversarial import RobustRuleOptions
+from fedpeft.errors import UserError
 from fedpeft.plugins import load_built_ins
 from fedpeft.registry import CodeRef, code_ref, resolve
 
 # (the round's updates x_c - x, the clients' sample counts, the rule's options) -> the aggregate and what it did
 RobustAggregate = Callable[[Sequence[Mapping[str, np.ndarray]], Sequence[float], Any], RobustResult]
+
+
+class RobustRuleError(UserError, ValueError):
+    """A robust rule returned something else than an aggregate of the updates' form (a one-line error naming it)."""
 
 
 @dataclass(frozen=True)
@@ -82,20 +87,23 @@ def robust_aggregate(updates: Sequence[Mapping[str, np.ndarray]], weights: Seque
                      rule: RobustRuleOptions) -> RobustResult:
     """Aggregate ``updates`` with the registered rule ``rule`` names (an ``algorithm.robust`` section); ``weights``
     are the clients' sample counts, for the rules that weigh. The aggregate is ``.aggregate``, checked to have the
-    updates' names and shapes and finite values; :func:`~fedpeft.algorithms.robust.core.round_report` turns the rest into metrics.jsonl entries."""
+    updates' names and shapes and finite values (else a RobustRuleError); :func:`~fedpeft.algorithms.robust.core.round_report`
+    turns the rest into metrics.jsonl entries."""
     if not updates:
         raise ValueError("robust aggregation of no updates")
     names = check_same_layout(updates)
     result = registered_robust_rule(rule.rule).aggregate(updates, weights, rule)
     if not isinstance(result, RobustResult):
-        raise TypeError(f"robust rule {rule.rule!r} returned a {type(result).__name__}; return a "
-                        "fedpeft.RobustResult")
+        raise RobustRuleError(f"robust rule {rule.rule!r} returned a {type(result).__name__}; return a "
+                              "fedpeft.RobustResult")
     out = result.aggregate
     if sorted(out) != names or any(np.shape(out[k]) != np.shape(updates[0][k]) for k in names):
-        raise ValueError(f"robust rule {rule.rule!r} returned other tensors or shapes than the updates it aggregated")
+        raise RobustRuleError(f"robust rule {rule.rule!r} returned other tensors or shapes than the updates it "
+                              "aggregated")
     bad = next((k for k in names if not np.all(np.isfinite(out[k]))), None)
     if bad is not None:
-        raise ValueError(f"robust rule {rule.rule!r} returned NaN or Inf in {bad!r}")
+        raise RobustRuleError(f"robust rule {rule.rule!r} returned NaN or Inf in {bad!r} (updates that large "
+                              "overflow float32; a plugin rule: check its arithmetic)")
     if not result.norms:
         result.norms = [float(x) for x in norms(updates)]
     return result
