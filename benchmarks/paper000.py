@@ -138,7 +138,7 @@ def train_recording_importance(cfg, run_dir: Path) -> None:
     importance = ImportanceRecorder()
     rt = EmbeddedRuntime(cfg, run_dir, observers=[importance])
     rt.run()
-    layout = rt.exp.head_layout
+    layout = rt.exp.layout
     (run_dir / "importance_first_rounds.json").write_text(json.dumps({
         "modules": layout.module_names if layout else [], "heads_per_module": layout.heads_per_module if layout else 0,
         "records": importance.records}))
@@ -552,7 +552,7 @@ def segments(b: Bench) -> dict[str, Any]:
 
     cfg = load_config(b.args.config, b.args.set)
     exp = build_experiment(cfg)
-    res, layout = exp.client_resources, exp.head_layout
+    res, layout = exp.client_resources, exp.layout
     rows = []
     for cid in range(b.args.clients):
         shard = exp.data.train.subset(exp.parts[cid])

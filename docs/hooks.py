@@ -20,7 +20,7 @@ from latex2mathml.converter import convert
 
 from fedpeft import listing  # (its tables register fedpeft's built-ins first)
 
-MARKER = re.compile(r"<!-- fedpeft:(methods|options) (peft|algorithm) -->")
+MARKER = re.compile(r"<!-- fedpeft:(methods|options) (peft|algorithm|robust) -->")
 # what arithmatex writes in generic mode: <span class="arithmatex">\(...\)</span>, <div class="arithmatex">\[...\]</div>
 EQUATION = re.compile(r'<(span|div) class="arithmatex">\\[(\[](.*?)\\[)\]]</\1>', re.DOTALL)
 

@@ -194,7 +194,7 @@ def test_a_run_exchanges_selected_layers_and_clients_keep_the_others(tmp_path):
     rt = EmbeddedRuntime(cfg, tmp_path / "run", observers=[Sent()])
     rt.run()
     rows = {r["round"]: r for r in rt.rows}
-    layout = rt.exp.prefix_layout
+    layout = rt.exp.layout
     assert layout.num_layers == 2
     selected = rows[1]["selected_layers"]
     assert len(selected) == 1 and len(rows[1]["layer_scores"]) == 2 and rows[3]["exchanged_layers"] == 1

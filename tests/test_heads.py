@@ -244,7 +244,7 @@ def test_importance_matches_direct_computation_and_excludes_separators():
     exp = build_experiment(cfg)
     data = exp.data.train
     res = exp.client_resources
-    imp = head_importance(exp.tuned, data, exp.head_layout, pad_id=res["pad_id"], exclude_token_ids=res["exclude_token_ids"],
+    imp = head_importance(exp.tuned, data, exp.layout, pad_id=res["pad_id"], exclude_token_ids=res["exclude_token_ids"],
                           device=torch.device("cpu"), batch_size=5)
     assert imp.examples == len(data) and imp.alpha.shape == (8,)
     base = exp.tuned.module.get_base_model()
@@ -259,7 +259,7 @@ def test_importance_matches_direct_computation_and_excludes_separators():
                 expected[layer * 4:(layer + 1) * 4] += reference_confidence(
                     att[0].numpy(), np.ones(ids.shape[1], bool), ids[0].numpy(), res["exclude_token_ids"])
     np.testing.assert_allclose(imp.alpha, expected / len(data), rtol=1e-5)
-    with_sep = head_importance(exp.tuned, data, exp.head_layout, pad_id=res["pad_id"], exclude_token_ids=set(),
+    with_sep = head_importance(exp.tuned, data, exp.layout, pad_id=res["pad_id"], exclude_token_ids=set(),
                                device=torch.device("cpu"))
     assert not np.allclose(with_sep.alpha, imp.alpha)
 
@@ -287,14 +287,14 @@ def test_pruned_heads_get_no_update_even_with_weight_decay(tmp_path):
     sent = update.arrays[ALPHA_KEY]
     assert all(sent[h] == np.float32(alpha[h]) if h in kept else sent[h] == 0 for h in range(len(alpha)))
     tuned_state = rt.exp.tuned.state()
-    for name, param in rt.exp.head_layout.params.items():
+    for name, param in rt.exp.layout.params.items():
         for u in param.units:
             changed = not np.array_equal(tuned_state[name][u.start:u.stop], before[name][u.start:u.stop])
             assert changed == any(h in kept for h in u.heads), (name, u)
     # analytic OPs of the pruned training count the kept fraction of the head rows
     trainer = rt.exp.trainer
     fractions = {f for _, f in trainer._ops_cache}
-    assert fractions == {len(kept) / rt.exp.head_layout.num_heads}
+    assert fractions == {len(kept) / rt.exp.layout.num_heads}
     assert all(v < trainer.ops_per_sequence(T, 1.0) for (T, _), v in trainer._ops_cache.items())
 
 
@@ -327,7 +327,7 @@ def test_importance_feeds_the_sentence_pair_segments_that_training_feeds():
     exp = build_experiment(cfg)
     data, res = exp.data.train, exp.client_resources
     assert data.token_type_ids is not None and any(t.max() == 1 for t in data.token_type_ids)
-    imp = head_importance(exp.tuned, data, exp.head_layout, pad_id=res["pad_id"],
+    imp = head_importance(exp.tuned, data, exp.layout, pad_id=res["pad_id"],
                           exclude_token_ids=res["exclude_token_ids"], device=torch.device("cpu"), batch_size=4)
     exp.tuned.module.get_base_model().set_attn_implementation("eager")
     exp.tuned.module.eval()
@@ -381,7 +381,7 @@ def test_encoder_decoder_importance_masks_the_tokens_the_decoder_reads(model, ta
                     expected[m * 4:(m + 1) * 4] += confidence(att[0].numpy(), list(q), k)
     finally:
         hook.remove()
-    imp = head_importance(exp.tuned, data, exp.head_layout, pad_id=res["pad_id"], exclude_token_ids=exclude,
+    imp = head_importance(exp.tuned, data, exp.layout, pad_id=res["pad_id"], exclude_token_ids=exclude,
                           device=torch.device("cpu"), batch_size=3)
     if model == "tiny-bart":  # the decoder starts with </s>: it must not count as a key
         assert dec[0] in exclude

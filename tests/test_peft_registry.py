@@ -193,7 +193,7 @@ def test_a_plugin_method_gets_head_pruning_and_the_analytic_ops_by_declaring_the
                       plugins=[str(plugin)])
     rt = EmbeddedRuntime(cfg, tmp_path / "run")
     rt.run()
-    layout = rt.exp.head_layout
+    layout = rt.exp.layout
     assert layout is not None and layout.params
     adapted = {part for name in layout.params for part in name.split(".") if part in ("query", "key", "value")}
     assert adapted == {"query", "value"} and all("lora_B" in name for name in layout.params)

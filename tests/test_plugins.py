@@ -260,3 +260,52 @@ def test_a_real_update_carries_only_the_documented_metadata_keys(tmp_path):
         assert set(meta) <= set(documented), set(meta) - set(documented)
         assert {k for k, who in documented.items() if who == "`TrainResult.as_meta()`"} <= set(meta)
         assert {"round", "num_examples", "client"} <= set(meta)
+
+
+def per_layer_tensor_counts(tuned, model_config):
+    """A plugin's own layout (RuntimeNeeds.layout): how many trainable tensors each layer holds."""
+    counts = dict.fromkeys(range(model_config.num_hidden_layers), 0)
+    for name in tuned.params:
+        layer = next((int(p) for p in name.split(".") if p.isdigit()), None)
+        if layer is not None:
+            counts[layer] += 1
+    return counts
+
+
+@pytest.mark.needs_data
+def test_a_plugin_algorithm_declares_a_layout_of_its_own(tmp_path):
+    """RuntimeNeeds is open: an algorithm names any builder of the layout it works by, and every runtime hands
+    what it built to the server half and to every client half, without knowing what it is."""
+    from typing import Literal
+
+    from helpers import tiny_config
+
+    from fedpeft.algorithms.fedavg.halves import FedAvgServer, fedavg_client
+    from fedpeft.runtime.embedded import EmbeddedRuntime
+
+    class CountsOptions(fedpeft.AlgorithmOptions):
+        name: Literal["layout_counts"] = "layout_counts"
+        server_lr: float = 1.0
+
+    class CountsServer(FedAvgServer[CountsOptions]):
+        @classmethod
+        def runtime_needs(cls, options: CountsOptions) -> fedpeft.RuntimeNeeds:
+            return fedpeft.RuntimeNeeds(layout=per_layer_tensor_counts)
+
+    fedpeft.register_algorithm("layout_counts", options=CountsOptions, server=CountsServer, client=fedavg_client)
+    try:
+        rt = EmbeddedRuntime(tiny_config("algorithm.name=layout_counts", "federation.rounds=1"), tmp_path / "run")
+        try:
+            expected = per_layer_tensor_counts(rt.exp.tuned, rt.exp.tuned.module.config)
+            assert rt.server.layout == expected and sum(expected.values()) > 0  # LoRA's A and B in every layer
+            assert rt.exp.layout is rt.server.layout is rt.exp.client_resources["layout"]
+        finally:
+            rt.close()
+    finally:
+        ALGORITHMS.remove("layout_counts")
+    # by reference, checked when declared
+    assert fedpeft.RuntimeNeeds(layout="fedpeft.heads.layout:head_layout").layout == "fedpeft.heads.layout:head_layout"
+    with pytest.raises(ValueError, match="write it as 'package.module:attribute'"):
+        fedpeft.RuntimeNeeds(layout="head_layout")
+    with pytest.raises(TypeError, match="RuntimeNeeds.layout must be a function"):
+        fedpeft.RuntimeNeeds(layout=3)  # type: ignore[arg-type]

@@ -8,10 +8,11 @@ from helpers import tiny_config
 
 from fedpeft import checkpoint
 from fedpeft.algorithms import make_server
+from fedpeft.algorithms.aggregate import l2_norm
 from fedpeft.algorithms.fedavg.options import FedAvgOptions
-from fedpeft.algorithms.privacy import PrivateMean, clip, l2_norm
+from fedpeft.algorithms.privacy.mean import PrivateMean, clip
+from fedpeft.algorithms.privacy.options import PrivacyOptions
 from fedpeft.config import ConfigError
-from fedpeft.config.privacy import PrivacyOptions
 from fedpeft.rundir import read_metrics, read_summary
 from fedpeft.runtime.embedded import EmbeddedRuntime
 from fedpeft.wire import Payload

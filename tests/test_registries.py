@@ -24,7 +24,15 @@ from fedpeft.cli import main
 from fedpeft.config import load_config
 from fedpeft.config.schema import AlgorithmOptions, PeftOptions
 from fedpeft.plugins import BUILT_INS_ENTRY_POINT
-from fedpeft.registry import ALGORITHMS, DATASETS, PEFT_METHODS, RUNTIMES, TRACKERS, CodeRef
+from fedpeft.registry import (
+    ALGORITHMS,
+    DATASETS,
+    PEFT_METHODS,
+    ROBUST_RULES,
+    RUNTIMES,
+    TRACKERS,
+    CodeRef,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src" / "fedpeft"
@@ -183,8 +191,8 @@ for found in pkgutil.walk_packages(fedpeft.__path__, prefix="fedpeft."):
     except ModuleNotFoundError as exc:  # an optional package (mlflow, wandb, ...)
         missing.append(exc.name)
 from fedpeft import registry
-sizes = {r.kind: len(r) for r in (registry.ALGORITHMS, registry.PEFT_METHODS, registry.DATASETS, registry.TRACKERS,
-                                  registry.RUNTIMES)}
+sizes = {r.kind: len(r) for r in (registry.ALGORITHMS, registry.PEFT_METHODS, registry.ROBUST_RULES,
+                                  registry.DATASETS, registry.TRACKERS, registry.RUNTIMES)}
 same = fields == {name: repr(field.annotation) for name, field in RunConfig.model_fields.items()}
 print(json.dumps({"light": light, "sizes": sizes, "same": same, "missing": missing,
                   "imported": sum(m.startswith("fedpeft.") for m in sys.modules)}))
@@ -395,7 +403,8 @@ def _code_refs(value):
             yield from _code_refs(item)
 
 
-@pytest.mark.parametrize("registry", [TRACKERS, RUNTIMES, DATASETS, ALGORITHMS, PEFT_METHODS], ids=lambda r: r.kind)
+@pytest.mark.parametrize("registry", [TRACKERS, RUNTIMES, DATASETS, ALGORITHMS, PEFT_METHODS, ROBUST_RULES],
+                         ids=lambda r: r.kind)
 def test_every_built_in_code_reference_resolves(registry):
     """A typo in a built-in's "module:attribute" (mypy cannot see into the strings) would otherwise surface only
     when that entry is first used: every reference of every registered entry resolves to a class or function."""
@@ -405,7 +414,27 @@ def test_every_built_in_code_reference_resolves(registry):
             for ref in _code_refs(field):
                 assert callable(ref.load()), f"{registry.kind} {name}: {ref.path}"
                 checked += 1
-    assert checked >= {"dataset": 0, "algorithm": 2 * 14, "PEFT method": 2 * 9}.get(registry.kind, 1)
+    assert checked >= {"dataset": 0, "algorithm": 2 * 14, "PEFT method": 2 * 9, "robust rule": 5}.get(registry.kind, 1)
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def test_every_wrapper_reference_resolves():
+    """The wrappers' options name their code as "module:attribute" (the config layer imports none of it): every
+    one of every wrapper kind the registered algorithms offer resolves to a wrapper of the right half."""
+    from fedpeft.algorithms.wrapping import ClientWrapper, ServerWrapper
+    from fedpeft.config.wrapping import WrapperOptions
+
+    kinds = {sub for sub in _subclasses(WrapperOptions)}
+    assert {k.key for k in kinds} >= {"algorithm.robust", "algorithm.dp"}
+    for kind in kinds:
+        assert issubclass(CodeRef(kind.server_wrapper).load(), ServerWrapper), kind
+        if kind.client_wrapper is not None:
+            assert issubclass(CodeRef(kind.client_wrapper).load(), ClientWrapper), kind
 
 
 # FedProx is FedAvg with a proximal term: its halves build on FedAvg's

@@ -8,24 +8,18 @@ from pydantic import ValidationError
 from test_resume import assert_same_run
 
 from fedpeft.algorithms import ALGORITHMS, make_server
-from fedpeft.algorithms.robust import (
-    coordinate_median,
+from fedpeft.algorithms.robust.krum import (
+    KrumRule,
+    MultiKrumRule,
     krum_scores,
     multi_krum,
-    norm_bounded_mean,
     pairwise_sq_distances,
-    robust_aggregate,
-    trimmed_mean,
 )
+from fedpeft.algorithms.robust.median import MedianRule, coordinate_median
+from fedpeft.algorithms.robust.norm_bound import NormBoundRule, norm_bounded_mean
+from fedpeft.algorithms.robust.registry import robust_aggregate
+from fedpeft.algorithms.robust.trimmed_mean import TrimmedMeanRule, trim_count, trimmed_mean
 from fedpeft.config import ConfigError
-from fedpeft.config.adversarial import (
-    KrumRule,
-    MedianRule,
-    MultiKrumRule,
-    NormBoundRule,
-    TrimmedMeanRule,
-    trim_count,
-)
 from fedpeft.data.batching import Encoded
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.attacks import attacker_ids, flip_labels, poison
@@ -158,7 +152,7 @@ def refused(match, *sets, base=("federation.num_clients=5", "federation.clients_
 
 
 def test_config_refuses_rules_where_they_do_not_apply():
-    refused("algorithm.robust and algorithm.dp together", "algorithm.robust={rule: median}", "algorithm.dp={}")
+    refused("algorithm.dp and algorithm.robust together", "algorithm.robust={rule: median}", "algorithm.dp={}")
     refused("not available for headprune: its Eq. 8 weights", "algorithm.name=headprune",
             "algorithm.robust={rule: median}")
     refused("not available for hetlora: its clients send factors of different ranks", "algorithm.name=hetlora",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import subprocess
 import sys
 import typing
@@ -81,20 +82,41 @@ def test_the_client_context_is_typed():
     assert train["tuned"] == TunedModel | None
     assert train["extra_loss"] == Callable[[], Tensor] | None
     resources = hints(base.ClientResources, "fedpeft.algorithms.base")
-    assert resources["layout"] == HeadLayout | PrefixLayout | None
-    assert typing.Any not in fields.values()
+    assert resources["layout"] == object | None  # what the algorithm's RuntimeNeeds.layout built (open)
+    assert resources["pad_id"] == int | None  # (images pad nothing)
+    assert typing.Any not in fields.values() and typing.Any not in resources.values()
+    needs = hints(base.RuntimeNeeds, "fedpeft.algorithms.base")
+    assert needs["layout"] == base.LayoutBuilder | str | None
+    builder = hints(base.LayoutBuilder.__call__, "fedpeft.algorithms.base")
+    assert builder["tuned"] is TunedModel and builder["return"] is object
+    # fedpeft's own builders fit the protocol: (tuned, model_config) -> their layout
+    from fedpeft.heads.layout import head_layout
+    from fedpeft.tuners.prefix_layers import prefix_layout
+
+    assert typing.get_type_hints(head_layout)["return"] is HeadLayout
+    assert typing.get_type_hints(prefix_layout)["return"] is PrefixLayout
+    assert list(inspect.signature(prefix_layout).parameters) == list(inspect.signature(head_layout).parameters)
+
+
+def test_the_experiment_is_typed():
+    """What a runtime builds from a config is typed: no field is Any but the partition's statistics (a JSON
+    record), and the client resources are the contract's TypedDict."""
+    from fedpeft.runtime import setup
+
+    fields = hints(setup.Experiment, "fedpeft.runtime.setup")
+    assert [name for name, kind in fields.items() if kind is typing.Any] == []
+    assert fields["layout"] == object | None and fields["partition_stats"] == dict[str, typing.Any]
+    assert typing.get_type_hints(setup.Experiment.client_resources.func)["return"] is base.ClientResources
 
 
 def test_the_server_half_is_generic_over_its_options():
     from fedpeft.config.schema import AlgorithmOptions
-    from fedpeft.heads.layout import HeadLayout
     from fedpeft.training.server import ServerModel
-    from fedpeft.tuners.prefix_layers import PrefixLayout
 
     assert base.OptionsT.__bound__.__forward_arg__ == "AlgorithmOptions"
     init = hints(base.ServerAlgorithm.__init__, "fedpeft.algorithms.base")
     assert init["options"] is base.OptionsT
-    assert init["layout"] == HeadLayout | PrefixLayout | None
+    assert init["layout"] == object | None
     assert init["server_model"] == ServerModel | None
     assert hints(base.ServerAlgorithm.runtime_needs, "fedpeft.algorithms.base")["options"] is base.OptionsT
     assert typing.Any not in init.values()

@@ -17,7 +17,7 @@ import pytest
 from helpers import crash_at_round, metrics_difference, tiny_config, without_timings
 
 from fedpeft.algorithms.fedavg.options import FedAvgOptions
-from fedpeft.config.adversarial import RobustRule
+from fedpeft.algorithms.robust.registry import ROBUST_RULES
 from fedpeft.config.load import ConfigError, load_config
 from fedpeft.rundir import read_metrics
 from fedpeft.runtime.embedded import EmbeddedRuntime
@@ -154,11 +154,8 @@ def test_spawned_workers_on_a_cpu_need_a_number(tmp_path):
         EmbeddedRuntime(cfg, tmp_path / "run", transport=WorkerPoolTransport("auto", start="spawn"))
 
 
-ROBUST_RULES = [rule.model_fields["rule"].default for rule in typing.get_args(typing.get_args(RobustRule)[0])]
-
-
 @pytest.mark.needs_data
-@pytest.mark.parametrize("rule", ROBUST_RULES)
+@pytest.mark.parametrize("rule", ROBUST_RULES.names())
 def test_every_robust_rule_gives_the_metrics_of_one_process_with_workers(tmp_path, rule):
     """The server's rule sees the updates of 2 workers as those of one process (attackers among the clients)."""
     options = ", trim_fraction: 0.2" if rule == "trimmed_mean" else ""  # (one of 5 updates trimmed at each end)

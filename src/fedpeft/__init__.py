@@ -9,6 +9,8 @@ The public API (see docs/guide/python-api.md and docs/api/index.md); names load 
   :class:`ClientContext`, :class:`Payload`, :func:`check_update`, :class:`UpdateMeta` (the metadata every
   update must carry, checked with :func:`check_update_meta`), :func:`register_algorithm`, and Byzantine-robust
   aggregation for them: :data:`RobustRule` (the ``robust`` option), :func:`robust_aggregate`;
+* your own robust rules: :class:`RobustRuleOptions`, :class:`RobustResult`, :func:`register_robust_rule`; the
+  ``dp`` option an algorithm offers: :class:`PrivacyOptions`;
 * your own PEFT methods: :class:`PeftOptions`, :class:`TunerContext`, :func:`register_peft_method`;
 * your own datasets, experiment trackers and runtimes: :func:`register_dataset`, :func:`register_tracker`,
   :func:`register_runtime`;
@@ -34,10 +36,12 @@ if TYPE_CHECKING:  # what a type checker sees of the lazy exports below (a test 
         check_update,
         check_update_meta,
     )
+    from fedpeft.algorithms.privacy.options import PrivacyOptions
     from fedpeft.algorithms.registry import register_algorithm
-    from fedpeft.algorithms.robust import robust_aggregate
+    from fedpeft.algorithms.robust.core import RobustResult
+    from fedpeft.algorithms.robust.registry import register_robust_rule, robust_aggregate
     from fedpeft.api import read_partition, resume, run
-    from fedpeft.config.adversarial import RobustRule
+    from fedpeft.config.adversarial import RobustRule, RobustRuleOptions
     from fedpeft.config.load import ConfigError, dump_config, load_config, validate_config
     from fedpeft.config.schema import AlgorithmOptions, PeftOptions, RunConfig
     from fedpeft.data.catalog import register_dataset
@@ -57,7 +61,11 @@ _EXPORTS = {
     "AlgorithmOptions": "fedpeft.config.schema",
     "PeftOptions": "fedpeft.config.schema",
     "RobustRule": "fedpeft.config.adversarial",
-    "robust_aggregate": "fedpeft.algorithms.robust",
+    "RobustRuleOptions": "fedpeft.config.adversarial",
+    "PrivacyOptions": "fedpeft.algorithms.privacy.options",
+    "RobustResult": "fedpeft.algorithms.robust.core",
+    "robust_aggregate": "fedpeft.algorithms.robust.registry",
+    "register_robust_rule": "fedpeft.algorithms.robust.registry",
     "load_config": "fedpeft.config.load",
     "validate_config": "fedpeft.config.load",
     "dump_config": "fedpeft.config.load",
@@ -88,13 +96,13 @@ _EXPORTS = {
     "UserError": "fedpeft.errors",
 }
 __all__ = [  # sorted(_EXPORTS), written out for type checkers and linters (a test checks)
-    "AlgorithmOptions", "ClientAlgorithm", "ClientContext", "ConfigError", "Payload",
-    "PeftOptions", "RobustRule", "RunConfig", "RunObserver", "RuntimeNeeds", "ServerAlgorithm",
-    "TunerContext", "UpdateMeta", "UpdateRejected", "UserError", "check_update",
-    "check_update_meta", "dump_config", "load_adapter", "load_config", "load_plugin",
-    "read_metrics", "read_partition", "read_summary", "register_algorithm", "register_dataset",
-    "register_peft_method", "register_runtime", "register_tracker", "resume", "robust_aggregate", "run",
-    "validate_config",
+    "AlgorithmOptions", "ClientAlgorithm", "ClientContext", "ConfigError", "Payload", "PeftOptions",
+    "PrivacyOptions", "RobustResult", "RobustRule", "RobustRuleOptions", "RunConfig", "RunObserver",
+    "RuntimeNeeds", "ServerAlgorithm", "TunerContext", "UpdateMeta", "UpdateRejected", "UserError",
+    "check_update", "check_update_meta", "dump_config", "load_adapter", "load_config",
+    "load_plugin", "read_metrics", "read_partition", "read_summary", "register_algorithm",
+    "register_dataset", "register_peft_method", "register_robust_rule", "register_runtime",
+    "register_tracker", "resume", "robust_aggregate", "run", "validate_config",
 ]
 
 

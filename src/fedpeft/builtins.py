@@ -4,7 +4,9 @@ fedpeft's package metadata declares :func:`register` in the ``fedpeft.plugins`` 
 (``pyproject.toml``), the door an installed plugin package uses; :func:`fedpeft.plugins.load_built_ins` calls it
 when a run, a command or a config's validation first needs the registries. Importing a fedpeft module registers
 nothing: each built-in method's package has a ``register()`` (``fedpeft/algorithms/<name>/__init__.py``,
-``fedpeft/tuners/<name>/__init__.py``) that registers it through the public functions a plugin calls, and
+``fedpeft/tuners/<name>/__init__.py``; the robust rules' ``fedpeft/algorithms/robust/__init__.py``) that registers
+it through the public functions a plugin calls (a package without one, such as ``lora/`` or ``privacy/``, shares
+code and registers nothing), and
 :func:`register` finds those packages below :data:`METHOD_PACKAGES` by itself, so adding a built-in touches its own
 folder and nothing else. The registering modules import no torch: they give their code as ``"module:attribute"``
 references.

@@ -410,7 +410,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    """List the registered algorithms and PEFT methods (built-in and the given plugins')."""
+    """List the registered algorithms, PEFT methods and robust rules (built-in and the given plugins')."""
     from fedpeft import listing
     from fedpeft.plugins import load_plugins, resolve_plugin
 
@@ -720,9 +720,11 @@ def build_parser() -> argparse.ArgumentParser:
     _trust_arguments(pa, "the config")
     pa.set_defaults(func=cmd_partition)
 
-    me = sub.add_parser("methods", help="list the registered algorithms and PEFT methods (with --plugin: a "
+    me = sub.add_parser("methods", help="list the registered algorithms, PEFT methods and robust rules (with "
+                        "--plugin: a "
                         "plugin's too): name, what it is, where it lives")
-    me.add_argument("--kind", choices=["peft", "algorithm"], help="only PEFT methods or only algorithms")
+    me.add_argument("--kind", choices=["peft", "algorithm", "robust"],
+                    help="only PEFT methods, only algorithms or only robust rules")
     me.add_argument("--markdown", action="store_true", help="print markdown tables (as the docs show them)")
     me.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
                     help="load a plugin first; its methods are listed too (repeatable)")

@@ -1,4 +1,4 @@
-"""The registered methods as rows: what ``fedpeft methods`` prints and what the docs' method tables are built
+"""The registered methods (and robust rules) as rows: what ``fedpeft methods`` prints and what the docs' method tables are built
 from (``docs/hooks.py``), so that a method registered anywhere (built-in or plugin) is listed everywhere.
 """
 
@@ -13,12 +13,13 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from fedpeft.plugins import load_built_ins
-from fedpeft.registry import ALGORITHMS, PEFT_METHODS, Registry
+from fedpeft.registry import ALGORITHMS, PEFT_METHODS, ROBUST_RULES, Registry
 
-Kind = Literal["peft", "algorithm"]
-KINDS: tuple[Kind, ...] = ("peft", "algorithm")
-# a kind's registry; its key is the config key that names a method (peft.method, algorithm.name)
-REGISTRIES: dict[Kind, Registry[Any]] = {"peft": PEFT_METHODS, "algorithm": ALGORITHMS}
+Kind = Literal["peft", "algorithm", "robust"]
+KINDS: tuple[Kind, ...] = ("peft", "algorithm", "robust")
+# a kind's registry; its key is the config key that names a method (peft.method, algorithm.name,
+# algorithm.robust.rule)
+REGISTRIES: dict[Kind, Registry[Any]] = {"peft": PEFT_METHODS, "algorithm": ALGORITHMS, "robust": ROBUST_RULES}
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,11 @@ def _summary(options: type[BaseModel]) -> str:
 
 
 def method_rows(kind: Kind) -> list[MethodRow]:
-    """Every registered method of ``kind`` ("peft" or "algorithm"), by name (fedpeft's built-ins registered first)."""
+    """Every registered method of ``kind`` ("peft", "algorithm" or "robust"), by name (fedpeft's built-ins
+    registered first)."""
     load_built_ins()
     registry = REGISTRIES[kind]
-    tag = registry.key.split(".")[1]  # "method" of peft.method, "name" of algorithm.name
+    tag = registry.key.rsplit(".", 1)[1]  # "method" of peft.method, "name" of algorithm.name, "rule"
     rows = []
     for name, entry in registry.items():
         options = entry.options

@@ -124,8 +124,8 @@ class Registry(Generic[Entry]):
 
 
 # fedpeft's public registration functions: the module that registers is the one that called them
-_REGISTRATION_FUNCTIONS = frozenset({"register_algorithm", "register_peft_method", "register_dataset",
-                                     "register_tracker", "register_runtime"})
+_REGISTRATION_FUNCTIONS = frozenset({"register_algorithm", "register_peft_method", "register_robust_rule",
+                                     "register_dataset", "register_tracker", "register_runtime"})
 
 
 def _registering_module() -> str:
@@ -155,7 +155,7 @@ class NamedEntry(Protocol):
 
 
 class MethodEntry(Protocol):
-    """A registered algorithm or PEFT method, as the config reads it: its name and options model."""
+    """A registered algorithm, PEFT method or robust rule, as the config reads it: its name and options model."""
 
     @property
     def name(self) -> str: ...
@@ -178,9 +178,11 @@ class DatasetInfo(Protocol):
 
 
 # The registries of fedpeft's kinds; their entries are added by the public registration functions
-# (fedpeft.register_algorithm, fedpeft.register_peft_method), which fedpeft's built-ins call as plugins do.
+# (fedpeft.register_algorithm, fedpeft.register_peft_method, fedpeft.register_robust_rule), which fedpeft's
+# built-ins call as plugins do.
 ALGORITHMS: Registry[MethodEntry] = Registry("algorithm", "algorithm.name")
 PEFT_METHODS: Registry[MethodEntry] = Registry("PEFT method", "peft.method")
+ROBUST_RULES: Registry[MethodEntry] = Registry("robust rule", "algorithm.robust.rule")
 
 # --- the open seams: registered through fedpeft.register_dataset / register_tracker / register_runtime ---
 

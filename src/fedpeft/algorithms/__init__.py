@@ -3,9 +3,10 @@
 Each built-in algorithm is a package here (``fedpeft/algorithms/<name>/``, the federated LoRA methods under
 ``lora/``): its options, its halves, its helpers and its registration through
 :func:`fedpeft.algorithms.registry.register_algorithm`, the same function a plugin calls
-(``fedpeft.register_algorithm``). :mod:`.base` holds the contract, :mod:`.aggregate`, :mod:`.privacy` and
-:mod:`.robust` what several algorithms share. Importing this package imports no torch; the names below
-load on first use.
+(``fedpeft.register_algorithm``). :mod:`.base` holds the contract, :mod:`.aggregate` the maths several share, and
+:mod:`.wrapping` the wrappers around any algorithm's halves: the packages :mod:`.robust` (Byzantine-robust rules,
+a registered kind of their own, ``fedpeft.register_robust_rule``) and :mod:`.privacy` (differential privacy).
+Importing this package imports no torch; the names below load on first use.
 """
 
 from __future__ import annotations

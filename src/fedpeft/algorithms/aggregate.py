@@ -8,6 +8,7 @@ Federated Optimization, Alg. 2): no bias correction, ``v`` initialised to ``tau*
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -17,6 +18,11 @@ Arrays = dict[str, np.ndarray]
 
 def deltas(global_state: Mapping[str, np.ndarray], client_state: Mapping[str, np.ndarray]) -> Arrays:
     return {k: client_state[k].astype(np.float32) - global_state[k] for k in global_state}
+
+
+def l2_norm(arrays: Mapping[str, np.ndarray]) -> float:
+    """The L2 norm of all of ``arrays`` together (summed in float64)."""
+    return float(math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays.values())))
 
 
 def weighted_mean(updates: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> Arrays:

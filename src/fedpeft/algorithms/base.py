@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Protocol, T
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.errors import first_line
+from fedpeft.registry import CodeRef
 from fedpeft.wire import Arrays, Payload
 
 if TYPE_CHECKING:  # the types of the contract; importing this module loads none of them (no torch)
@@ -27,10 +29,8 @@ if TYPE_CHECKING:  # the types of the contract; importing this module loads none
 
     from fedpeft.config.schema import AlgorithmOptions, PeftOptions
     from fedpeft.data.batching import Encoded, ImageEncoded
-    from fedpeft.heads.layout import HeadLayout
     from fedpeft.training.local import TrainResult
     from fedpeft.training.server import ServerModel
-    from fedpeft.tuners.prefix_layers import PrefixLayout
     from fedpeft.tuners.tuned import TunedModel
 
 log = logging.getLogger("fedpeft")
@@ -197,8 +197,8 @@ class ClientResources(TypedDict, total=False):
     """``ClientContext.resources``: what a client half may need besides its data (see
     ``fedpeft.runtime.setup.Experiment.client_resources``)."""
 
-    layout: HeadLayout | PrefixLayout | None  # what the server half's RuntimeNeeds asked for
-    pad_id: int  # the tokenizer's padding token
+    layout: object | None  # what the algorithm's RuntimeNeeds.layout built (e.g. a HeadLayout), or None
+    pad_id: int | None  # the tokenizer's padding token (None for images: nothing is padded)
     exclude_token_ids: set[int]  # the tokenizer's end-of-sequence and separator tokens
     device: torch.device  # where the model lives
     batch_size: int  # eval.batch_size, for the client's own evaluation passes
@@ -238,21 +238,49 @@ class ClientContext:
     evaluate_personal: Callable[[], dict[str, Any] | None] = field(default=_no_personal_evaluation)
 
 
+class LayoutBuilder(Protocol):
+    """Builds the layout an algorithm works by (:attr:`RuntimeNeeds.layout`), once per process, from the run's
+    model with its PEFT method applied and the backbone's config: e.g. which trainable tensors belong to which
+    attention head (``fedpeft.heads.layout:head_layout``) or layer (``fedpeft.tuners.prefix_layers:prefix_layout``),
+    or a plugin's own map. A ValueError names what the run's model lacks."""
+
+    def __call__(self, tuned: TunedModel, model_config: Any) -> object: ...
+
+
 @dataclass(frozen=True)
 class RuntimeNeeds:
-    """What a server half needs from the runtime besides the shared model and the clients' data; every
-    runtime honours it (see :meth:`ServerAlgorithm.runtime_needs`)."""
+    """What a server half needs from the runtime besides the shared model and the clients' data, declared by the
+    algorithm (:meth:`ServerAlgorithm.runtime_needs`); every runtime provides it without knowing what it is."""
 
-    head_layout: bool = False  # a fedpeft.heads.HeadLayout of the PEFT method's tensors, passed as ``layout``
-    prefix_layout: bool = False  # a fedpeft.tuners.prefix_layers.PrefixLayout, passed as ``layout``
-    server_model: bool = False  # a fedpeft.training.server.ServerModel (global model + server shard), as ``server_model``
+    # builds the layout the server half gets as ``layout`` and every client half as ``ctx.resources["layout"]``:
+    # a LayoutBuilder, or its "package.module:attribute" (imported when a run starts); None: no layout
+    layout: LayoutBuilder | str | None = None
+    # a fedpeft.training.server.ServerModel (the global model and the server's data shard), as ``server_model``
+    server_model: bool = False
     server_data_fraction: float = 0.0  # share of the training split the server keeps; no client gets it
 
     def __post_init__(self) -> None:
-        if self.head_layout and self.prefix_layout:
-            raise ValueError("an algorithm gets one layout: a head layout or a prefix layout, not both")
+        if isinstance(self.layout, str):
+            CodeRef(self.layout)  # (a one-line error for a malformed reference)
+        elif self.layout is not None and not callable(self.layout):
+            raise TypeError(f"RuntimeNeeds.layout must be a function (tuned, model_config) -> layout or its "
+                            f"'package.module:attribute', got {type(self.layout).__name__}")
         if not 0.0 <= self.server_data_fraction < 1.0:
             raise ValueError(f"server_data_fraction {self.server_data_fraction} must lie in [0, 1)")
+
+    def build_layout(self, tuned: TunedModel, model_config: Any) -> object | None:
+        """The layout :attr:`layout` builds for this run's model, or None when the algorithm asks for none."""
+        if self.layout is None:
+            return None
+        builder: LayoutBuilder = CodeRef(self.layout).load() if isinstance(self.layout, str) else self.layout  # type: ignore[assignment]
+        return builder(tuned, model_config)
+
+
+class Combiner(Protocol):
+    """What takes the place of a server's weighted mean of the clients' changes (:meth:`ServerAlgorithm.combine`):
+    a wrapper's rule (``algorithm.robust``, ``algorithm.dp``)."""
+
+    def combine(self, rnd: int, deltas: list[Arrays], weights: list[float], clients: list[int]) -> Arrays: ...
 
 
 class ServerAlgorithm(ABC, Generic[OptionsT]):
@@ -266,10 +294,10 @@ class ServerAlgorithm(ABC, Generic[OptionsT]):
         return RuntimeNeeds()
 
     def __init__(self, options: OptionsT, initial_state: Arrays, *, num_clients: int, clients_per_round: int,
-                 seed: int, layout: HeadLayout | PrefixLayout | None = None, client_lr: float | None = None,
+                 seed: int, layout: object | None = None, client_lr: float | None = None,
                  server_model: ServerModel | None = None) -> None:
         self.options: OptionsT = options
-        self.layout = layout  # what runtime_needs asked for: a head layout, a prefix layout, or None
+        self.layout = layout  # what runtime_needs' layout built (a head layout, a prefix layout, ...), or None
         self.server_model = server_model  # the server's own model and data shard (FedSP), else None
         self.client_lr = client_lr  # the run's train.lr, for algorithms whose server maths uses it
         self.global_state: Arrays = {k: v.astype(np.float32).copy() for k, v in initial_state.items()}
@@ -339,6 +367,18 @@ class ServerAlgorithm(ABC, Generic[OptionsT]):
     @abstractmethod
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
         """Combine accepted updates into self.global_state; returns aggregation metrics."""
+
+    # the wrapper's rule that takes the place of the weighted mean in combine() (set by the wrapper), or None
+    combiner: Combiner | None = None
+
+    def combine(self, rnd: int, deltas: list[Arrays], weights: list[float], clients: list[int]) -> Arrays:
+        """The aggregate of the round's per-client changes ``deltas`` (x_c - x, in the order of ``clients``;
+        ``weights``: their sample counts): their weighted mean, or the rule of the wrapper around this server
+        (:attr:`combiner`). A server half that aggregates by a weighted mean of per-client changes calls this, and
+        its options may then offer the wrappers (a ``robust`` option, a ``dp`` option)."""
+        if self.combiner is not None:
+            return self.combiner.combine(rnd, deltas, weights, clients)
+        return weighted_mean(deltas, weights)
 
     def aggregate_mean(self, rnd: int, mean_update: dict[str, np.ndarray]) -> dict[str, float]:
         """Apply the sample-weighted mean of the clients' updates (x_c - x), all the server learns under

@@ -13,15 +13,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from fedpeft import registry
 from fedpeft.algorithms.base import ClientAlgorithm, OptionsT, RuntimeNeeds, ServerAlgorithm
+from fedpeft.algorithms.wrapping import wrap_client, wrap_server
 from fedpeft.config.schema import AlgorithmOptions, check_options_model
 from fedpeft.plugins import load_built_ins
 from fedpeft.registry import CodeRef, resolve
 from fedpeft.wire import Arrays
 
 if TYPE_CHECKING:
-    from fedpeft.heads.layout import HeadLayout
     from fedpeft.training.server import ServerModel
-    from fedpeft.tuners.prefix_layers import PrefixLayout
 
 # The algorithm's options -> its client half (a ClientAlgorithm subclass whose __init__ takes the options is one)
 ClientFactory = Callable[[OptionsT], ClientAlgorithm]
@@ -95,12 +94,14 @@ def registered_algorithm(name: str) -> RegisteredAlgorithm[Any]:
 
 
 def make_server(options: OptionsT, initial_state: Arrays, *, num_clients: int, clients_per_round: int, seed: int,
-                layout: HeadLayout | PrefixLayout | None = None, client_lr: float | None = None,
+                layout: object | None = None, client_lr: float | None = None,
                 server_model: ServerModel | None = None) -> ServerAlgorithm[OptionsT]:
-    """The server half of the algorithm ``options`` names, started from ``initial_state``."""
+    """The server half of the algorithm ``options`` names, started from ``initial_state``, inside the wrappers its
+    options turn on (``algorithm.robust``, ``algorithm.dp``)."""
     server_cls: type[ServerAlgorithm[OptionsT]] = registered_algorithm(options.name).server
-    return server_cls(options, initial_state, num_clients=num_clients, clients_per_round=clients_per_round, seed=seed,
-                      layout=layout, client_lr=client_lr, server_model=server_model)
+    return wrap_server(options, server_cls(options, initial_state, num_clients=num_clients,
+                                           clients_per_round=clients_per_round, seed=seed, layout=layout,
+                                           client_lr=client_lr, server_model=server_model))
 
 
 def runtime_needs(options: AlgorithmOptions) -> RuntimeNeeds:
@@ -110,4 +111,4 @@ def runtime_needs(options: AlgorithmOptions) -> RuntimeNeeds:
 
 def make_client(options: AlgorithmOptions) -> ClientAlgorithm:
     """The client half of the algorithm ``options`` names."""
-    return registered_algorithm(options.name).client(options)
+    return wrap_client(options, registered_algorithm(options.name).client(options))

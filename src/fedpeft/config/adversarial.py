@@ -1,36 +1,55 @@
-"""Options of the Byzantine-robust aggregation rules (``algorithm.robust``) and of the simulated attackers
+"""The base of the Byzantine-robust aggregation rules' options (``algorithm.robust``; each rule's own options live
+beside its code, ``fedpeft/algorithms/robust/``) and the options of the simulated attackers
 (``federation.attackers``). Like the rest of fedpeft.config: descriptions and validation only, no torch."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from fedpeft.config.choices import registered_field
 from fedpeft.config.section import Section
+from fedpeft.config.wrapping import WrapperOptions
 
 if TYPE_CHECKING:
     from fedpeft.config.schema import RunConfig
 
 
 
-class _Rule(Section):
+class RobustRuleOptions(WrapperOptions):
+    """Base of a Byzantine-robust aggregation rule's options (``algorithm.robust``). A subclass names its rule with
+    a literal default, ``rule: Literal["mine"] = "mine"``, and is registered with its aggregation function through
+    ``fedpeft.register_robust_rule``; the config then accepts ``algorithm.robust: {rule: mine, ...}`` for every
+    algorithm with a ``robust`` option. fedpeft's own rules live in ``fedpeft/algorithms/robust/``."""
+
+    rule: str
+    key: ClassVar[str] = "algorithm.robust"
+    server_wrapper: ClassVar[str] = "fedpeft.algorithms.robust.wrapper:RobustServer"
+
     def min_updates(self) -> int:
         """The fewest updates the rule can aggregate with its guarantee."""
         return 1
 
     def check(self, run: RunConfig) -> None:
-        """Refuse (ValueError, one line) a federation this rule cannot protect as configured."""
+        """Refuse (ValueError, one line) a federation this rule cannot protect as configured (a subclass that
+        overrides it calls it too)."""
         need = self.min_updates()
         fed = run.federation
         if fed.clients_per_round < need:
-            raise ValueError(f"algorithm.robust: rule {self.rule} {self.why(need)} "  # type: ignore[attr-defined]
+            raise ValueError(f"algorithm.robust: rule {self.rule} {self.why(need)} "
                              f"(federation.clients_per_round is {fed.clients_per_round}): {self.fix(need)}")
         if fed.min_replies < need:
-            raise ValueError(f"algorithm.robust: rule {self.rule} aggregates only rounds with at least {need} "  # type: ignore[attr-defined]
+            raise ValueError(f"algorithm.robust: rule {self.rule} aggregates only rounds with at least {need} "
                              f"accepted updates: set federation.min_replies to {need} or more (it is "
                              f"{fed.min_replies}); a round with fewer then fails and leaves the global model as it was")
+
+    def check_asynchronous(self, run: RunConfig, buffer_size: int) -> None:
+        if buffer_size < self.min_updates():
+            raise ValueError(f"federation.asynchronous: algorithm.robust rule {self.rule} needs at least "
+                             f"{self.min_updates()} updates per aggregation, and buffer_size is {buffer_size}: raise "
+                             "buffer_size")
 
     def why(self, need: int) -> str:
         return f"needs at least {need} updates per round"
@@ -39,90 +58,15 @@ class _Rule(Section):
         return "raise federation.clients_per_round"
 
 
-class MedianRule(_Rule):
-    """Coordinate-wise median of the clients' updates (Yin et al., ICML 2018). Tolerates fewer than half the
-    updates being arbitrary; ignores the clients' sample counts (a claimed count is itself an attack surface);
-    without attack it is noisier than the mean, most under skewed (non-IID) clients."""
-
-    rule: Literal["median"] = "median"
-
-    def min_updates(self) -> int:
-        return 3  # the median of two updates is their mean
-
-
-def trim_count(n: int, trim_fraction: float) -> int:
-    """floor(beta n), the values the trimmed mean drops at each end of a coordinate, with a tolerance for binary
-    rounding: 0.29 x 100 is 28.999999999999996 in floats, and trims 29."""
-    return math.floor(trim_fraction * n + 1e-9)
-
-
-class TrimmedMeanRule(_Rule):
-    """Coordinate-wise trimmed mean (Yin et al., ICML 2018): in every coordinate the floor(beta n) largest and
-    floor(beta n) smallest of the n updates are dropped and the rest averaged, unweighted. Tolerates up to
-    floor(beta n) arbitrary updates per round."""
-
-    rule: Literal["trimmed_mean"] = "trimmed_mean"
-    trim_fraction: float = Field(0.1, gt=0, lt=0.5, description="beta: the share of updates dropped at each end "
-                                 "of every coordinate.")
-
-    def min_updates(self) -> int:
-        n = 2
-        while trim_count(n, self.trim_fraction) < 1:  # at least one value trimmed at each end
-            n += 1
-        return n
-
-    def why(self, need: int) -> str:
-        return f"with trim_fraction {self.trim_fraction:g} trims nothing below {need} updates per round"
-
-    def fix(self, need: int) -> str:
-        return "raise federation.clients_per_round or algorithm.robust.trim_fraction"
-
-
-class KrumRule(_Rule):
-    """Krum (Blanchard et al., NeurIPS 2017): each update is scored by the summed squared distances to its
-    n - f - 2 nearest other updates and the lowest-scoring one becomes the round's update. Tolerates f
-    arbitrary updates when n >= 2f + 3; uses one client's update per round, so it costs accuracy without
-    attack, most under skewed clients."""
-
-    rule: Literal["krum"] = "krum"
-    num_attackers: int = Field(1, ge=0, description="f: the Byzantine updates per round it must tolerate.")
-
-    def min_updates(self) -> int:
-        return 2 * self.num_attackers + 3
-
-    def fix(self, need: int) -> str:
-        return "raise federation.clients_per_round or lower algorithm.robust.num_attackers"
-
-
-class MultiKrumRule(KrumRule):
-    """Multi-Krum (Blanchard et al., NeurIPS 2017): the unweighted mean of the m updates with the lowest Krum
-    scores (m = n - f by default), which keeps most of the mean's accuracy without attack."""
-
-    rule: Literal["multi_krum"] = "multi_krum"  # type: ignore[assignment]
-    keep: int | None = Field(None, ge=1, description="m: updates averaged; None = n - f (n: the round's updates).")
-
-    def min_updates(self) -> int:
-        # Krum's 2f + 3, and m + f so that m updates can be kept while f are left out
-        return max(super().min_updates(), (self.keep or 0) + self.num_attackers)
-
-
-class NormBoundRule(_Rule):
-    """Norm bounding (Sun et al., 2019, "Can you really backdoor federated learning?"): every update is scaled
-    down to L2 norm at most max_norm (over all its tensors), then the sample-weighted mean is taken as in
-    FedAvg. Limits what one update can move, not what many can; without attack it equals FedAvg whenever no
-    honest update exceeds the bound. It keeps FedAvg's weighting by the clients' claimed sample counts, so a client
-    that overstates its count weighs more (within the bound)."""
-
-    rule: Literal["norm_bound"] = "norm_bound"
-    max_norm: float | None = Field(None, gt=0, description="The bound; None = the median norm of the round's "
-                                   "updates (so at most half of them are scaled).")
-
-
-RobustRule = Annotated[MedianRule | TrimmedMeanRule | KrumRule | MultiKrumRule | NormBoundRule,
-                       Field(discriminator="rule")]
+# The type of an algorithm's ``robust`` option (``robust: fedpeft.RobustRule | None = None``): one of the rules
+# registered when the config is validated, told apart by ``rule`` (to a type checker, their base class)
+if TYPE_CHECKING:
+    RobustRule = RobustRuleOptions
+else:
+    RobustRule = registered_field("robust", RobustRuleOptions)
 ROBUST_DESCRIPTION = ("Byzantine-robust aggregation in place of the weighted mean of the updates (off by default): "
-                      "{rule: median | trimmed_mean | krum | multi_krum | norm_bound, ...}; the server optimizer "
-                      "then steps on the robust aggregate.")
+                      "{rule: median | trimmed_mean | krum | multi_krum | norm_bound | a plugin's rule, ...}; the "
+                      "server optimizer then steps on the robust aggregate.")
 
 MODEL_POISONING = ("sign_flip", "scale", "noise")
 DEFAULT_FACTOR = {"sign_flip": 1.0, "scale": 10.0}

@@ -7,15 +7,13 @@ starts with a message naming the valid choices (see :mod:`fedpeft.config.load`).
 
 from __future__ import annotations
 
-import functools
-import operator
+import typing
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     Field,
     SerializeAsAny,
-    TypeAdapter,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -23,8 +21,16 @@ from pydantic import (
 
 from fedpeft.config.adversarial import AttackersConfig
 from fedpeft.config.asynchronous import AsynchronousConfig
+from fedpeft.config.choices import (
+    SECTIONS,
+    RegisteredChoices,
+    registered_section,
+    section_choices,
+    validate_choice,
+)
 from fedpeft.config.section import OptionValueError, Section
 from fedpeft.config.system import SystemConfig
+from fedpeft.config.wrapping import WrapperOptions
 from fedpeft.errors import unprintable
 from fedpeft.plugins import load_built_ins
 from fedpeft.registry import ALGORITHMS, DATASETS, PEFT_METHODS, RUNTIMES, TRACKERS, Registry
@@ -75,7 +81,8 @@ class AlgorithmOptions(Section):
     # backbone), or None; such an adapter is marked and fedpeft.load_adapter refuses it with this reason
     adapter_incomplete: ClassVar[str | None] = None
     # why algorithm.robust does not apply, for an algorithm without a ``robust`` option (one that has the option,
-    # e.g. ``robust: fedpeft.RobustRule | None = None``, aggregates with fedpeft.algorithms.robust itself)
+    # e.g. ``robust: fedpeft.RobustRule | None = None``, takes the weighted mean of the clients' changes through
+    # ServerAlgorithm.combine, whose place the robust wrapper then takes)
     robust_unavailable: ClassVar[str] = "its server does not aggregate one plain update per client by a weighted mean"
     # why a simulated attacker cannot poison this algorithm's updates (federation.attackers sign_flip, scale, noise
     # change what a client sends relative to what it received), or None
@@ -90,6 +97,12 @@ class AlgorithmOptions(Section):
     def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this algorithm cannot
         work with; called when a whole config is validated."""
+
+    def wrappers(self) -> list[WrapperOptions]:
+        """The wrappers these options turn on: every option holding a wrapper's section that is set
+        (``algorithm.robust``, ``algorithm.dp``), in the order of the fields."""
+        return [value for name in type(self).model_fields
+                if isinstance(value := getattr(self, name), WrapperOptions)]
 
     @model_validator(mode="before")
     @classmethod
@@ -603,58 +616,31 @@ def _all_algorithms() -> dict[str, type[AlgorithmOptions]]:
     return {name: ALGORITHMS[name].options for name in sorted(ALGORITHMS)}
 
 
-def _choice_union(models: Any, tag: str) -> Any:
-    """The config type of a section with registered choices: their options models, told apart by ``tag``, in
-    the alphabetical order of their names (which is how errors list the choices)."""
-    models = sorted(models, key=lambda model: model.model_fields[tag].default)
-    if len(models) == 1:
-        return models[0]
-    return Annotated[functools.reduce(operator.or_, models), Field(discriminator=tag)]  # A | B | ...
-
-
-_SECTIONS: dict[str, tuple[Registry[Any], str]] = {"peft": (PEFT_METHODS, "method"), "algorithm": (ALGORITHMS, "name")}
 # the choice a run config takes when it leaves the section out (the config's own defaults)
 DEFAULT_CHOICES = {"peft": "lora", "algorithm": "fedavg"}
 
 
-def _registered(section: str) -> tuple[str, frozenset[type[BaseModel]]]:
-    """The tag of a run config's ``peft`` or ``algorithm`` section and the options models registered for it now
-    (fedpeft's built-ins registered first; a one-line error if none is)."""
-    load_built_ins()
-    registry, tag = _SECTIONS[section]
-    models = frozenset(entry.options for entry in registry.values())
-    if not models:
-        raise ValueError(f"{section}.{tag}: no {registry.kind} is registered (fedpeft's built-ins did not register: "
-                         "reinstall fedpeft with bash scripts/install.sh)")
-    return tag, models
-
-
-@functools.lru_cache(maxsize=16)
-def _choices(tag: str, models: frozenset[type[BaseModel]]) -> tuple[Any, TypeAdapter[Any]]:
-    """The union type of ``models`` told apart by ``tag`` and its validator (built once per set of models)."""
-    union = _choice_union(models, tag)
-    return union, TypeAdapter(union)
-
-
-def section_choices(section: str) -> Any:
-    """The type of a run config's ``peft`` or ``algorithm`` section: the options models registered for it now,
-    built on request, so that registering a method changes no class."""
-    return _choices(*_registered(section))[0]
-
-
 def field_type(model: type[BaseModel], name: str) -> Any:
-    """The type a field of a config section is validated as (a run config's ``peft`` and ``algorithm``: the
-    registered choices, :func:`section_choices`)."""
-    if issubclass(model, RunConfig) and name in _SECTIONS:
+    """The type a field of a config section is validated as: for a field that takes registered choices (a run
+    config's ``peft`` and ``algorithm``, an algorithm's ``robust``), the options models registered now
+    (:func:`~fedpeft.config.choices.section_choices`)."""
+    if issubclass(model, RunConfig) and name in DEFAULT_CHOICES:
         return section_choices(name)
-    return model.model_fields[name].annotation
+    field = model.model_fields[name]
+    annotation = field.annotation
+    section = registered_section(annotation)  # (pydantic moves a bare Annotated field's metadata onto the field)
+    section = section or next((m.section for m in field.metadata if isinstance(m, RegisteredChoices)), None)
+    if section is None:
+        return annotation
+    choices = section_choices(section)
+    return choices | None if type(None) in typing.get_args(annotation) else choices
 
 
 def _default_options(section: str) -> Any:
     """The options of the section's default choice (:data:`DEFAULT_CHOICES`; fedpeft's built-ins registered
     first)."""
     load_built_ins()
-    return _SECTIONS[section][0].get(DEFAULT_CHOICES[section]).options()
+    return SECTIONS[section][0].get(DEFAULT_CHOICES[section]).options()
 
 
 class RunConfig(Section):
@@ -684,7 +670,7 @@ class RunConfig(Section):
     def _registered_choice(cls, value: Any, info: ValidationInfo) -> Any:
         """The section validated by the options model registered under its tag, as the registries hold them
         now (errors name the tag, e.g. ``peft.lora.r``, and list the registered choices)."""
-        return _choices(*_registered(str(info.field_name)))[1].validate_python(value)
+        return validate_choice(str(info.field_name), value)
 
     @model_validator(mode="after")
     def _printable_output_dir(self) -> RunConfig:
@@ -718,13 +704,12 @@ class RunConfig(Section):
                 raise ValueError("eval.save_client_adapters: the clients' own parts live in the SuperNodes of a "
                                  f"{self.runtime.name} run, not with the server; set runtime.name: embedded or remove "
                                  "eval.save_client_adapters")
-        robust = getattr(self.algorithm, "robust", None)
-        if robust is not None:
-            if getattr(self.algorithm, "dp", None) is not None:
-                raise ValueError("algorithm.robust and algorithm.dp together are not supported (the private mean "
-                                 "divides the sum of clipped updates by a fixed number of clients, which a rule that "
-                                 "drops or replaces updates breaks): choose one")
-            robust.check(self)
+        wrappers = self.algorithm.wrappers()
+        if len(wrappers) > 1:
+            raise ValueError(f"{wrappers[0].key} and {wrappers[1].key} together are not supported (each takes the "
+                             "place of the weighted mean of the clients' updates, and a run has one): choose one")
+        for wrapper in wrappers:
+            wrapper.check(self)
         if self.federation.attackers is not None:
             self.federation.attackers.check(self)
         why = type(self.peft).no_images
@@ -771,11 +756,8 @@ class RunConfig(Section):
         if selected > fed.num_clients:
             raise ValueError(f"system.over_selection {system.over_selection:g} selects {selected} clients a round, more "
                              f"than federation.num_clients ({fed.num_clients}): lower it")
-        private = getattr(self.algorithm, "dp", None) is not None
-        if private and (system.over_selection or system.has_availability()):
-            raise ValueError("algorithm.dp with system.over_selection or clients that come and go (system.profile "
-                             "mobile, system.trace) is not supported: the privacy accounting assumes every client can "
-                             "be sampled and each sampled one counts; choose one")
+        for wrapper in self.algorithm.wrappers():
+            wrapper.check_system(self)
         if fed.asynchronous is not None:
             self._check_asynchronous()
         if self.runtime.name != "embedded" and (system.trace is not None or system.profile != "ideal"):
@@ -806,9 +788,10 @@ class RunConfig(Section):
             able = ", ".join(n for n, m in _all_algorithms().items() if m.asynchronous_unavailable is None)
             raise ValueError(f"{where}: algorithm {self.algorithm.name} cannot aggregate asynchronously: {why}; "
                              f"algorithms that can: {able}")
-        if getattr(self.algorithm, "dp", None) is not None:
-            raise ValueError(f"{where} and algorithm.dp together are not supported (the privacy accounting counts "
-                             "rounds of clients sampled together): choose one")
+        for wrapper in self.algorithm.wrappers():
+            if wrapper.asynchronous_unavailable is not None:
+                raise ValueError(f"{where} and {wrapper.key} together are not supported "
+                                 f"({wrapper.asynchronous_unavailable}): choose one")
         if self.system.deadline_s is not None or self.system.over_selection:
             raise ValueError(f"{where}: system.deadline_s and system.over_selection shape synchronous rounds; remove "
                              "them (an asynchronous run has no rounds to end)")
@@ -832,10 +815,8 @@ class RunConfig(Section):
             raise ValueError(f"{where}: {fed.clients_per_round} clients training at once (clients_per_round) and "
                              f"{k} updates in the buffer need federation.num_clients >= {fed.clients_per_round + k} "
                              f"(it is {fed.num_clients}): a client is not chosen again while its update waits")
-        robust = getattr(self.algorithm, "robust", None)
-        if robust is not None and k < robust.min_updates():
-            raise ValueError(f"{where}: algorithm.robust rule {robust.rule} needs at least {robust.min_updates()} "
-                             f"updates per aggregation, and buffer_size is {k}: raise buffer_size")
+        for wrapper in self.algorithm.wrappers():
+            wrapper.check_asynchronous(self, k)
 
     def _check_secure_aggregation(self) -> None:
         where = "runtime.flower.secure_aggregation"
@@ -848,12 +829,9 @@ class RunConfig(Section):
         if self.eval.personalized:
             raise ValueError(f"{where} and eval.personalized together are not supported (the masked update carries "
                              "no per-client scores): choose one")
-        if getattr(self.algorithm, "robust", None) is not None:
-            raise ValueError(f"{where} and algorithm.robust together are not supported (SecAgg+ hides the individual "
-                             "updates a robust rule compares): choose one")
-        if getattr(self.algorithm, "dp", None) is not None:
-            raise ValueError(f"{where} and algorithm.dp together are not supported (the private mean needs each "
-                             "clipped update; SecAgg+ reveals only the weighted mean): choose one")
+        for wrapper in self.algorithm.wrappers():
+            raise ValueError(f"{where} and {wrapper.key} together are not supported (a wrapper works on each "
+                             "client's update, and SecAgg+ reveals only their weighted mean): choose one")
         if self.federation.clients_per_round < 2:
             raise ValueError(f"{where} needs federation.clients_per_round >= 2")
         fl = self.runtime.flower
@@ -885,7 +863,7 @@ class RunConfig(Section):
 def check_options_model(model: object, section: Literal["peft", "algorithm"], name: str) -> None:
     """Refuse (one line) an options model that is not a subclass of the section's base class or whose tag does
     not default to ``name``."""
-    base, (_, tag) = (PeftOptions if section == "peft" else AlgorithmOptions), _SECTIONS[section]
+    base, (_, tag) = (PeftOptions if section == "peft" else AlgorithmOptions), SECTIONS[section]
     register = "register_peft_method" if section == "peft" else "register_algorithm"
     if not (isinstance(model, type) and issubclass(model, base)):
         raise TypeError(f"{register}({name!r}): options must subclass fedpeft.{base.__name__}")
@@ -904,7 +882,7 @@ def options_for(section: str, name: str) -> type[BaseModel]:
     """The options model registered under ``name`` for section "peft" or "algorithm" (fedpeft's built-ins
     registered first)."""
     load_built_ins()
-    registry, tag = _SECTIONS["peft" if section == "peft" else "algorithm"]
+    registry, tag = SECTIONS["peft" if section == "peft" else "algorithm"]
     if name not in registry:
         raise ValueError(f"{section}.{tag}: unknown choice {name!r}; valid choices: {', '.join(sorted(registry))}")
     model: type[BaseModel] = registry.get(name).options

@@ -218,6 +218,11 @@ def prompt_head_params(spec: Mapping[str, tuple[tuple[int, ...], str]], geo: Hea
                                               for g in range(heads)])}
 
 
+def head_layout(tuned: Any, model_config: Any) -> HeadLayout:
+    """The head layout of a TunedModel's trainable tensors (a ``fedpeft.RuntimeNeeds.layout`` builder: headprune's)."""
+    return build_layout(tuned.spec(), model_config, tuned.method)
+
+
 def build_layout(spec: Mapping[str, tuple[tuple[int, ...], str]], config, method: str) -> HeadLayout:
     """Map the trainable parameters ``spec`` (name -> (shape, dtype)) of the registered PEFT ``method`` to heads,
     with the ``head_params`` it registered."""

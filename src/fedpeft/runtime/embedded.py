@@ -154,7 +154,7 @@ class EmbeddedRuntime:
         self.config_digest = config_digest_of(cfg)  # recorded in every checkpoint: a resume checks config.yaml
         self.server = algorithms.make_server(
             cfg.algorithm, self.exp.tuned.state(), num_clients=cfg.federation.num_clients,
-            clients_per_round=cfg.system.selected(cfg.federation.clients_per_round), seed=cfg.seed, layout=self.exp.algorithm_layout, client_lr=cfg.train.lr,
+            clients_per_round=cfg.system.selected(cfg.federation.clients_per_round), seed=cfg.seed, layout=self.exp.layout, client_lr=cfg.train.lr,
             server_model=self.exp.server_model,
         )
         self.client = algorithms.make_client(cfg.algorithm)

@@ -8,23 +8,28 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from fedpeft.algorithms import runtime_needs
+from fedpeft.algorithms.base import ClientResources
 from fedpeft.config import ConfigError, RunConfig
+from fedpeft.data.batching import Encoded, ImageEncoded
 from fedpeft.data.partition import partition, partition_stats
 from fedpeft.data.prepare import TaskData, prepare_task, subset_eval
-from fedpeft.heads import build_layout
 from fedpeft.models import registry
+from fedpeft.models.images import ImageProcessing
 from fedpeft.models.layout import ModelShape, uniform_shape
+from fedpeft.models.registry import ModelKind
 from fedpeft.training.local import LocalTrainer
 from fedpeft.training.server import ServerModel
 from fedpeft.tuners import TunedModel, apply_tuner, registered_peft_method
 from fedpeft.tuners.analytic_ops import AnalyticOps
-from fedpeft.tuners.prefix_layers import prefix_layout
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("fedpeft")
 
@@ -40,19 +45,21 @@ def pick_device(name: str) -> torch.device:
 
 @dataclass
 class Experiment:
+    """Everything one process of a run builds from its config before the rounds start (every runtime builds it
+    the same way, :func:`build_experiment`)."""
+
     cfg: RunConfig
-    tokenizer: Any
-    kind: str  # classification | causal | seq2seq
+    tokenizer: PreTrainedTokenizerBase | ImageProcessing  # a vision transformer's image preprocessing takes its place
+    kind: ModelKind
     encoder_decoder: bool
     data: TaskData
-    parts: list[np.ndarray]
-    partition_stats: dict[str, Any]
+    parts: list[np.ndarray]  # each client's indices into data.train
+    partition_stats: dict[str, Any]  # what partition.json records (fedpeft.data.partition.partition_stats)
     tuned: TunedModel
     shape: ModelShape | None  # None: a model of stages of different widths (Swin)
     device: torch.device
     trainer: LocalTrainer
-    head_layout: Any = None  # fedpeft.heads.HeadLayout, for algorithms that work per attention head
-    prefix_layout: Any = None  # fedpeft.tuners.prefix_layers.PrefixLayout, for algorithms that work per layer
+    layout: object | None = None  # what the algorithm's RuntimeNeeds.layout built (e.g. a HeadLayout), or None
     server_part: np.ndarray | None = None  # training examples the server keeps (FedSP), not given to any client
     # eval.personalized: each client's held-out examples (indices into data.train, not in its training part)
     personal_parts: list[np.ndarray] | None = None
@@ -65,20 +72,15 @@ class Experiment:
         data = self.data.train.subset(self.server_part if self.server_part is not None else np.arange(0))
         return ServerModel(self.cfg, self.tuned, data, self.tokenizer.pad_token_id, self.device)
 
-    @property
-    def algorithm_layout(self) -> Any:
-        """The layout the algorithm asked for in its RuntimeNeeds (head or prefix layout), or None."""
-        return self.head_layout if self.head_layout is not None else self.prefix_layout
-
     @functools.cached_property
-    def client_resources(self) -> dict[str, Any]:
+    def client_resources(self) -> ClientResources:
         """What a client half may need besides its data: see fedpeft.algorithms.base.ClientContext."""
-        special = {getattr(self.tokenizer, a, None) for a in ("eos_token_id", "sep_token_id")} - {None}
-        return {"layout": self.algorithm_layout, "pad_id": self.tokenizer.pad_token_id, "exclude_token_ids": special,
-                "device": self.device, "batch_size": self.cfg.eval.batch_size, "seed": self.cfg.seed,
-                "client_lr": self.cfg.train.lr, "peft": self.cfg.peft}
+        special = {int(t) for a in ("eos_token_id", "sep_token_id") if (t := getattr(self.tokenizer, a, None)) is not None}
+        return ClientResources(layout=self.layout, pad_id=self.tokenizer.pad_token_id, exclude_token_ids=special,
+                               device=self.device, batch_size=self.cfg.eval.batch_size, seed=self.cfg.seed,
+                               client_lr=self.cfg.train.lr, peft=self.cfg.peft)
 
-    def client_data(self, cid: int):
+    def client_data(self, cid: int) -> Encoded | ImageEncoded:
         return self.data.train.subset(self.parts[cid])
 
     def personal_data(self, cid: int) -> TaskData | None:
@@ -170,8 +172,9 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     if quantization is not None:  # k-bit training preparation: norms in float32, the backbone frozen
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.train.gradient_checkpointing,
-                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
+            model, use_gradient_checkpointing=cfg.train.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False})
     elif cfg.train.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     tuned = apply_tuner(model, cfg.peft, kind, tokenizer_path=registry.resolve(cfg.model.name).path,
@@ -188,12 +191,8 @@ def build_experiment(cfg: RunConfig) -> Experiment:
         ops_per_sequence = functools.partial(_ops_per_sequence, declared, shape, options)
     trainer = LocalTrainer(cfg.train, device=device, pad_id=tokenizer.pad_token_id, precision=cfg.runtime.precision,
                            flops_sample_steps=cfg.runtime.flops_sample_steps, ops_per_sequence=ops_per_sequence)
-    layout = None
-    needs = runtime_needs(cfg.algorithm)
-    if needs.head_layout:
-        layout = build_layout(tuned.spec(), mconfig, cfg.peft.method)
-    prefix = prefix_layout(tuned) if needs.prefix_layout else None
-    return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout, prefix,
+    layout = runtime_needs(cfg.algorithm).build_layout(tuned, mconfig)
+    return Experiment(cfg, tokenizer, kind, encdec, data, parts, stats, tuned, shape, device, trainer, layout,
                       server_part, personal_parts)
 
 
@@ -203,7 +202,8 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ConfigError(f"train.gradient_checkpointing: {type(model).__name__} does not support gradient "
                           "checkpointing in transformers; set it to false")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    hf_model: Any = model  # (a transformers PreTrainedModel: torch's Module typing does not know the method)
+    hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _ops_per_sequence(declared: AnalyticOps, shape: ModelShape, options: dict[str, Any], T: int,

@@ -179,7 +179,7 @@ class LocalTrainer:
         cfg: TrainConfig,
         *,
         device: torch.device,
-        pad_id: int,
+        pad_id: int | None,
         precision: str = "fp32",
         flops_sample_steps: int = 1,
         ops_per_sequence: Callable[[int, float], float] | None = None,

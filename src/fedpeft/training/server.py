@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fedpeft.config import RunConfig
-from fedpeft.data.batching import Encoded
+from fedpeft.data.batching import Encoded, ImageEncoded
 from fedpeft.training.local import LocalTrainer, TrainResult
 from fedpeft.tuners.tuned import TunedModel
 
@@ -22,8 +22,8 @@ class ServerModel:
 
     cfg: RunConfig
     tuned: TunedModel
-    data: Encoded  # the server's shard of the training split
-    pad_id: int
+    data: Encoded | ImageEncoded  # the server's shard of the training split
+    pad_id: int | None  # the tokenizer's padding token (None for images: nothing is padded)
     device: torch.device
 
     @property

@@ -44,9 +44,10 @@ class PrefixLayout:
         return out
 
 
-def prefix_layout(tuned) -> PrefixLayout:
+def prefix_layout(tuned, model_config: object = None) -> PrefixLayout:
     """The per-layer layout of a TunedModel whose method trains a prompt per layer (its options'
-    ``layer_prefixes``; prefix tuning) with projection off."""
+    ``layer_prefixes``; prefix tuning) with projection off (a ``fedpeft.RuntimeNeeds.layout`` builder: the
+    model's own config is read, ``model_config`` is not needed)."""
     if not options_for("peft", tuned.method).layer_prefixes or tuned.options.get("projection"):
         raise ValueError(f"per-layer prompts need peft.method {' or '.join(peft_methods_with('layer_prefixes'))} "
                          "with projection: false")

@@ -1,7 +1,8 @@
 """The FedAvg family (McMahan et al. 2017; Reddi et al. 2021): ``fedavg``, ``fedavgm``, ``fedadam``, ``fedyogi``.
 
 :mod:`.options` holds their options, :mod:`.halves` the server halves (a server step on the clients'
-weighted mean change) and the client half they share (plain local training, clipped under ``dp``).
+weighted mean change, taken through ``ServerAlgorithm.combine``, whose place the ``robust`` and ``dp`` wrappers take)
+and the client half they share (plain local training; under ``dp`` its wrapper clips the change).
 """
 
 import fedpeft

@@ -7,23 +7,20 @@ delta (paper 000, Eq. 5) and applies its optimizer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import numpy as np
 
 from fedpeft.algorithms import aggregate as A
+from fedpeft.algorithms.aggregate import l2_norm
 from fedpeft.algorithms.base import (
     Arrays,
     ClientAlgorithm,
     ClientContext,
     ServerAlgorithm,
-    UpdateRejected,
     check_arrays,
 )
 from fedpeft.algorithms.fedavg.options import FedAdamOptions, FedAvgMOptions, FedAvgOptions
-from fedpeft.algorithms.privacy import PrivateMean, clip, l2_norm
-from fedpeft.algorithms.robust import robust_aggregate, round_report
 from fedpeft.config.schema import AlgorithmOptions
 from fedpeft.tuners.lora_factors import aggregation_error, lora_pairs
 from fedpeft.wire import Payload
@@ -33,63 +30,17 @@ FedAvgFamilyT = TypeVar("FedAvgFamilyT", bound=AlgorithmOptions)
 
 
 class FedAvgServer(ServerAlgorithm[FedAvgFamilyT]):
+    """The server step on the clients' sample-weighted mean change (:meth:`combine`, which the ``robust`` and
+    ``dp`` wrappers replace)."""
+
     def __init__(self, options: FedAvgFamilyT, initial_state: Arrays, **kwargs: Any):
         super().__init__(options, initial_state, **kwargs)
-        dp = getattr(options, "dp", None)
-        self.private = (PrivateMean(dp, num_clients=self.num_clients, clients_per_round=self.clients_per_round)
-                        if dp is not None else None)
         self.lora_pairs = lora_pairs(self.global_state)  # LoRA factors, when the PEFT method is LoRA
-        self.robust = getattr(options, "robust", None)  # a Byzantine-robust rule in place of the weighted mean
-        self.robust_report: dict[str, Any] = {}
 
-    def validate(self, rnd: int, payload: Payload) -> None:
-        super().validate(rnd, payload)
-        p = self.private
-        if p is not None and p.options.clipping == "client":
-            norm = l2_norm(A.deltas(self.global_state, payload.arrays))
-            if norm > p.options.clipping_norm * (1 + 1e-4) + 1e-6:
-                raise UpdateRejected(f"update norm {norm:.6g} exceeds algorithm.dp.clipping_norm "
-                                     f"{p.options.clipping_norm:g} (clients must clip)")
-
-    def pseudo_gradient(self, updates: dict[int, Payload]) -> A.Arrays:
+    def pseudo_gradient(self, rnd: int, updates: dict[int, Payload]) -> A.Arrays:
         ids = sorted(updates)
         ds = [A.deltas(self.global_state, updates[c].arrays) for c in ids]
-        if self.private is not None:  # clipped, unweighted, fixed denominator, Gaussian noise
-            return self.private.mean(ds)
-        weights = [updates[c].meta["num_examples"] for c in ids]
-        if self.robust is not None:
-            result = robust_aggregate(ds, weights, self.robust)
-            self.robust_report = round_report(result, ids)
-            return result.aggregate
-        return A.weighted_mean(ds, weights)
-
-    def select(self, rnd: int) -> list[int]:
-        if self.private is None:
-            return super().select(rnd)
-        # under differential privacy the sample must be secret from clients (who know the seed)
-        return sorted(int(c) for c in self.private.sampler.choice(self.num_clients, self.clients_per_round,
-                                                                   replace=False))
-
-    def stop_reason(self) -> str | None:
-        if self.private is not None and not self.private.budget_left():
-            return (f"one more round would exceed algorithm.dp.max_epsilon={self.private.options.max_epsilon:g} "
-                    f"(spent: epsilon {self.private.spent()['dp_epsilon']} at delta {self.private.options.target_delta:g})")
-        return None
-
-    def round_info(self) -> dict[str, Any]:
-        info, self.robust_report = self.robust_report, {}
-        return {**info, **(self.private.spent() if self.private is not None else {})}
-
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        if self.private is not None:
-            state["privacy"] = self.private.state_dict()
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
-        if self.private is not None:
-            self.private.load_state_dict(state.get("privacy") or {})
+        return self.combine(rnd, ds, [updates[c].meta["num_examples"] for c in ids], ids)
 
     def step(self, d: A.Arrays, rnd: int) -> None:
         self.global_state = A.fedavg_step(self.global_state, d, self.options.server_lr)
@@ -97,20 +48,18 @@ class FedAvgServer(ServerAlgorithm[FedAvgFamilyT]):
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
         if not updates:
             return {"update_norm": 0.0}
-        d = self.pseudo_gradient(updates)
+        d = self.pseudo_gradient(rnd, updates)
         self.step(d, rnd)
         out = {"update_norm": l2_norm(d)}
-        # the gap between averaging factors and averaging products is FedAvg's: not reported under DP (the clients'
-        # own updates are not reported on) nor under a robust rule (which does not average)
-        if self.lora_pairs and self.private is None and self.robust is None:
+        # the gap between averaging factors and averaging products is FedAvg's: not reported when a wrapper takes
+        # the mean's place (under DP the clients' own updates are not reported on; a robust rule does not average)
+        if self.lora_pairs and self.combiner is None:
             ids = sorted(updates)
             out["lora_aggregation_error"] = aggregation_error(
                 [updates[c].arrays for c in ids], [updates[c].meta["num_examples"] for c in ids], self.lora_pairs)
         return out
 
     def aggregate_mean(self, rnd: int, mean_update: dict[str, np.ndarray]) -> dict[str, float]:
-        if self.private is not None or self.robust is not None:
-            raise UpdateRejected("differential privacy and robust aggregation need each client's update, not their mean")
         check_arrays(mean_update, self.expected)
         self.step(mean_update, rnd)
         return {"update_norm": l2_norm(mean_update)}
@@ -153,11 +102,8 @@ class FedYogiServer(FedAdamServer):
 
 
 class FedAvgClient(ClientAlgorithm):
-    """Load the global state, train locally, send the new trainable parameters back (with client-side
-    differential privacy: the update clipped to algorithm.dp.clipping_norm first)."""
-
-    def __init__(self, dp: Any = None):
-        self.clip_norm = dp.clipping_norm if dp is not None and dp.clipping == "client" else None
+    """Load the global state, train locally, send the new trainable parameters back (under ``dp`` its wrapper
+    clips the change first)."""
 
     def extra_loss(self, payload: Payload, ctx: ClientContext):
         return None
@@ -168,13 +114,9 @@ class FedAvgClient(ClientAlgorithm):
         result = ctx.train(extra_loss=self.extra_loss(payload, ctx))
         meta = {"round": payload.meta["round"], "client": ctx.client_id, "num_examples": ctx.num_examples,
                 **result.as_meta()}
-        state = ctx.tuned.state()
-        if self.clip_norm is not None:
-            delta = clip(A.deltas(payload.arrays, state), self.clip_norm)
-            state = {k: (payload.arrays[k].astype(np.float32) + delta[k]).astype(np.float32) for k in payload.arrays}
-        return Payload(state, meta)
+        return Payload(ctx.tuned.state(), meta)
 
 
 def fedavg_client(options: FedAvgOptions | FedAvgMOptions | FedAdamOptions) -> FedAvgClient:
-    """The client half of the FedAvg family: plain local training, clipped when ``options.dp`` asks."""
-    return FedAvgClient(options.dp)
+    """The client half of the FedAvg family: plain local training."""
+    return FedAvgClient()

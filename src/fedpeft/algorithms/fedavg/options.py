@@ -6,8 +6,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from fedpeft.algorithms.privacy.options import PrivacyOptions
 from fedpeft.config.adversarial import ROBUST_DESCRIPTION, RobustRule
-from fedpeft.config.privacy import PrivacyOptions
 from fedpeft.config.schema import AlgorithmOptions
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from fedpeft.algorithms import aggregate as A
+from fedpeft.algorithms.aggregate import l2_norm
 from fedpeft.algorithms.base import (
     ClientAlgorithm,
     ClientContext,
@@ -55,7 +56,6 @@ from fedpeft.algorithms.fedpeptao.prompt_probes import (
     client_layer_scores,
     sample_batch,
 )
-from fedpeft.algorithms.privacy import l2_norm
 from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload
 
@@ -82,7 +82,7 @@ def to_blocks(arrays: Mapping[str, np.ndarray], layout: PrefixLayout) -> Arrays:
 class FedPepTAOServer(ServerAlgorithm[FedPepTAOOptions]):
     @classmethod
     def runtime_needs(cls, options: FedPepTAOOptions) -> RuntimeNeeds:
-        return RuntimeNeeds(prefix_layout=True)
+        return RuntimeNeeds(layout="fedpeft.tuners.prefix_layers:prefix_layout")
 
     state_attrs = ("global_state", "selected", "c_clients", "c_global", "momentum", "prev_update", "score_reports",
                    "ratio", "holders")

@@ -19,8 +19,7 @@ class FedProxServer(FedAvgServer[FedProxOptions]):
 
 
 class FedProxClient(FedAvgClient):
-    def __init__(self, mu: float, dp=None):
-        super().__init__(dp)
+    def __init__(self, mu: float):
         self.mu = mu
 
     def extra_loss(self, payload: Payload, ctx: ClientContext):
@@ -37,4 +36,4 @@ class FedProxClient(FedAvgClient):
 
 def fedprox_client(options: FedProxOptions) -> FedProxClient:
     """FedProx's client half: local training with the proximal term of weight ``options.mu``."""
-    return FedProxClient(options.mu, options.dp)
+    return FedProxClient(options.mu)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from fedpeft.algorithms.aggregate import deltas as update_deltas
-from fedpeft.algorithms.aggregate import fedavg_step, weighted_mean
+from fedpeft.algorithms.aggregate import fedavg_step, l2_norm, weighted_mean
 from fedpeft.algorithms.base import (
     ClientAlgorithm,
     ClientContext,
@@ -40,7 +40,6 @@ from fedpeft.algorithms.base import (
     check_update,
 )
 from fedpeft.algorithms.fedsp.options import FedSPOptions
-from fedpeft.algorithms.privacy import l2_norm
 from fedpeft.tuners.prefix_layers import PrefixLayout
 from fedpeft.wire import Payload
 

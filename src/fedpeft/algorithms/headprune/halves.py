@@ -106,7 +106,7 @@ class HeadPruneServer(ServerAlgorithm[HeadPruneOptions]):
 
     @classmethod
     def runtime_needs(cls, options: HeadPruneOptions) -> RuntimeNeeds:
-        return RuntimeNeeds(head_layout=True)
+        return RuntimeNeeds(layout="fedpeft.heads.layout:head_layout")
 
     state_attrs = ("global_state", "last_loss", "global_loss", "failures", "backoff_until")
 

@@ -4,7 +4,7 @@ some of the trainable tensors, and a digest that proves two processes hold the s
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -12,9 +12,16 @@ import numpy as np
 import fedpeft
 from fedpeft.algorithms.aggregate import weighted_mean
 from fedpeft.algorithms.lora.options import LoraFedAvgOptions, RankGroup
-from fedpeft.algorithms.robust import robust_aggregate, round_report
 from fedpeft.tuners.lora_factors import LoraPair, lora_pairs
 from fedpeft.wire import Arrays
+
+# (the clients' changes, their sample counts, their ids) -> what the server steps on
+Combine = Callable[[list[Arrays], list[float], list[int]], Arrays]
+
+
+def weighted_combine(deltas: list[Arrays], weights: list[float], clients: list[int]) -> Arrays:
+    """The clients' sample-weighted mean change (FedAvg's)."""
+    return weighted_mean(deltas, weights)
 
 
 def pairs_in(names: Iterable[str], algorithm: str) -> list[LoraPair]:
@@ -32,47 +39,34 @@ def pairs_in(names: Iterable[str], algorithm: str) -> list[LoraPair]:
 
 
 def mean_step(global_state: Mapping[str, np.ndarray], updates: Mapping[int, fedpeft.Payload], keys: Iterable[str],
-              server_lr: float, robust: Any = None) -> tuple[dict[str, np.ndarray], float, dict[str, Any]]:
+              server_lr: float, combine: Combine = weighted_combine) -> tuple[dict[str, np.ndarray], float]:
     """The global state with ``keys`` moved by server_lr times the clients' sample-weighted mean change
-    (FedAvg on those tensors; the others unchanged), or their aggregate under the rule ``robust``
-    (algorithm.robust); the norm of that change; what the robust rule did (metrics.jsonl entries)."""
+    (FedAvg on those tensors; the others unchanged), or what ``combine`` puts in the mean's place; and the norm of
+    that change."""
     keys = sorted(keys)
     ids = sorted(updates)
     deltas = [{k: updates[c].arrays[k].astype(np.float32) - global_state[k] for k in keys} for c in ids]
-    weights = [updates[c].meta["num_examples"] for c in ids]
-    report: dict[str, Any] = {}
-    if robust is None:
-        mean = weighted_mean(deltas, weights)
-    else:
-        result = robust_aggregate(deltas, weights, robust)
-        mean, report = result.aggregate, round_report(result, ids)
+    mean = combine(deltas, [updates[c].meta["num_examples"] for c in ids], ids)
     state = dict(global_state)
     for k in keys:
         state[k] = (global_state[k] + np.float32(server_lr) * mean[k]).astype(np.float32)
     norm = float(np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in mean.values())))
-    return state, norm, report
+    return state, norm
 
 
 LoraFedAvgOptionsT = TypeVar("LoraFedAvgOptionsT", bound=LoraFedAvgOptions)
 
 
 class MeanStepServer(fedpeft.ServerAlgorithm[LoraFedAvgOptionsT]):
-    """A server that moves some of the trainable tensors by the clients' mean change (:func:`mean_step`), robust
-    when its options say so (``algorithm.robust``), and reports what the robust rule did."""
+    """A server that moves some of the trainable tensors by the clients' mean change (:func:`mean_step`, through
+    :meth:`combine`, whose place the ``robust`` wrapper takes when the options ask for it)."""
 
-    def __init__(self, options: LoraFedAvgOptionsT, initial_state: Arrays, **kwargs: Any):
-        super().__init__(options, initial_state, **kwargs)
-        self.robust_report: dict[str, Any] = {}
-
-    def step_on(self, updates: Mapping[int, fedpeft.Payload], keys: Iterable[str]) -> float:
-        """Move ``keys`` of the global state by the updates' (robust) mean change; returns its norm."""
-        self.global_state, norm, self.robust_report = mean_step(
-            self.global_state, updates, keys, self.options.server_lr, getattr(self.options, "robust", None))
+    def step_on(self, rnd: int, updates: Mapping[int, fedpeft.Payload], keys: Iterable[str]) -> float:
+        """Move ``keys`` of the global state by the updates' mean change (or the wrapper's aggregate); returns its
+        norm."""
+        self.global_state, norm = mean_step(self.global_state, updates, keys, self.options.server_lr,
+                                            lambda deltas, weights, ids: self.combine(rnd, deltas, weights, ids))
         return norm
-
-    def round_info(self) -> dict[str, Any]:
-        info, self.robust_report = self.robust_report, {}
-        return info
 
 
 def digest(arrays: Mapping[str, np.ndarray]) -> str:

@@ -22,7 +22,8 @@ class LoraFedAvgOptions(AlgorithmOptions):
     asynchronous_unavailable: ClassVar[str | None] = None
     server_lr: float = Field(1.0, gt=0, description="Step on the clients' sample-weighted mean change.")
     robust: RobustRule | None = Field(None, description="A Byzantine-robust rule in place of the weighted "
-                                              "mean of what travels (see fedpeft.config.adversarial).")
+                                              "mean of what travels (any registered rule: fedpeft methods --kind "
+                                              "robust).")
 
     def check(self, run: Any) -> None:
         require_lora(run, self.name)

@@ -65,7 +65,7 @@ class FedSaLoraServer(MeanStepServer[FedSaLoraOptions]):
         if not updates:
             return {"update_norm": 0.0}
         self.served = sorted(set(self.served) | set(updates))
-        return {"update_norm": self.step_on(updates, self.shared)}
+        return {"update_norm": self.step_on(rnd, updates, self.shared)}
 
 
 class FedSaLoraClient(fedpeft.ClientAlgorithm):

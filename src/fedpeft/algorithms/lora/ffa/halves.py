@@ -42,12 +42,12 @@ class FfaLoraServer(MeanStepServer[FfaLoraOptions]):
         if not updates:
             return {"update_norm": 0.0}
         out: dict[str, float] = {}
-        if self.options.robust is None:  # the error describes the weighted mean, which a robust rule replaces
+        if self.combiner is None:  # the error describes the weighted mean, whose place a wrapper may take
             ids = sorted(updates)
             states = [{**self.global_state, **updates[c].arrays} for c in ids]  # the frozen A with each client's B
             out["lora_aggregation_error"] = aggregation_error(
                 states, [updates[c].meta["num_examples"] for c in ids], self.pairs)
-        return {"update_norm": self.step_on(updates, self.travel), **out}
+        return {"update_norm": self.step_on(rnd, updates, self.travel), **out}
 
 
 class FfaLoraClient(fedpeft.ClientAlgorithm):

@@ -146,12 +146,13 @@ class HeteroRankServer(fedpeft.ServerAlgorithm[HeteroRankOptionsT]):
         ids = sorted(updates)
         for c in ids:  # accepted, so a rank the client may send: it keeps it from now on
             self.ranks[c] = int(updates[c].arrays[self.pairs[0].a].shape[0])
-        metrics = self.combine([self.padded(updates[c].arrays) for c in ids],
+        metrics = self.combine_factors([self.padded(updates[c].arrays) for c in ids],
                                [updates[c].meta["num_examples"] for c in ids], [self.ranks[c] for c in ids])
         self.mean_others(updates)
         return metrics
 
-    def combine(self, states: list[dict[str, np.ndarray]], examples: list[int], ranks: list[int]) -> dict[str, float]:
+    def combine_factors(self, states: list[dict[str, np.ndarray]], examples: list[int], ranks: list[int]
+                        ) -> dict[str, float]:
         """Set the global LoRA factors from the clients' factors padded to peft.r (trained at ``ranks``); the
         aggregation metrics."""
         raise NotImplementedError
@@ -163,7 +164,8 @@ class HetLoraServer(HeteroRankServer[HetLoraOptions]):
         pruned = self.options.pruned_rank(self.ranks[client])
         return [self.ranks[client]] + ([pruned] if pruned is not None else [])
 
-    def combine(self, states: list[dict[str, np.ndarray]], examples: list[int], ranks: list[int]) -> dict[str, float]:
+    def combine_factors(self, states: list[dict[str, np.ndarray]], examples: list[int], ranks: list[int]
+                        ) -> dict[str, float]:
         err = ref = 0.0
         for p in self.pairs:
             if self.options.weighting == "norm":
@@ -200,7 +202,8 @@ class FlexLoraServer(HeteroRankServer[FlexLoraOptions]):
                 state[p.b] = state[p.b] * ratio
         return state
 
-    def combine(self, states: list[dict[str, np.ndarray]], examples: list[int], ranks: list[int]) -> dict[str, float]:
+    def combine_factors(self, states: list[dict[str, np.ndarray]], examples: list[int], ranks: list[int]
+                        ) -> dict[str, float]:
         err = ref = 0.0
         scales = [self.max_rank / r for r in ranks] if self.reference() else None
         for p in self.pairs:

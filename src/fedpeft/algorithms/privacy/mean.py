@@ -24,19 +24,16 @@ state is checkpointed, so the privacy spent carries over.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from fedpeft.algorithms.aggregate import l2_norm
 
 # Flower's building blocks are imported where they are used, so that importing fedpeft.algorithms does not load
 # Flower (only a run with algorithm.dp does)
 
 Arrays = dict[str, np.ndarray]
-
-
-def l2_norm(arrays: Mapping[str, np.ndarray]) -> float:
-    return float(math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays.values())))
 
 
 def clip(delta: Arrays, clipping_norm: float) -> Arrays:
