@@ -1,6 +1,8 @@
 """eval.personalized: each selected client's personalized model scored on a held-out slice of its own
 partition, reported per client and as the sample-weighted mean."""
 
+import types
+
 import numpy as np
 import pytest
 from helpers import tiny_config
@@ -201,7 +203,9 @@ def test_saving_client_adapters_needs_a_client_half_that_assembles_them(monkeypa
         def fit(self, payload, ctx):
             return payload
 
-    monkeypatch.setattr(embedded.algorithms, "make_client", lambda options: Forgot())
+    # (the check reads the algorithm's own client half, below any wrapper)
+    monkeypatch.setattr(embedded.algorithms, "registered_algorithm",
+                        lambda name: types.SimpleNamespace(client=lambda options: Forgot()))
     cfg = tiny_config("algorithm.name=fedsa_lora", "peft.r=4", "eval.personalized=true",
                       "eval.save_client_adapters=true")
     with pytest.raises(UserError, match=r"client half \(Forgot\) does not override ClientAlgorithm.personal_state"):

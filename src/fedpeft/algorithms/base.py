@@ -280,6 +280,9 @@ class Combiner(Protocol):
     """What takes the place of a server's weighted mean of the clients' changes (:meth:`ServerAlgorithm.combine`):
     a wrapper's rule (``algorithm.robust``, ``algorithm.dp``)."""
 
+    # set by ServerAlgorithm.combine each time it hands the mean to this rule (a wrapper checks it was called)
+    combined: bool
+
     def combine(self, rnd: int, deltas: list[Arrays], weights: list[float], clients: list[int]) -> Arrays: ...
 
 
@@ -377,6 +380,7 @@ class ServerAlgorithm(ABC, Generic[OptionsT]):
         (:attr:`combiner`). A server half that aggregates by a weighted mean of per-client changes calls this, and
         its options may then offer the wrappers (a ``robust`` option, a ``dp`` option)."""
         if self.combiner is not None:
+            self.combiner.combined = True
             return self.combiner.combine(rnd, deltas, weights, clients)
         return weighted_mean(deltas, weights)
 

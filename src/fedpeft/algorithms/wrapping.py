@@ -46,7 +46,7 @@ class ServerWrapper(ServerAlgorithm[Any]):
         return server
 
     # whether this wrapper takes the place of the wrapped server's weighted mean (take_mean), and whether the
-    # wrapped server called it in the aggregation under way
+    # wrapped server handed it the mean in the aggregation under way (set by ServerAlgorithm.combine)
     takes_mean = False
     combined = False
 

@@ -27,6 +27,7 @@ class RobustRuleOptions(WrapperOptions):
     rule: str
     key: ClassVar[str] = "algorithm.robust"
     server_wrapper: ClassVar[str] = "fedpeft.algorithms.robust.wrapper:RobustServer"
+    secure_aggregation_unavailable: ClassVar[str] = "SecAgg+ hides the individual updates a robust rule compares"
 
     def min_updates(self) -> int:
         """The fewest updates the rule can aggregate with its guarantee."""

@@ -830,8 +830,8 @@ class RunConfig(Section):
             raise ValueError(f"{where} and eval.personalized together are not supported (the masked update carries "
                              "no per-client scores): choose one")
         for wrapper in self.algorithm.wrappers():
-            raise ValueError(f"{where} and {wrapper.key} together are not supported (a wrapper works on each "
-                             "client's update, and SecAgg+ reveals only their weighted mean): choose one")
+            raise ValueError(f"{where} and {wrapper.key} together are not supported "
+                             f"({wrapper.secure_aggregation_unavailable}): choose one")
         if self.federation.clients_per_round < 2:
             raise ValueError(f"{where} needs federation.clients_per_round >= 2")
         fl = self.runtime.flower

@@ -33,6 +33,8 @@ class WrapperOptions(Section):
 
     # why the wrapper cannot go with federation.asynchronous, or None when it can
     asynchronous_unavailable: ClassVar[str | None] = None
+    # why it cannot go with runtime.flower.secure_aggregation (which reveals only the weighted mean of the updates)
+    secure_aggregation_unavailable: ClassVar[str] = "it works on each client's update, which SecAgg+ hides"
 
     def check(self, run: RunConfig) -> None:
         """Refuse (ValueError, one line naming the key and the fix) settings of the run this wrapper cannot work

@@ -91,7 +91,7 @@ def _total_or_unknown(values) -> float | None:
 
 def _check_personal_state(cfg: RunConfig) -> None:
     """eval.save_client_adapters needs the client half to assemble each client's model (before anything loads)."""
-    client = algorithms.make_client(cfg.algorithm)
+    client = algorithms.registered_algorithm(cfg.algorithm.name).client(cfg.algorithm)  # (its own, unwrapped)
     if getattr(type(client), "personal_state", None) is ClientAlgorithm.personal_state:
         raise UserError(f"eval.save_client_adapters: algorithm {cfg.algorithm.name} declares personal_models but its "
                         f"client half ({type(client).__name__}) does not override ClientAlgorithm.personal_state, "

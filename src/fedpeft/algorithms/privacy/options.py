@@ -33,6 +33,8 @@ class PrivacyOptions(WrapperOptions):
     server_wrapper: ClassVar[str] = "fedpeft.algorithms.privacy.wrapper:PrivateServer"
     client_wrapper: ClassVar[str | None] = "fedpeft.algorithms.privacy.wrapper:PrivateClient"
     asynchronous_unavailable: ClassVar[str | None] = "the privacy accounting counts rounds of clients sampled together"
+    secure_aggregation_unavailable: ClassVar[str] = ("the private mean needs each clipped update; SecAgg+ reveals only "
+                                                     "the weighted mean")
 
     @model_validator(mode="after")
     def _budget_needs_noise(self) -> PrivacyOptions:

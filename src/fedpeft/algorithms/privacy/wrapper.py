@@ -54,7 +54,6 @@ class PrivateServer(ServerWrapper):
         return ServerAlgorithm.accept(self, rnd, updates)
 
     def combine(self, rnd: int, deltas: list[Arrays], weights: list[float], clients: list[int]) -> Arrays:
-        self.combined = True
         return self.private.mean(deltas)  # clipped, unweighted, fixed denominator, Gaussian noise
 
     def stop_reason(self) -> str | None:

@@ -26,7 +26,6 @@ class RobustServer(ServerWrapper):
         self.take_mean()
 
     def combine(self, rnd: int, deltas: list[Arrays], weights: list[float], clients: list[int]) -> Arrays:
-        self.combined = True
         result = robust_aggregate(deltas, weights, self.settings)
         self.report = round_report(result, clients)
         return result.aggregate
