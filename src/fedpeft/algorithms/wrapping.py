@@ -45,9 +45,8 @@ class ServerWrapper(ServerAlgorithm[Any]):
             server = server.inner
         return server
 
-    # whether this wrapper takes the place of the wrapped server's weighted mean (take_mean), and whether the
-    # wrapped server handed it the mean in the aggregation under way (set by ServerAlgorithm.combine)
-    takes_mean = False
+    # whether the wrapped server handed this wrapper the mean in the aggregation under way (set by
+    # ServerAlgorithm.combine, when this wrapper took the mean's place: take_mean)
     combined = False
 
     def take_mean(self) -> None:
@@ -57,7 +56,6 @@ class ServerWrapper(ServerAlgorithm[Any]):
         if server.combiner is not None:
             raise ValueError(f"{self.settings.key}: another wrapper already takes the place of the weighted mean")
         server.combiner = self
-        self.takes_mean = True
 
     # the state the wrapped server holds (read and written through)
     @property
@@ -126,7 +124,7 @@ class ServerWrapper(ServerAlgorithm[Any]):
     def aggregate(self, rnd: int, updates: dict[int, Payload]) -> dict[str, float]:
         self.combined = False
         out = self.inner.aggregate(rnd, updates)
-        if self.takes_mean and updates and not self.combined:  # the option would do nothing, silently
+        if self.innermost.combiner is self and updates and not self.combined:  # the option would do nothing, silently
             raise RuntimeError(f"{self.settings.key}: the server half of algorithm {self.innermost.options.name} "
                                "aggregated without ServerAlgorithm.combine, whose place this wrapper takes; an "
                                "algorithm that offers the option takes its mean of the clients' changes through it")
